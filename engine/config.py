@@ -1,0 +1,258 @@
+"""The pipeline file, typed at the edge (DESIGN.md §5).
+
+The YAML is validated into frozen pydantic models with `extra="forbid"`; every
+problem is reported with the path of the setting (`view.columns.total`). Kafka
+client settings stay a dotted-key dict: they are passed through to librdkafka
+and to Spark's Kafka source as they are.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from refold.errors import ConfigError
+
+AGGREGATIONS = ("sum", "count", "avg", "min", "max", "first", "last", "last_write_wins", "set")
+INVERTIBLE = frozenset({"sum", "count", "avg"})
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ColumnSpec(_Model):
+    """One reduced column: an aggregation over one input column (`count` may use "*")."""
+
+    agg: Literal["sum", "count", "avg", "min", "max", "first", "last", "last_write_wins", "set"]
+    column: str
+
+    @property
+    def invertible(self) -> bool:
+        return self.agg in INVERTIBLE
+
+
+class TopNSpec(_Model):
+    n: Annotated[int, Field(ge=1, le=10_000)]
+    order_by: dict[str, Literal["asc", "desc"]]
+    partition_by: list[str] = []
+
+    @field_validator("order_by")
+    @classmethod
+    def _not_empty(cls, value: dict[str, str]) -> dict[str, str]:
+        if not value:
+            raise ValueError("order_by needs at least one column")
+        return value
+
+
+class ViewSpec(_Model):
+    """Either `key` + `columns` (a grouped reduction) or `top_n` (a leaderboard)."""
+
+    key: list[str] = []
+    columns: dict[str, ColumnSpec] = {}
+    top_n: TopNSpec | None = None
+
+    @field_validator("columns", mode="before")
+    @classmethod
+    def _parse_columns(cls, value: Any) -> Any:
+        if not isinstance(value, Mapping):
+            return value
+        parsed: dict[str, Any] = {}
+        for name, spec in value.items():
+            if isinstance(spec, Mapping) and set(spec) != {"agg", "column"}:
+                if len(spec) != 1:
+                    raise ValueError(
+                        f"column {name!r}: write one aggregation, e.g. {{sum: score}}, got {dict(spec)!r}"
+                    )
+                ((agg, column),) = spec.items()
+                if agg not in AGGREGATIONS:
+                    raise ValueError(
+                        f"column {name!r}: unknown aggregation {agg!r}; "
+                        f"known: {', '.join(AGGREGATIONS)}"
+                    )
+                spec = {"agg": agg, "column": column}
+            parsed[name] = spec
+        return parsed
+
+    @model_validator(mode="after")
+    def _shape(self) -> ViewSpec:
+        if self.top_n is not None:
+            if self.key or self.columns:
+                raise ValueError("a top_n view has no key/columns: its rows are keyed by place")
+            return self
+        if not self.key:
+            raise ValueError("key: a view needs at least one key column (or a top_n)")
+        if not self.columns:
+            raise ValueError("columns: a view needs at least one reduced column")
+        for name, spec in self.columns.items():
+            if name in self.key:
+                raise ValueError(f"column {name!r} has the name of a key column")
+            if spec.column == "*" and spec.agg != "count":
+                raise ValueError(f"column {name!r}: only count may use '*'")
+        return self
+
+    @property
+    def is_top_n(self) -> bool:
+        return self.top_n is not None
+
+
+class SourceSpec(_Model):
+    topic: str
+    format: Literal["jsonl", "avro"] = "jsonl"
+    schema_path: str | None = Field(default=None, alias="schema")
+    key: list[str] = []  # the message key columns, when they differ from the view key
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _schema(self) -> SourceSpec:
+        if self.format == "avro" and not self.schema_path:
+            raise ValueError("format avro needs schema: path/to/schema.avsc")
+        return self
+
+
+class ViewOutput(_Model):
+    topic: str
+    form: Literal["changelog", "retract", "upsert"] = "changelog"
+    emit: Literal["per_event", "per_batch"] = "per_event"
+
+
+class DeltaOutput(_Model):
+    topic: str
+
+
+class Outputs(_Model):
+    view: ViewOutput | None = None
+    delta: DeltaOutput | None = None
+    materialize: list[dict[str, Any]] = []
+
+    @model_validator(mode="after")
+    def _some(self) -> Outputs:
+        if self.view is None and self.delta is None and not self.materialize:
+            raise ValueError("outputs: name at least one of view, delta")
+        return self
+
+
+class SparkSpec(_Model):
+    master: str = "local[2]"
+    conf: dict[str, str] = {}
+    checkpoint_dir: str | None = None  # a cache; Kafka is authoritative
+
+
+class Pipeline(_Model):
+    pipeline: str
+    kafka: dict[str, Any] = {}
+    source: SourceSpec
+    view: ViewSpec
+    outputs: Outputs
+    trigger: str = "500ms"
+    strict: bool = False
+    writer: str = "0"
+    transactional_id_prefix: str | None = None
+    max_batch_events: Annotated[int, Field(ge=1)] = 200_000
+    partitions: Annotated[int, Field(ge=1, le=1000)] = 4  # for topics the engine creates
+    spark: SparkSpec = SparkSpec()
+
+    @field_validator("pipeline", "writer")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError(f"{value!r} must be letters, digits, '.', '_' or '-'")
+        return value
+
+    @field_validator("trigger")
+    @classmethod
+    def _trigger(cls, value: str) -> str:
+        parse_duration(value)
+        return value
+
+    @model_validator(mode="after")
+    def _cross(self) -> Pipeline:
+        if self.view.is_top_n and self.outputs.delta is not None:
+            raise ValueError("outputs.delta: delta updates are defined for grouped views, not top_n")
+        return self
+
+    # Derived names (DESIGN.md §3) -------------------------------------------------
+    @property
+    def checkpoints_topic(self) -> str:
+        return f"{self.pipeline}.checkpoints"
+
+    @property
+    def state_topic(self) -> str:
+        return f"{self.pipeline}.state"
+
+    @property
+    def dlq_topic(self) -> str:
+        return f"{self.pipeline}.dlq"
+
+    @property
+    def transactional_id(self) -> str:
+        return f"{self.transactional_id_prefix or self.pipeline}-{self.writer}"
+
+    @property
+    def trigger_seconds(self) -> float:
+        return parse_duration(self.trigger)
+
+    def kafka_settings(self, bootstrap_override: str | None = None) -> dict[str, Any]:
+        """librdkafka settings: the pipeline's `kafka:` block, bootstrap resolved."""
+        settings = dict(self.kafka)
+        bootstrap = bootstrap_override or os.environ.get("REFOLD_BOOTSTRAP_SERVERS")
+        if bootstrap:
+            settings["bootstrap.servers"] = bootstrap
+        settings.setdefault("bootstrap.servers", DEFAULT_BOOTSTRAP)
+        return settings
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min)?\s*$")
+
+
+def parse_duration(text: str | float | int) -> float:
+    """'500ms' → 0.5, '2s' → 2.0, '1m' → 60.0; a bare number is seconds."""
+    if isinstance(text, int | float):
+        return float(text)
+    match = _DURATION.match(text)
+    if not match:
+        raise ValueError(f"duration {text!r}: write e.g. 500ms, 2s or 1m")
+    number, unit = float(match.group(1)), match.group(2) or "s"
+    return number * {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0}[unit]
+
+
+def load_pipeline(path: str | Path) -> Pipeline:
+    """Read and validate a pipeline file. Raises ConfigError naming the file and setting."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read pipeline file: {exc.strerror}", where=str(path)) from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"not valid YAML: {exc}", where=str(path)) from exc
+    return parse_pipeline(data, where=str(path))
+
+
+def parse_pipeline(data: Any, where: str = "pipeline") -> Pipeline:
+    if not isinstance(data, Mapping):
+        raise ConfigError("a pipeline file is a mapping (pipeline:, source:, view:, outputs:)", where)
+    try:
+        return Pipeline.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            location = ".".join(str(part) for part in error["loc"]) or "(top level)"
+            message = error["msg"]
+            if error["type"] == "extra_forbidden":
+                message = "unknown setting"
+            elif error["type"] == "missing":
+                message = "missing setting"
+            problems.append(f"{location}: {message}")
+        raise ConfigError("; ".join(problems), where) from exc
