@@ -1,0 +1,160 @@
+"""The `refold` command line (DESIGN.md §5)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from refold.errors import RefoldError, UserError
+
+
+def _settings(args: argparse.Namespace) -> dict[str, object]:
+    from refold.localkafka import ensure_broker
+
+    return {"bootstrap.servers": ensure_broker(args.bootstrap_servers)}
+
+
+def cmd_kafka(args: argparse.Namespace) -> int:
+    from refold import localkafka
+
+    return localkafka.cli(args)
+
+
+def cmd_jars(args: argparse.Namespace) -> int:
+    from refold import jars
+
+    for name in ("kafka-broker", "spark-connectors"):
+        paths = jars.resolve(name)
+        print(f"{name}: {len(paths)} jars in {paths[0].parent if paths else '-'}")
+    return 0
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    from refold.produce import produce, read_input
+
+    lines, is_file = read_input(args.file)
+    keys = [k.strip() for k in args.key.split(",") if k.strip()]
+    if not keys:
+        raise UserError("--key needs at least one column")
+    result = produce(
+        _settings(args),
+        args.topic,
+        lines,
+        keys,
+        fmt=args.format,
+        schema=args.schema,
+        per_transaction=args.per_transaction,
+        prevalidate=is_file,
+        partitions=args.partitions,
+    )
+    print(
+        f"wrote {result.events} events to {args.topic} in {result.transactions} "
+        f"transaction{'s' if result.transactions != 1 else ''} ({result.seconds:.2f}s)"
+    )
+    return 0
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    from refold.consume import consume
+
+    count = consume(
+        _settings(args),
+        args.topic,
+        from_beginning=args.from_beginning,
+        until_idle=args.until_idle,
+        fmt=args.format,
+        schema=args.schema,
+    )
+    print(f"consumed {count} records from {args.topic}", file=sys.stderr)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from refold.config import load_pipeline
+    from refold.job import run_pipeline
+
+    pipeline = load_pipeline(args.pipeline)
+    run_pipeline(pipeline, bootstrap=args.bootstrap_servers, until_idle=args.until_idle)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from refold.config import load_pipeline
+    from refold.status import print_status
+
+    pipeline = load_pipeline(args.pipeline)
+    print_status(pipeline, bootstrap=args.bootstrap_servers)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="refold", description="Exactly-once changelog engine on Kafka.")
+    parser.add_argument(
+        "--bootstrap-servers",
+        default=os.environ.get("REFOLD_BOOTSTRAP_SERVERS"),
+        help="Kafka cluster to use (default: REFOLD_BOOTSTRAP_SERVERS, else the local broker 127.0.0.1:9092)",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    kafka = sub.add_parser("kafka", help="a local Apache Kafka broker (KRaft) under .refold/")
+    kafka.add_argument("action", choices=["start", "stop", "status"])
+    kafka.add_argument("--port", type=int, default=9092)
+    kafka.set_defaults(func=cmd_kafka)
+
+    jars = sub.add_parser("jars", help="resolve the JVM jars (Kafka broker, Spark Kafka connector) with Maven")
+    jars.set_defaults(func=cmd_jars)
+
+    produce = sub.add_parser("produce", help="write JSON-lines changelog events to a topic, transactionally")
+    produce.add_argument("topic")
+    produce.add_argument("file", nargs="?", default="-", help="JSON lines, one event per line ('-' = stdin)")
+    produce.add_argument("--key", required=True, help="message key column(s), comma-separated")
+    produce.add_argument("--format", choices=["jsonl", "avro"], default="jsonl", help="wire format of the values")
+    produce.add_argument("--schema", help="Avro schema (.avsc) for --format avro")
+    produce.add_argument("--per-transaction", type=int, default=10_000, help="events per Kafka transaction")
+    produce.add_argument("--partitions", type=int, default=3, help="partitions if the topic must be created")
+    produce.set_defaults(func=cmd_produce)
+
+    consume = sub.add_parser("consume", help="print a topic's committed records as JSON lines")
+    consume.add_argument("topic")
+    consume.add_argument("--from-beginning", action="store_true")
+    consume.add_argument("--until-idle", type=float, metavar="SECONDS", help="stop after this long without records")
+    consume.add_argument("--format", choices=["jsonl", "avro"], default="jsonl")
+    consume.add_argument("--schema", help="Avro schema (.avsc) for --format avro")
+    consume.set_defaults(func=cmd_consume)
+
+    run = sub.add_parser("run", help="run the engine on a pipeline file")
+    run.add_argument("pipeline")
+    run.add_argument("--until-idle", type=float, metavar="SECONDS", help="stop after this long without input")
+    run.set_defaults(func=cmd_run)
+
+    status = sub.add_parser("status", help="committed offsets, lag, last batch of a pipeline")
+    status.add_argument("pipeline")
+    status.set_defaults(func=cmd_status)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        print(f"refold: error: {exc}", file=sys.stderr)
+        return 2
+    except RefoldError as exc:
+        print(f"refold: internal error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

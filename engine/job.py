@@ -1,0 +1,215 @@
+"""`refold run`: the Spark Structured Streaming job.
+
+Spark's Kafka source reads the changelog topic (read_committed) in micro-batches;
+`foreachBatch` hands each batch to the `BatchProcessor`, which reduces it and
+commits its outputs, state and offsets in one Kafka transaction. The query
+starts from the offsets committed in `P.checkpoints`; Spark's own checkpoint
+directory is kept only while it agrees with them.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from refold.config import Pipeline
+from refold.errors import RefoldError, UserError
+from refold.kafkaio import TopicSpec, ensure_topics, partitions_of
+from refold.processor import BatchProcessor, BatchStats, InputRecord
+from refold.recovery import reconcile_spark_checkpoint
+
+log = logging.getLogger(__name__)
+
+
+def engine_topics(pipeline: Pipeline, partitions: int) -> list[TopicSpec]:
+    """The topics the engine writes: its outputs and its recovery log (DESIGN.md §3)."""
+    specs = [
+        TopicSpec(pipeline.checkpoints_topic, 1, compacted=True),
+        TopicSpec(pipeline.state_topic, partitions, compacted=True),
+        TopicSpec(pipeline.dlq_topic, 1),
+    ]
+    view = pipeline.outputs.view
+    if view is not None:
+        specs.append(TopicSpec(view.topic, partitions, compacted=view.form == "upsert"))
+    if pipeline.outputs.delta is not None:
+        specs.append(TopicSpec(pipeline.outputs.delta.topic, partitions))
+    return specs
+
+
+def spark_session(pipeline: Pipeline) -> Any:
+    from pyspark.sql import SparkSession
+
+    from refold.jars import spark_jars
+
+    builder = (
+        SparkSession.builder.master(pipeline.spark.master)
+        .appName(f"refold-{pipeline.pipeline}")
+        .config("spark.jars", ",".join(str(p) for p in spark_jars()))
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.sql.streaming.kafka.useDeprecatedOffsetFetching", "false")
+        .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=WARN")
+    )
+    for key, value in pipeline.spark.conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def spark_checkpoint_dir(pipeline: Pipeline) -> Path:
+    if pipeline.spark.checkpoint_dir:
+        return Path(pipeline.spark.checkpoint_dir)
+    from refold.jars import project_home
+
+    return project_home() / "spark" / pipeline.pipeline / pipeline.writer
+
+
+def starting_offsets(topic: str, partitions: list[int], committed: dict[int, int]) -> str:
+    """Spark's startingOffsets JSON: Kafka's committed offsets, earliest (-2) elsewhere."""
+    return orjson.dumps({topic: {str(p): committed.get(p, -2) for p in partitions}}).decode()
+
+
+class Progress:
+    """Prints one line per committed batch (stderr) and tracks idleness."""
+
+    def __init__(self, pipeline: Pipeline, quiet: bool = False) -> None:
+        self.pipeline = pipeline
+        self.quiet = quiet
+        self.last_data = time.monotonic()
+        self.batches = 0
+        self.events = 0
+        self.failure: BaseException | None = None
+
+    def committed(self, stats: BatchStats) -> None:
+        self.last_data = time.monotonic()
+        self.batches += 1
+        self.events += stats.records_in
+        if not self.quiet:
+            rate = stats.records_in / stats.seconds if stats.seconds > 0 else 0.0
+            print(
+                f"[{self.pipeline.pipeline}] batch {stats.batch}: {stats.records_in} in, "
+                f"{stats.records_out} out, {stats.dead_letters} dead letters "
+                f"({stats.seconds:.2f}s, {rate:,.0f} events/s)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def run_pipeline(
+    pipeline: Pipeline,
+    bootstrap: str | None = None,
+    until_idle: float | None = None,
+    *,
+    spark: Any = None,
+    quiet: bool = False,
+) -> Progress:
+    """Run the engine until stopped (or until idle for `until_idle` seconds)."""
+    from refold.localkafka import ensure_broker
+
+    settings = pipeline.kafka_settings(ensure_broker(bootstrap))
+    topic = pipeline.source.topic
+    try:
+        partitions = partitions_of(settings, topic)
+    except UserError as exc:
+        raise UserError(f"source.topic: {exc}") from exc
+    ensure_topics(settings, engine_topics(pipeline, max(pipeline.partitions, len(partitions))))
+    processor = BatchProcessor(pipeline, settings)
+    progress = Progress(pipeline, quiet)
+    own_spark = spark is None
+    if own_spark:
+        spark = spark_session(pipeline)
+    checkpoint_dir = spark_checkpoint_dir(pipeline)
+    checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
+    reconcile_spark_checkpoint(checkpoint_dir, topic, processor.offsets)
+    lock = threading.Lock()
+
+    def on_batch(frame: Any, batch_id: int) -> None:
+        table = frame.toArrow()
+        if table.num_rows == 0:
+            return
+        columns = table.to_pydict()
+        records = [
+            InputRecord(p, o, k, v, int(ts.timestamp() * 1000) if ts is not None else 0)
+            for p, o, k, v, ts in zip(
+                columns["partition"], columns["offset"], columns["key"], columns["value"], columns["timestamp"],
+                strict=True,
+            )
+        ]
+        with lock:
+            try:
+                stats = processor.process(records)
+            except BaseException as exc:
+                progress.failure = exc
+                raise
+        if stats is not None:
+            progress.committed(stats)
+
+    reader = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", settings["bootstrap.servers"])
+        .option("subscribe", topic)
+        .option("startingOffsets", starting_offsets(topic, partitions, processor.offsets))
+        .option("kafka.isolation.level", "read_committed")
+        .option("maxOffsetsPerTrigger", str(pipeline.max_batch_events))
+        .option("failOnDataLoss", "false")
+    )
+    for key, value in _java_client_settings(settings).items():
+        reader = reader.option(f"kafka.{key}", value)
+    frame = reader.load().selectExpr("partition", "offset", "key", "value", "timestamp")
+    query = (
+        frame.writeStream.foreachBatch(on_batch)
+        .trigger(processingTime=f"{int(pipeline.trigger_seconds * 1000)} milliseconds")
+        .option("checkpointLocation", str(checkpoint_dir))
+        .queryName(f"refold-{pipeline.pipeline}")
+        .start()
+    )
+    log.info("pipeline %s running: %s → view/delta (Spark checkpoint %s)", pipeline.pipeline, topic, checkpoint_dir)
+    try:
+        while query.isActive:
+            query.awaitTermination(0.25)
+            if until_idle is not None and _idle(query, progress, until_idle):
+                break
+    except KeyboardInterrupt:
+        log.info("interrupted; stopping after the current batch")
+    finally:
+        with lock:  # never stop in the middle of a transaction
+            query.stop()
+        processor.close()
+        if own_spark:
+            spark.stop()
+    if progress.failure is not None:
+        failure = progress.failure
+        if isinstance(failure, RefoldError):
+            raise failure
+        raise RefoldError(f"the engine failed: {failure}") from failure
+    exc = query.exception()
+    if exc is not None:
+        raise RefoldError(f"the streaming query failed: {exc}")
+    return progress
+
+
+def _idle(query: Any, progress: Progress, seconds: float) -> bool:
+    status = query.status
+    if status.get("isDataAvailable") or status.get("isTriggerActive"):
+        return False
+    return time.monotonic() - progress.last_data >= seconds
+
+
+def _java_client_settings(settings: dict[str, Any]) -> dict[str, str]:
+    """librdkafka settings that the Java client spells the same way (security)."""
+    same = ("security.protocol", "sasl.mechanism", "ssl.endpoint.identification.algorithm")
+    out = {k: str(v) for k, v in settings.items() if k in same}
+    if "sasl.mechanisms" in settings:
+        out["sasl.mechanism"] = str(settings["sasl.mechanisms"])
+    return out
+

@@ -1,0 +1,214 @@
+"""Kafka client helpers: topics, reading a topic to its end, transactional writes.
+
+Dotted-key librdkafka dicts live here, at the client boundary, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+from refold.errors import PrerequisiteError, UserError
+
+# Settings that only make sense for one kind of client; stripped from the others.
+_PRODUCER_ONLY = ("transactional.id", "linger.ms", "acks", "enable.idempotence", "partitioner")
+_CONSUMER_ONLY = ("group.id", "isolation.level", "auto.offset.reset", "enable.auto.commit")
+
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+
+
+def _base(settings: Mapping[str, Any], drop: tuple[str, ...]) -> dict[str, Any]:
+    return {k: v for k, v in settings.items() if k not in drop}
+
+
+def admin_client(settings: Mapping[str, Any]) -> AdminClient:
+    return AdminClient(_base(settings, _PRODUCER_ONLY + _CONSUMER_ONLY))
+
+
+def consumer_config(settings: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
+    conf = _base(settings, _PRODUCER_ONLY)
+    conf.setdefault("group.id", "refold-reader")
+    conf.setdefault("isolation.level", "read_committed")
+    conf.setdefault("enable.auto.commit", False)
+    conf.setdefault("enable.partition.eof", True)
+    conf.setdefault("auto.offset.reset", "earliest")
+    conf.update(extra)
+    return conf
+
+
+def producer_config(settings: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
+    conf = _base(settings, _CONSUMER_ONLY)
+    conf.setdefault("partitioner", "murmur2_random")  # the Java client's partitioning
+    conf.setdefault("linger.ms", 5)
+    conf.setdefault("message.max.bytes", MAX_MESSAGE_BYTES)
+    conf.update(extra)
+    return conf
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    name: str
+    partitions: int = 1
+    compacted: bool = False
+    config: Mapping[str, str] = field(default_factory=dict)
+
+
+def ensure_topics(settings: Mapping[str, Any], specs: list[TopicSpec], timeout: float = 30.0) -> list[str]:
+    """Create the topics that do not exist yet; return the names created."""
+    admin = admin_client(settings)
+    existing = set(list_topics(admin, timeout).topics)
+    missing = [s for s in specs if s.name not in existing]
+    if not missing:
+        return []
+    new = []
+    for spec in missing:
+        config = {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
+        if spec.compacted:
+            config["cleanup.policy"] = "compact"
+        config.update(spec.config)
+        new.append(NewTopic(spec.name, num_partitions=spec.partitions, config=config))
+    futures = admin.create_topics(new, operation_timeout=timeout, request_timeout=timeout)
+    created = []
+    for name, future in futures.items():
+        try:
+            future.result()
+            created.append(name)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise PrerequisiteError(f"cannot create topic {name!r}: {exc.args[0].str()}") from exc
+    _wait_for_topics(admin, [s.name for s in missing], timeout)
+    return created
+
+
+def _wait_for_topics(admin: AdminClient, names: list[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        metadata = list_topics(admin, timeout)
+        ready = all(
+            n in metadata.topics
+            and metadata.topics[n].error is None
+            and all(p.leader >= 0 for p in metadata.topics[n].partitions.values())
+            for n in names
+        )
+        if ready or time.monotonic() > deadline:
+            return
+        time.sleep(0.1)
+
+
+def list_topics(admin: AdminClient | Consumer | Producer, timeout: float = 30.0) -> Any:
+    try:
+        return admin.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise PrerequisiteError(
+            f"cannot reach Kafka: {exc.args[0].str()} "
+            "(is the broker running? `refold kafka start`, or set --bootstrap-servers)"
+        ) from exc
+
+
+def partitions_of(settings: Mapping[str, Any], topic: str, timeout: float = 30.0) -> list[int]:
+    """The partition ids of a topic. Raises UserError when the topic does not exist."""
+    metadata = list_topics(admin_client(settings), timeout)
+    found = metadata.topics.get(topic)
+    if found is None or found.error is not None:
+        raise UserError(f"topic {topic!r} does not exist on {settings.get('bootstrap.servers')}")
+    return sorted(found.partitions)
+
+
+def topic_config(settings: Mapping[str, Any], topic: str) -> dict[str, str]:
+    admin = admin_client(settings)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    result = admin.describe_configs([resource])[resource].result()
+    return {name: entry.value for name, entry in result.items()}
+
+
+def read_to_end(
+    settings: Mapping[str, Any],
+    topic: str,
+    *,
+    timeout: float = 120.0,
+    start: Mapping[int, int] | None = None,
+) -> Iterator[Message]:
+    """Every committed record of `topic` from the beginning (or `start` offsets) to its
+    current end (the last stable offset: read_committed), partition by partition in
+    offset order within each partition.
+    """
+    partitions = partitions_of(settings, topic)
+    consumer = Consumer(consumer_config(settings))
+    try:
+        assignment = [
+            TopicPartition(topic, p, (start or {}).get(p, OFFSET_BEGINNING)) for p in partitions
+        ]
+        ends: dict[int, int] = {}
+        for tp in assignment:
+            low, high = consumer.get_watermark_offsets(tp, timeout=timeout)
+            ends[tp.partition] = high
+        remaining = {
+            tp.partition
+            for tp in assignment
+            if ends[tp.partition] > max(tp.offset if tp.offset >= 0 else 0, 0)
+        }
+        if not remaining:
+            return
+        consumer.assign(assignment)
+        deadline = time.monotonic() + timeout
+        while remaining:
+            if time.monotonic() > deadline:
+                raise PrerequisiteError(
+                    f"reading {topic!r} to its end took over {timeout:.0f}s "
+                    f"(partitions still open: {sorted(remaining)}; an open transaction?)"
+                )
+            batch = consumer.consume(num_messages=10_000, timeout=0.5)
+            for msg in batch:
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        remaining.discard(msg.partition())
+                        continue
+                    raise KafkaException(err)
+                yield msg
+                if msg.offset() + 1 >= ends[msg.partition()]:
+                    remaining.discard(msg.partition())
+            if not batch:
+                # Aborted records and markers at the tail: the position moves past them.
+                for tp in consumer.position([TopicPartition(topic, p) for p in list(remaining)]):
+                    if tp.offset >= ends[tp.partition]:
+                        remaining.discard(tp.partition)
+    finally:
+        consumer.close()
+
+
+def delivery_failures() -> tuple[list[KafkaError], Any]:
+    """A delivery callback that collects errors, with the list it fills."""
+    errors: list[KafkaError] = []
+
+    def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            errors.append(err)
+
+    return errors, on_delivery
+
+
+def describe_kafka_error(exc: BaseException) -> str:
+    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+        err: KafkaError = exc.args[0]
+        kind = "fatal" if err.fatal() else ("retriable" if err.retriable() else "error")
+        return f"{err.name()} ({kind}): {err.str()}"
+    return str(exc)
+
+
+def eprint(*parts: object) -> None:
+    print(*parts, file=sys.stderr, flush=True)

@@ -1,0 +1,376 @@
+"""One micro-batch, exactly once: decode, pair, merge, reduce, commit in one transaction.
+
+The processor runs on the driver and owns the transactional producer
+`P-<writer>`. It is independent of Spark: the Spark job hands it the records of
+each micro-batch (partition, offset, key, value, timestamp); tests may too.
+
+Every batch commits, in one Kafka transaction: the view changelog, the delta
+updates, the dead letters, the state changelog (`P.state`), the checkpoint
+(`P.checkpoints`) and the consumer-group offsets. Records at offsets the last
+checkpoint already covers are dropped first, so a replayed batch writes nothing.
+When a transaction fails for any reason but a fence, the processor throws its
+in-memory state away, re-initialises from Kafka and runs the batch again.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import orjson
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from refold.changelog import Op
+from refold.config import Pipeline
+from refold.errors import RecordError, RecordSource, RefoldError, UserError
+from refold.kafkaio import consumer_config, delivery_failures, describe_kafka_error, producer_config
+from refold.records import Checkpoint, DeadLetter, PendingRecord, dead_letter_headers, encode_checkpoint, encode_dead_letter
+from refold.recovery import recover
+from refold.serde import codec_for
+from refold.views import Rejected, SourceEvent, ViewChange, compact_changes, make_reducer
+
+log = logging.getLogger(__name__)
+
+_FENCED_CODES = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED}
+_RETRACT_FORM = {Op.CORRECT_FROM: Op.RETRACT, Op.CORRECT_TO: Op.APPEND}
+
+
+class FencedError(UserError):
+    """Another instance of this pipeline started with the same transactional id."""
+
+
+class TransactionFailed(RefoldError):
+    """A transaction did not commit; the batch must be run again from Kafka's state."""
+
+
+@dataclass(frozen=True, slots=True)
+class InputRecord:
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp: int
+
+
+@dataclass(slots=True)
+class BatchStats:
+    batch: int = 0
+    records_in: int = 0
+    records_out: int = 0
+    dead_letters: int = 0
+    skipped: int = 0
+    seconds: float = 0.0
+    committed_at: float = 0.0
+
+
+@dataclass(slots=True)
+class _Outgoing:
+    """The records of one batch, in the order they will be produced."""
+
+    view: list[tuple[bytes, bytes | None, int | None]] = field(default_factory=list)
+    delta: list[tuple[bytes, bytes]] = field(default_factory=list)
+    dlq: list[DeadLetter] = field(default_factory=list)
+    state: list[tuple[bytes, bytes | None]] = field(default_factory=list)
+
+
+class BatchProcessor:
+    """Called by the Spark job's foreachBatch on the driver, one batch at a time."""
+
+    def __init__(self, pipeline: Pipeline, settings: dict[str, Any]) -> None:
+        self.pipeline = pipeline
+        self.settings = settings
+        self.topic = pipeline.source.topic
+        self.codec = codec_for(pipeline.source.format, pipeline.source.schema_path)
+        self.producer: Producer | None = None
+        self.last = BatchStats()
+        self._group = Consumer(consumer_config(settings, **{"group.id": f"refold.{pipeline.pipeline}"}))
+        self._start()
+
+    # Lifecycle -----------------------------------------------------------------------
+
+    def _start(self) -> None:
+        """Fence older instances, abort our open transaction, rebuild state from Kafka."""
+        self._close_producer()
+        conf = producer_config(
+            self.settings,
+            **{
+                "transactional.id": self.pipeline.transactional_id,
+                "transaction.timeout.ms": int(os.environ.get("REFOLD_TRANSACTION_TIMEOUT_MS", "60000")),
+            },
+        )
+        producer = Producer(conf)
+        try:
+            producer.init_transactions(60)
+        except KafkaException as exc:
+            raise UserError(f"cannot initialise transactions as {self.pipeline.transactional_id!r}: "
+                            f"{describe_kafka_error(exc)}") from exc
+        self.producer = producer
+        started = time.monotonic()
+        recovered = recover(self.pipeline, self.settings)
+        self.checkpoint = recovered.checkpoint or Checkpoint(
+            pipeline=self.pipeline.pipeline,
+            writer=self.pipeline.writer,
+            batch=0,
+            source_topic=self.topic,
+            offsets={},
+            pending={},
+            records_in=0,
+            records_out=0,
+            dlq=0,
+            committed_at=0,
+            driver_checkpoints={},
+        )
+        self.reducer = make_reducer(self.pipeline.view)
+        self.reducer.restore(recovered.state)
+        log.info(
+            "recovered %s: batch %d, offsets %s, %d state records (%.1fs)",
+            self.pipeline.pipeline,
+            self.checkpoint.batch,
+            self.checkpoint.offsets,
+            len(recovered.state),
+            time.monotonic() - started,
+        )
+
+    def _close_producer(self) -> None:
+        if self.producer is not None:
+            try:
+                self.producer.flush(5)
+            except KafkaException:
+                pass
+            self.producer = None
+
+    def close(self) -> None:
+        self._close_producer()
+        self._group.close()
+
+    @property
+    def offsets(self) -> dict[int, int]:
+        return dict(self.checkpoint.offsets)
+
+    # The batch -------------------------------------------------------------------------
+
+    def process(self, records: Sequence[InputRecord]) -> BatchStats | None:
+        """Reduce and commit one batch. Returns None when every record was already committed."""
+        for attempt in range(1, 4):
+            try:
+                return self._process_once(records)
+            except TransactionFailed as exc:
+                log.warning("batch transaction failed (attempt %d): %s; re-initialising from Kafka", attempt, exc)
+                self._start()
+        raise RefoldError("the batch's transaction failed three times; giving up")
+
+    def _process_once(self, records: Sequence[InputRecord]) -> BatchStats | None:
+        started = time.monotonic()
+        committed = self.checkpoint.offsets
+        fresh = [r for r in records if r.offset >= committed.get(r.partition, 0)]
+        if not fresh:
+            return None
+        out = _Outgoing()
+        units, pending, in_count = self._units(fresh, out)
+        changes: list[tuple[list[ViewChange], int]] = []
+        for unit in units:
+            try:
+                changes.append((self.reducer.apply([event for event, _ in unit]), unit[0][0].tag[0]))
+            except Rejected as rejected:
+                for index, (_event, record) in enumerate(unit):
+                    reason = rejected.reason if index == rejected.index else "correction pair rejected"
+                    self._dead_letter(out, record, reason, None)
+        self._render(changes, out)
+        out.state = self.reducer.take_state_changes()
+        offsets = dict(committed)
+        for record in fresh:
+            offsets[record.partition] = max(offsets.get(record.partition, 0), record.offset + 1)
+        stats = BatchStats(
+            batch=self.checkpoint.batch + 1,
+            records_in=in_count,
+            records_out=len(out.view) + len(out.delta),
+            dead_letters=len(out.dlq),
+            skipped=len(records) - len(fresh),
+        )
+        checkpoint = replace(
+            self.checkpoint,
+            batch=stats.batch,
+            offsets=offsets,
+            pending=pending,
+            records_in=self.checkpoint.records_in + stats.records_in,
+            records_out=self.checkpoint.records_out + stats.records_out,
+            dlq=self.checkpoint.dlq + stats.dead_letters,
+            committed_at=int(time.time() * 1000),
+        )
+        self._commit(out, checkpoint)
+        self.checkpoint = checkpoint
+        stats.seconds = time.monotonic() - started
+        stats.committed_at = time.time()
+        self.last = stats
+        return stats
+
+    def _units(
+        self, fresh: Sequence[InputRecord], out: _Outgoing
+    ) -> tuple[list[list[tuple[SourceEvent, InputRecord]]], dict[int, PendingRecord], int]:
+        """Decode and pair each partition's records in offset order, then merge the
+        partitions deterministically by the tag of each unit's first event."""
+        by_partition: dict[int, list[InputRecord]] = {}
+        for record in fresh:
+            by_partition.setdefault(record.partition, []).append(record)
+        pending_out = dict(self.checkpoint.pending)
+        streams = []
+        for partition in sorted(by_partition):
+            rows = sorted(by_partition[partition], key=lambda r: r.offset)
+            held = pending_out.pop(partition, None)
+            if held is not None:
+                rows.insert(0, InputRecord(partition, held.offset, held.key, held.value, held.timestamp))
+            units: list[list[tuple[SourceEvent, InputRecord]]] = []
+            open_c: tuple[SourceEvent, InputRecord] | None = None
+            for record in rows:
+                event = self._decode(record, out)
+                if open_c is not None:
+                    first, open_c = open_c, None
+                    if event is not None and event.op is Op.CORRECT_TO and record.key == first[1].key:
+                        units.append([first, (event, record)])
+                        continue
+                    self._dead_letter(out, first[1], "-C not immediately followed by its +C", None)
+                if event is None:
+                    continue
+                if event.op is Op.CORRECT_FROM:
+                    open_c = (event, record)
+                elif event.op is Op.CORRECT_TO:
+                    self._dead_letter(out, record, "+C without a preceding -C", None)
+                else:
+                    units.append([(event, record)])
+            if open_c is not None:  # its +C comes in a later batch
+                record = open_c[1]
+                pending_out[partition] = PendingRecord(record.offset, record.key, record.value or b"", record.timestamp)
+            streams.append(units)
+        merged = list(heapq.merge(*streams, key=lambda unit: unit[0][0].tag))
+        in_count = len(fresh)
+        return merged, pending_out, in_count
+
+    def _decode(self, record: InputRecord, out: _Outgoing) -> SourceEvent | None:
+        source = RecordSource(self.topic, record.partition, record.offset)
+        try:
+            event = self.codec.decode(record.value, source)
+        except RecordError as exc:
+            self._dead_letter(out, record, exc.reason, exc.detail)
+            return None
+        event_time = event.event_time if event.event_time is not None else record.timestamp
+        return SourceEvent(event.op, dict(event.row), (event_time, record.partition, record.offset))
+
+    def _dead_letter(self, out: _Outgoing, record: InputRecord, reason: str, detail: str | None) -> None:
+        if self.pipeline.strict:
+            raise RecordError(
+                reason, RecordSource(self.topic, record.partition, record.offset), detail=detail
+            )
+        out.dlq.append(
+            DeadLetter(
+                reason=reason,
+                detail=detail,
+                topic=self.topic,
+                partition=record.partition,
+                offset=record.offset,
+                timestamp=record.timestamp,
+                key=record.key,
+                value=record.value,
+                pipeline=self.pipeline.pipeline,
+            )
+        )
+
+    def _render(self, changes: list[tuple[list[ViewChange], int]], out: _Outgoing) -> None:
+        spec = self.pipeline.outputs.view
+        if spec is not None:
+            if spec.emit == "per_batch":
+                flat = [c for unit_changes, _ in changes for c in unit_changes]
+                timed: Iterable[tuple[ViewChange, int | None]] = ((c, None) for c in compact_changes(flat))
+            else:
+                timed = ((c, ts) for unit_changes, ts in changes for c in unit_changes)
+            form = spec.form
+            for change, ts in timed:
+                key = change.key_json()
+                if form == "upsert":
+                    if change.op is Op.CORRECT_FROM:
+                        continue
+                    value = None if change.op is Op.RETRACT else orjson.dumps(change.row)
+                else:
+                    op = _RETRACT_FORM.get(change.op, change.op) if form == "retract" else change.op
+                    value = orjson.dumps({"op": op.code, **change.row})
+                out.view.append((key, value, ts))
+        deltas = self.reducer.take_deltas()
+        if self.pipeline.outputs.delta is not None:
+            key_columns = self.pipeline.view.key
+            for row in deltas:
+                key = orjson.dumps({k: row[k] for k in key_columns})
+                out.delta.append((key, orjson.dumps(row)))
+
+    # The transaction -----------------------------------------------------------------
+
+    def _commit(self, out: _Outgoing, checkpoint: Checkpoint) -> None:
+        producer = self.producer
+        assert producer is not None
+        errors, on_delivery = delivery_failures()
+
+        def send(topic: str, key: bytes | None, value: bytes | None, **kwargs: Any) -> None:
+            while True:
+                try:
+                    producer.produce(topic, value, key, on_delivery=on_delivery, **kwargs)
+                    return
+                except BufferError:
+                    producer.poll(0.05)
+
+        try:
+            producer.begin_transaction()
+            if self.pipeline.outputs.view is not None:
+                view_topic = self.pipeline.outputs.view.topic
+                for key, value, ts in out.view:
+                    if ts is not None:
+                        send(view_topic, key, value, timestamp=ts)
+                    else:
+                        send(view_topic, key, value)
+            if self.pipeline.outputs.delta is not None:
+                for key, value in out.delta:
+                    send(self.pipeline.outputs.delta.topic, key, value)
+            for letter in out.dlq:
+                send(self.pipeline.dlq_topic, letter.key, encode_dead_letter(letter), headers=dead_letter_headers(letter))
+            for key, value in out.state:
+                send(self.pipeline.state_topic, key, value)
+            send(self.pipeline.checkpoints_topic, self.pipeline.writer.encode(), encode_checkpoint(checkpoint))
+            _test_stall()
+            producer.flush(120)
+            if errors:
+                raise KafkaException(errors[0])
+            positions = [TopicPartition(self.topic, p, o) for p, o in sorted(checkpoint.offsets.items())]
+            producer.send_offsets_to_transaction(positions, self._group.consumer_group_metadata(), 60)
+            producer.commit_transaction(120)
+        except KafkaException as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: KafkaException) -> None:
+        err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        if err is not None and err.code() in _FENCED_CODES:
+            raise FencedError(
+                f"fenced: another instance of pipeline {self.pipeline.pipeline!r} took over "
+                f"transactional id {self.pipeline.transactional_id!r}; this one stops"
+            ) from exc
+        producer = self.producer
+        if producer is not None and err is not None and err.txn_requires_abort():
+            try:
+                producer.abort_transaction(60)
+            except KafkaException as abort_exc:
+                log.warning("abort failed too: %s", describe_kafka_error(abort_exc))
+        raise TransactionFailed(describe_kafka_error(exc)) from exc
+
+
+_stalled = False
+
+
+def _test_stall() -> None:
+    """Chaos hook: REFOLD_TEST_STALL_IN_TXN_SECONDS keeps the first transaction open that long."""
+    global _stalled
+    seconds = os.environ.get("REFOLD_TEST_STALL_IN_TXN_SECONDS")
+    if seconds and not _stalled:
+        _stalled = True
+        log.warning("test hook: stalling %ss inside the transaction", seconds)
+        time.sleep(float(seconds))

@@ -1,0 +1,128 @@
+"""Kafka as the recovery log (DESIGN.md §3).
+
+`P.checkpoints` (compacted, one record per writer) holds the committed input
+offsets; `P.state` (compacted) holds the changelog of the reducer's state. Both
+are written inside each batch's transaction, so reading them to their end with
+read_committed gives a consistent pair: the state exactly as of the checkpoint.
+
+Spark's checkpoint directory is only a cache of the offsets: when it does not
+match Kafka's committed offsets it is wiped and the query starts again from
+Kafka's offsets.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from refold.config import Pipeline
+from refold.kafkaio import read_to_end
+from refold.records import Checkpoint, decode_checkpoint
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    checkpoint: Checkpoint | None
+    state: list[tuple[bytes, bytes]]  # latest value per state key, tombstones dropped
+
+    @property
+    def offsets(self) -> dict[int, int]:
+        return dict(self.checkpoint.offsets) if self.checkpoint else {}
+
+
+def load_checkpoint(pipeline: Pipeline, settings: Mapping[str, Any]) -> Checkpoint | None:
+    """The last committed checkpoint of this pipeline's writer, or None on a first start."""
+    writer_key = pipeline.writer.encode()
+    latest: Checkpoint | None = None
+    for msg in read_to_end(settings, pipeline.checkpoints_topic):
+        if msg.key() == writer_key and msg.value() is not None:
+            latest = decode_checkpoint(msg.value())
+    return latest
+
+
+def checkpoint_history(pipeline: Pipeline, settings: Mapping[str, Any]) -> list[Checkpoint]:
+    """Every committed checkpoint still in the topic, oldest first (batch boundaries)."""
+    writer_key = pipeline.writer.encode()
+    return [
+        decode_checkpoint(msg.value())
+        for msg in read_to_end(settings, pipeline.checkpoints_topic)
+        if msg.key() == writer_key and msg.value() is not None
+    ]
+
+
+def load_state(pipeline: Pipeline, settings: Mapping[str, Any]) -> list[tuple[bytes, bytes]]:
+    """The latest value of every live state key in `P.state`."""
+    latest: dict[bytes, bytes | None] = {}
+    for msg in read_to_end(settings, pipeline.state_topic):
+        latest[msg.key()] = msg.value()
+    return [(k, v) for k, v in latest.items() if v is not None]
+
+
+def recover(pipeline: Pipeline, settings: Mapping[str, Any]) -> Recovered:
+    checkpoint = load_checkpoint(pipeline, settings)
+    state = load_state(pipeline, settings) if checkpoint is not None else []
+    return Recovered(checkpoint, state)
+
+
+# Spark's checkpoint directory -------------------------------------------------------
+
+
+def spark_committed_offsets(directory: Path, topic: str) -> dict[int, int] | None:
+    """The end offsets of the last batch Spark recorded as committed, or None."""
+    commits = directory / "commits"
+    offsets = directory / "offsets"
+    if not commits.is_dir() or not offsets.is_dir():
+        return None
+    done = sorted(int(p.name) for p in commits.iterdir() if p.name.isdigit())
+    if not done:
+        return None
+    lines = (offsets / str(done[-1])).read_text().splitlines()
+    # v1 / batch metadata / one line of offsets per source
+    for line in lines[2:]:
+        try:
+            parsed = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(parsed, dict) and topic in parsed:
+            return {int(p): int(o) for p, o in parsed[topic].items()}
+    return None
+
+
+def reconcile_spark_checkpoint(directory: Path, topic: str, kafka_offsets: Mapping[int, int]) -> bool:
+    """Keep Spark's checkpoint only when its committed offsets equal Kafka's.
+
+    Returns True when the directory was kept. Anything else (missing, behind,
+    ahead, unreadable) wipes it: the query then starts from Kafka's offsets.
+    """
+    if not directory.exists():
+        return False
+    try:
+        spark = spark_committed_offsets(directory, topic)
+    except (OSError, ValueError) as exc:
+        log.warning("Spark checkpoint %s is unreadable (%s); starting from Kafka's offsets", directory, exc)
+        spark = None
+    # A partition Kafka has no offset for was never read: Spark must be at its start.
+    agree = (
+        spark is not None
+        and all(spark.get(p) == o for p, o in kafka_offsets.items())
+        and all(kafka_offsets.get(p, 0) == o for p, o in spark.items())
+    )
+    if not agree:
+        if spark is not None or any(directory.iterdir()):
+            log.warning(
+                "Spark checkpoint %s disagrees with Kafka's committed offsets "
+                "(spark=%s, kafka=%s); discarding it: Kafka is authoritative",
+                directory,
+                spark,
+                dict(kafka_offsets),
+            )
+        shutil.rmtree(directory)
+    return agree

@@ -1,0 +1,63 @@
+"""`refold status`: committed offsets, lag, last batch and counters of a pipeline."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from refold.config import Pipeline
+from refold.kafkaio import consumer_config, partitions_of
+from refold.recovery import load_checkpoint
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionStatus:
+    partition: int
+    committed: int | None
+    end: int
+
+    @property
+    def lag(self) -> int:
+        return max(self.end - (self.committed or 0), 0)
+
+
+def pipeline_status(pipeline: Pipeline, settings: dict[str, Any]) -> tuple[Any, list[PartitionStatus]]:
+    checkpoint = load_checkpoint(pipeline, settings)
+    committed = checkpoint.offsets if checkpoint else {}
+    topic = pipeline.source.topic
+    consumer = Consumer(consumer_config(settings))
+    try:
+        rows = []
+        for p in partitions_of(settings, topic):
+            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
+            rows.append(PartitionStatus(p, committed.get(p), high))
+    finally:
+        consumer.close()
+    return checkpoint, rows
+
+
+def print_status(pipeline: Pipeline, bootstrap: str | None = None) -> None:
+    from refold.localkafka import ensure_broker
+
+    settings = pipeline.kafka_settings(ensure_broker(bootstrap))
+    checkpoint, rows = pipeline_status(pipeline, settings)
+    print(f"pipeline {pipeline.pipeline}  source {pipeline.source.topic}  writer {pipeline.writer}")
+    if checkpoint is None:
+        print("  no committed batch yet")
+    else:
+        age = time.time() - checkpoint.committed_at / 1000
+        print(
+            f"  last batch {checkpoint.batch} committed {age:,.0f}s ago; "
+            f"records in {checkpoint.records_in:,}, out {checkpoint.records_out:,}, "
+            f"dead letters {checkpoint.dlq:,}"
+        )
+        if checkpoint.pending:
+            print(f"  held -C awaiting its +C in partitions {sorted(checkpoint.pending)}")
+    print(f"  {'partition':>9}  {'committed':>12}  {'end':>12}  {'lag':>10}")
+    for row in rows:
+        committed = "-" if row.committed is None else f"{row.committed:,}"
+        print(f"  {row.partition:>9}  {committed:>12}  {row.end:>12,}  {row.lag:>10,}")
+    print(f"  total lag {sum(r.lag for r in rows):,}")

@@ -1,0 +1,81 @@
+"""Test doubles that ship with Refold: a seeded changelog generator.
+
+Used by the tests, the chaos harness and the benchmarks. Every changelog it
+makes is valid (retractions only of live rows, each `-C` right before its `+C`
+for the same key) unless asked for bad records too.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    events: int = 10_000
+    keys: int = 1_000
+    retract_share: float = 0.2  # share of retractions and corrections together
+    hot_share: float = 0.2  # share of events that go to the hottest 1% of keys
+    seed: int = 7
+    key_column: str = "player_name"
+    start_time: int = 1_700_000_000_000
+
+
+def generate(workload: Workload) -> Iterator[dict[str, Any]]:
+    """Yield event records (`op` as code, `event_time`, row columns) in order."""
+    rng = random.Random(workload.seed)
+    live: dict[str, list[dict[str, Any]]] = {}
+    live_keys: list[str] = []
+    where: dict[str, int] = {}  # key -> index in live_keys, for O(1) removal
+    hot = max(1, workload.keys // 100)
+    t = workload.start_time
+    produced = 0
+    while produced < workload.events:
+        t += rng.randint(0, 20)
+        event_time = t - rng.randint(0, 50) if rng.random() < 0.05 else t  # some go backwards
+        if live_keys and rng.random() < workload.retract_share:
+            key = live_keys[rng.randrange(len(live_keys))]
+            rows = live[key]
+            row = rows.pop(rng.randrange(len(rows)))
+            if rng.random() < 0.5 or produced + 2 > workload.events:
+                yield {"op": "-R", "event_time": event_time, **row}
+                produced += 1
+            else:
+                new = _row(rng, key, workload.key_column)
+                rows.append(new)
+                yield {"op": "-C", "event_time": event_time, **row}
+                yield {"op": "+C", "event_time": event_time, **new}
+                produced += 2
+            if not rows:
+                del live[key]
+                last = live_keys.pop()
+                if last != key:
+                    live_keys[where[key]] = last
+                    where[last] = where[key]
+                del where[key]
+            continue
+        if rng.random() < workload.hot_share:
+            index = rng.randrange(hot)
+        else:
+            index = rng.randrange(workload.keys)
+        key = f"k{index:07d}"
+        row = _row(rng, key, workload.key_column)
+        if key not in live:
+            live[key] = []
+            where[key] = len(live_keys)
+            live_keys.append(key)
+        live[key].append(row)
+        yield {"op": "+A", "event_time": event_time, **row}
+        produced += 1
+
+
+def _row(rng: random.Random, key: str, key_column: str) -> dict[str, Any]:
+    return {
+        key_column: key,
+        "score": rng.randint(0, 1000),
+        "bonus": None if rng.random() < 0.1 else round(rng.uniform(0, 10), 2),
+        "team": rng.choice(("red", "blue", "green")),
+    }
