@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import time
@@ -9,10 +10,17 @@ from collections.abc import Callable
 from typing import IO, Any
 
 import orjson
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 
 from refold.changelog import Op
-from refold.errors import RecordSource, RecordError
+from refold.errors import RecordError, RecordSource
 from refold.kafkaio import consumer_config, partitions_of
 from refold.serde import codec_for
 
@@ -34,10 +42,8 @@ def render(value: bytes | None, key: bytes | None, decode: Callable[[bytes, Reco
     except RecordError as exc:
         return orjson.dumps({"error": exc.reason, "at": source.describe()})
     if isinstance(record, dict) and "op" in record:
-        try:
+        with contextlib.suppress(ValueError):
             record["op"] = Op.parse(record["op"]).code
-        except ValueError:
-            pass
     return orjson.dumps(record)
 
 

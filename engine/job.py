@@ -42,14 +42,15 @@ def engine_topics(pipeline: Pipeline, partitions: int) -> list[TopicSpec]:
     return specs
 
 
-def spark_session(pipeline: Pipeline) -> Any:
+def spark_session(master: str = "local[2]", conf: dict[str, str] | None = None, name: str = "refold") -> Any:
+    """A local-friendly Spark session with Spark's Kafka connector on the classpath."""
     from pyspark.sql import SparkSession
 
     from refold.jars import spark_jars
 
     builder = (
-        SparkSession.builder.master(pipeline.spark.master)
-        .appName(f"refold-{pipeline.pipeline}")
+        SparkSession.builder.master(master)
+        .appName(name)
         .config("spark.jars", ",".join(str(p) for p in spark_jars()))
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.driver.host", "127.0.0.1")
@@ -59,7 +60,7 @@ def spark_session(pipeline: Pipeline) -> Any:
         .config("spark.sql.streaming.kafka.useDeprecatedOffsetFetching", "false")
         .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=WARN")
     )
-    for key, value in pipeline.spark.conf.items():
+    for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
@@ -127,7 +128,7 @@ def run_pipeline(
     progress = Progress(pipeline, quiet)
     own_spark = spark is None
     if own_spark:
-        spark = spark_session(pipeline)
+        spark = spark_session(pipeline.spark.master, pipeline.spark.conf, f"refold-{pipeline.pipeline}")
     checkpoint_dir = spark_checkpoint_dir(pipeline)
     checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
     reconcile_spark_checkpoint(checkpoint_dir, topic, processor.offsets)

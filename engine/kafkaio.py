@@ -154,7 +154,7 @@ def read_to_end(
         ]
         ends: dict[int, int] = {}
         for tp in assignment:
-            low, high = consumer.get_watermark_offsets(tp, timeout=timeout)
+            _low, high = consumer.get_watermark_offsets(tp, timeout=timeout)
             ends[tp.partition] = high
         remaining = {
             tp.partition

@@ -14,9 +14,11 @@ in-memory state away, re-initialises from Kafka and runs the batch again.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import logging
 import os
+import signal
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -29,7 +31,14 @@ from refold.changelog import Op
 from refold.config import Pipeline
 from refold.errors import RecordError, RecordSource, RefoldError, UserError
 from refold.kafkaio import consumer_config, delivery_failures, describe_kafka_error, producer_config
-from refold.records import Checkpoint, DeadLetter, PendingRecord, dead_letter_headers, encode_checkpoint, encode_dead_letter
+from refold.records import (
+    Checkpoint,
+    DeadLetter,
+    PendingRecord,
+    dead_letter_headers,
+    encode_checkpoint,
+    encode_dead_letter,
+)
 from refold.recovery import recover
 from refold.serde import codec_for
 from refold.views import Rejected, SourceEvent, ViewChange, compact_changes, make_reducer
@@ -138,10 +147,8 @@ class BatchProcessor:
 
     def _close_producer(self) -> None:
         if self.producer is not None:
-            try:
+            with contextlib.suppress(KafkaException):
                 self.producer.flush(5)
-            except KafkaException:
-                pass
             self.producer = None
 
     def close(self) -> None:
@@ -172,6 +179,7 @@ class BatchProcessor:
             return None
         out = _Outgoing()
         units, pending, in_count = self._units(fresh, out)
+        _crash_point("mid_batch", self.checkpoint.batch + 1)
         changes: list[tuple[list[ViewChange], int]] = []
         for unit in units:
             try:
@@ -203,6 +211,7 @@ class BatchProcessor:
             committed_at=int(time.time() * 1000),
         )
         self._commit(out, checkpoint)
+        _crash_point("after_commit", checkpoint.batch)
         self.checkpoint = checkpoint
         stats.seconds = time.monotonic() - started
         stats.committed_at = time.time()
@@ -338,6 +347,7 @@ class BatchProcessor:
                 send(self.pipeline.state_topic, key, value)
             send(self.pipeline.checkpoints_topic, self.pipeline.writer.encode(), encode_checkpoint(checkpoint))
             _test_stall()
+            _crash_point("in_txn", checkpoint.batch)
             producer.flush(120)
             if errors:
                 raise KafkaException(errors[0])
@@ -374,3 +384,13 @@ def _test_stall() -> None:
         _stalled = True
         log.warning("test hook: stalling %ss inside the transaction", seconds)
         time.sleep(float(seconds))
+
+
+def _crash_point(where: str, batch: int) -> None:
+    """Chaos hook: REFOLD_TEST_CRASH="<where>:<batch>" kills this process with SIGKILL
+    there (`mid_batch`: state changed, nothing sent; `in_txn`: records sent, not
+    committed; `after_commit`: committed, before Spark records the batch)."""
+    wanted = os.environ.get("REFOLD_TEST_CRASH")
+    if wanted and wanted == f"{where}:{batch}":
+        log.warning("test hook: kill -9 at %s of batch %d", where, batch)
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -8,6 +8,7 @@ land in the same transaction.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 import uuid
@@ -40,7 +41,7 @@ def parse_lines(lines: Iterable[bytes], key_columns: Sequence[str]) -> Iterator[
     """(line number, event, key) for each non-blank line; raises ValidationError naming the line."""
     pairing = PairingValidator()
     number = 0
-    for number, raw in enumerate(lines, start=1):  # noqa: B007 - used after the loop
+    for number, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
         source = RecordSource(line=number)
@@ -133,10 +134,8 @@ def produce(
             open_txn = False
     except BaseException:
         if open_txn:
-            try:
+            with contextlib.suppress(KafkaException):
                 producer.abort_transaction(30)
-            except KafkaException:
-                pass
         raise
     return ProduceResult(events, transactions, time.monotonic() - started)
 

@@ -1,0 +1,132 @@
+"""kill -9 of the engine process at chosen moments, restarts, zombies: still exactly once."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+
+from refold.config import Pipeline, load_pipeline
+from refold.job import spark_checkpoint_dir
+from refold.produce import produce
+from refold.recovery import load_checkpoint
+from refold.testing import Workload, generate
+from refold.verify import verify
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+
+COLUMNS = {"total": {"sum": "score"}, "best": {"max": "score"}, "n": {"count": "*"}, "latest": {"last": "score"}}
+
+
+def write_pipeline(tmp: Path, source: str, bootstrap: str) -> Path:
+    name = f"c{uuid.uuid4().hex[:10]}"
+    path = tmp / f"{name}.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "pipeline": name,
+                "kafka": {"bootstrap.servers": bootstrap},
+                "source": {"topic": source},
+                "view": {"key": ["player_name"], "columns": COLUMNS},
+                "outputs": {"view": {"topic": f"{name}.view"}, "delta": {"topic": f"{name}.delta"}},
+                "trigger": "200ms",
+                "max_batch_events": 400,
+                "spark": {"checkpoint_dir": str(tmp / "spark" / name), "conf": {"spark.ui.enabled": "false"}},
+            }
+        )
+    )
+    return path
+
+
+def start_engine(path: Path, *, crash: str | None = None, idle: float = 3.0, extra_env: dict[str, str] | None = None,
+                 stderr: Any = subprocess.PIPE) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REFOLD_TEST_")}
+    if crash:
+        env["REFOLD_TEST_CRASH"] = crash
+    env.update(extra_env or {})
+    return subprocess.Popen(
+        [sys.executable, "-m", "refold.cli", "run", str(path), "--until-idle", str(idle)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        start_new_session=True,
+    )
+
+
+def finish(proc: subprocess.Popen[bytes], timeout: float = 300) -> tuple[int, str]:
+    _out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, (err or b"").decode(errors="replace")
+
+
+@pytest.fixture
+def loaded_source(bootstrap_servers: str, topic) -> tuple[str, int]:
+    source = topic(partitions=3)
+    rows = list(generate(Workload(events=3000, keys=150, seed=99)))
+    produce({"bootstrap.servers": bootstrap_servers}, source, [orjson.dumps(r) for r in rows], ["player_name"],
+            progress=False, per_transaction=300)
+    return source, len(rows)
+
+
+def assert_exact(pipeline: Pipeline, bootstrap: str, events: int) -> None:
+    settings = {"bootstrap.servers": bootstrap}
+    report = verify(pipeline, settings)
+    assert report.anomalies == [], "\n".join(report.anomalies)
+    assert report.events == events
+    checkpoint = load_checkpoint(pipeline, settings)
+    assert checkpoint is not None and checkpoint.records_in == events
+
+
+@pytest.mark.parametrize("crash", ["mid_batch:3", "in_txn:3", "after_commit:3"])
+def test_kill_9_then_restart(bootstrap_servers, loaded_source, tmp_path, crash) -> None:
+    source, events = loaded_source
+    path = write_pipeline(tmp_path, source, bootstrap_servers)
+    code, err = finish(start_engine(path, crash=crash))
+    assert code == -9, err[-2000:]
+    pipeline = load_pipeline(path)
+    before = load_checkpoint(pipeline, {"bootstrap.servers": bootstrap_servers})
+    assert before is not None and before.batch == (3 if crash.startswith("after_commit") else 2)
+    code, err = finish(start_engine(path))
+    assert code == 0, err[-3000:]
+    assert_exact(pipeline, bootstrap_servers, events)
+
+
+def test_kill_9_then_restart_without_spark_checkpoint(bootstrap_servers, loaded_source, tmp_path) -> None:
+    source, events = loaded_source
+    path = write_pipeline(tmp_path, source, bootstrap_servers)
+    code, err = finish(start_engine(path, crash="in_txn:4"))
+    assert code == -9, err[-2000:]
+    pipeline = load_pipeline(path)
+    shutil.rmtree(spark_checkpoint_dir(pipeline))
+    code, err = finish(start_engine(path))
+    assert code == 0, err[-3000:]
+    assert_exact(pipeline, bootstrap_servers, events)
+
+
+def test_two_engines_at_once_one_is_fenced(bootstrap_servers, loaded_source, tmp_path) -> None:
+    source, events = loaded_source
+    path = write_pipeline(tmp_path, source, bootstrap_servers)
+    # The first engine stalls inside its first transaction; the second one starts meanwhile
+    # and fences it. The first must stop with a clear message, never commit.
+    log = tmp_path / "first.log"
+    with log.open("wb") as first_err:
+        first = start_engine(path, extra_env={"REFOLD_TEST_STALL_IN_TXN_SECONDS": "30"}, stderr=first_err)
+        deadline = time.monotonic() + 120
+        while b"stalling" not in log.read_bytes():
+            assert first.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        second = start_engine(path, idle=5.0)
+        code2, err2 = finish(second)
+        code1, _ = finish(first)
+    err1 = log.read_text()
+    assert code2 == 0, err2[-3000:]
+    assert code1 != 0 and "fenced" in err1, err1[-3000:]
+    assert_exact(load_pipeline(path), bootstrap_servers, events)

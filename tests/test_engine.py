@@ -1,0 +1,216 @@
+"""The real engine (Spark + the real broker) against the reference reducer."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from typing import Any
+
+import orjson
+import pytest
+
+from refold.config import Pipeline, parse_pipeline
+from refold.errors import RecordError
+from refold.job import run_pipeline, spark_checkpoint_dir, spark_session
+from refold.kafkaio import read_to_end
+from refold.produce import produce
+from refold.records import decode_dead_letter
+from refold.recovery import load_checkpoint
+from refold.testing import Workload, generate
+from refold.verify import read_view_changes, verify
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+
+ALL_REDUCTIONS = {
+    "total": {"sum": "score"},
+    "games": {"count": "*"},
+    "bonus_count": {"count": "bonus"},
+    "mean": {"avg": "score"},
+    "low": {"min": "score"},
+    "best": {"max": "score"},
+    "opener": {"first": "score"},
+    "latest": {"last": "score"},
+    "lww": {"last_write_wins": "team"},
+    "teams": {"set": "team"},
+    "bonus": {"sum": "bonus"},
+}
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    session = spark_session("local[2]", {"spark.sql.streaming.checkpointLocation": str(tmp_path_factory.mktemp("spark"))})
+    yield session
+    session.stop()
+
+
+def pipeline_for(source: str, view: dict[str, Any], *, tmp: Any, form: str = "changelog", delta: bool = True,
+                 emit: str = "per_event", **extra: Any) -> Pipeline:
+    name = f"p{uuid.uuid4().hex[:10]}"
+    outputs: dict[str, Any] = {"view": {"topic": f"{name}.view", "form": form, "emit": emit}}
+    if delta and "top_n" not in view:
+        outputs["delta"] = {"topic": f"{name}.delta"}
+    return parse_pipeline(
+        {
+            "pipeline": name,
+            "source": {"topic": source, "format": "jsonl"},
+            "view": view,
+            "outputs": outputs,
+            "trigger": "200ms",
+            "spark": {"checkpoint_dir": str(tmp / name)},
+            **extra,
+        }
+    )
+
+
+def produce_rows(settings: dict[str, Any], topic: str, rows: list[dict[str, Any]], key: str = "player_name") -> None:
+    produce(settings, topic, [orjson.dumps(r) for r in rows], [key], progress=False, per_transaction=500)
+
+
+def run(pipeline: Pipeline, bootstrap: str, spark: Any, idle: float = 2.0) -> Any:
+    return run_pipeline(pipeline, bootstrap, until_idle=idle, spark=spark, quiet=True)
+
+
+def assert_verified(pipeline: Pipeline, settings: dict[str, Any], **kwargs: Any) -> Any:
+    report = verify(pipeline, settings, **kwargs)
+    assert report.anomalies == [], "\n".join(report.anomalies)
+    assert report.view_records > 0
+    return report
+
+
+def test_grouped_view_equals_reference_over_many_batches(bootstrap_servers, topic, tmp_path, spark) -> None:
+    settings = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=3)
+    rows = list(generate(Workload(events=4000, keys=300, seed=11)))
+    produce_rows(settings, source, rows)
+    pipeline = pipeline_for(source, {"key": ["player_name"], "columns": ALL_REDUCTIONS}, tmp=tmp_path,
+                            max_batch_events=600)
+    progress = run(pipeline, bootstrap_servers, spark)
+    assert progress.batches >= 3
+    report = assert_verified(pipeline, settings)
+    assert report.events == len(rows)
+    assert report.delta_records > 0
+    checkpoint = load_checkpoint(pipeline, settings)
+    assert checkpoint is not None and checkpoint.records_in == len(rows) and checkpoint.dlq == 0
+
+
+@pytest.mark.parametrize("form", ["retract", "upsert"])
+def test_other_forms_equal_reference(bootstrap_servers, topic, tmp_path, spark, form) -> None:
+    settings = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=2)
+    produce_rows(settings, source, list(generate(Workload(events=1500, keys=100, seed=5))))
+    pipeline = pipeline_for(source, {"key": ["player_name"], "columns": {"best": {"max": "score"}, "n": {"count": "*"}}},
+                            tmp=tmp_path, form=form, delta=False, max_batch_events=400)
+    run(pipeline, bootstrap_servers, spark)
+    assert_verified(pipeline, settings)
+
+
+def test_per_batch_emit_folds_to_reference(bootstrap_servers, topic, tmp_path, spark) -> None:
+    settings = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=2)
+    produce_rows(settings, source, list(generate(Workload(events=1500, keys=50, seed=8))))
+    pipeline = pipeline_for(source, {"key": ["player_name"], "columns": {"latest": {"last": "score"}}},
+                            tmp=tmp_path, emit="per_batch", max_batch_events=500)
+    run(pipeline, bootstrap_servers, spark)
+    assert_verified(pipeline, settings)
+
+
+def test_rfc015_leaderboard(bootstrap_servers, topic, tmp_path, spark) -> None:
+    settings = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=1)
+    with open("examples/match_scores.jsonl", "rb") as handle:
+        produce(settings, source, handle.read().splitlines(), ["player_name"], progress=False)
+    pipeline = pipeline_for(source, {"top_n": {"n": 2, "order_by": {"score": "desc"}}}, tmp=tmp_path)
+    run(pipeline, bootstrap_servers, spark)
+    got = [(c.op.code, c.row["place"], c.row["player_name"], c.row["score"]) for c in read_view_changes(pipeline, settings)]
+    assert got == [
+        ("+A", 1, "Alice", 100),
+        ("+A", 2, "Bob", 80),
+        ("-C", 2, "Bob", 80),
+        ("+C", 2, "Charlie", 90),
+        ("-C", 1, "Alice", 100),
+        ("+C", 1, "Charlie", 110),
+        ("-C", 2, "Charlie", 90),
+        ("+C", 2, "Alice", 100),
+    ]
+
+
+def test_top_n_with_retractions_equals_reference(bootstrap_servers, topic, tmp_path, spark) -> None:
+    settings = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=3)
+    produce_rows(settings, source, list(generate(Workload(events=2000, keys=200, seed=3))))
+    pipeline = pipeline_for(source, {"top_n": {"n": 3, "order_by": {"score": "desc"}, "partition_by": ["team"]}},
+                            tmp=tmp_path)  # one batch: the merge order equals the reference's
+    run(pipeline, bootstrap_servers, spark)
+    assert_verified(pipeline, settings, exact_order=True)
+
+
+def test_restart_continues_exactly_once(bootstrap_servers, topic, tmp_path, spark) -> None:
+    settings = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=3)
+    rows = list(generate(Workload(events=3000, keys=200, seed=21)))
+    pipeline = pipeline_for(source, {"key": ["player_name"], "columns": ALL_REDUCTIONS}, tmp=tmp_path,
+                            max_batch_events=500)
+    produce_rows(settings, source, rows[:1000])
+    run(pipeline, bootstrap_servers, spark)
+    produce_rows(settings, source, rows[1000:2000])
+    run(pipeline, bootstrap_servers, spark)  # Spark's checkpoint agrees with Kafka: kept
+    shutil.rmtree(spark_checkpoint_dir(pipeline))
+    produce_rows(settings, source, rows[2000:])
+    run(pipeline, bootstrap_servers, spark)  # no Spark checkpoint: state from P.state
+    report = assert_verified(pipeline, settings)
+    assert report.events == len(rows)
+
+
+def test_bad_records_go_to_the_dead_letter_topic(bootstrap_servers, topic, tmp_path, spark) -> None:
+    from confluent_kafka import Producer
+
+    settings = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=1)
+    good = {"op": "+A", "event_time": 1, "player_name": "Alice", "score": 10}
+    bad = [
+        (b"\x00\xffnot json", "undecodable"),
+        (orjson.dumps({"op": 7, "player_name": "Al", "score": 1}), "op out of range"),
+        (orjson.dumps({"op": "+A", "player_name": None, "score": 1}), "null key"),
+        (orjson.dumps({"op": "-R", "player_name": "Zed", "score": 1}), "not live"),
+        (orjson.dumps({"op": "+C", "player_name": "Alice", "score": 12}), "+C without a preceding -C"),
+        (orjson.dumps({"op": "-C", "player_name": "Alice", "score": 10}), "-C not immediately followed by its +C"),
+    ]
+    producer = Producer({"bootstrap.servers": bootstrap_servers})
+    producer.produce(source, orjson.dumps(good), b"k")
+    for value, _reason in bad:
+        producer.produce(source, value, b"k")
+    producer.produce(source, orjson.dumps({**good, "score": 20}), b"k")
+    producer.flush(30)
+
+    pipeline = pipeline_for(source, {"key": ["player_name"], "columns": {"total": {"sum": "score"}}}, tmp=tmp_path)
+    run(pipeline, bootstrap_servers, spark)
+    letters = [decode_dead_letter(m.value()) for m in read_to_end(settings, pipeline.dlq_topic)]
+    assert [letter.reason for letter in letters] == [reason for _value, reason in bad]
+    assert [letter.offset for letter in letters] == [1, 2, 3, 4, 5, 6]
+    assert all(letter.topic == source and letter.partition == 0 for letter in letters)
+    assert letters[0].value == b"\x00\xffnot json"
+    headers = dict(next(iter(read_to_end(settings, pipeline.dlq_topic))).headers())
+    assert headers["refold.reason"] == b"undecodable" and headers["refold.offset"] == b"1"
+    view = [c.row for c in read_view_changes(pipeline, settings)]
+    assert view == [{"player_name": "Alice", "total": 10}, {"player_name": "Alice", "total": 10},
+                    {"player_name": "Alice", "total": 30}]
+    checkpoint = load_checkpoint(pipeline, settings)
+    assert checkpoint is not None and checkpoint.dlq == len(bad)
+
+
+def test_strict_mode_fails_naming_the_record(bootstrap_servers, topic, tmp_path, spark) -> None:
+    from confluent_kafka import Producer
+
+    source = topic(partitions=1)
+    producer = Producer({"bootstrap.servers": bootstrap_servers})
+    producer.produce(source, orjson.dumps({"op": "+A", "player_name": "A", "score": 1}), b"k")
+    producer.produce(source, orjson.dumps({"op": 9, "player_name": "A", "score": 1}), b"k")
+    producer.flush(30)
+    pipeline = pipeline_for(source, {"key": ["player_name"], "columns": {"total": {"sum": "score"}}}, tmp=tmp_path,
+                            strict=True)
+    with pytest.raises(RecordError) as failure:
+        run(pipeline, bootstrap_servers, spark)
+    assert failure.value.reason == "op out of range"
+    assert f"{source}[0]@1" in str(failure.value)
+    settings = {"bootstrap.servers": bootstrap_servers}
+    assert load_checkpoint(pipeline, settings) is None  # nothing of the failed batch committed
