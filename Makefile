@@ -36,7 +36,7 @@ chaos: setup jars
 	$(PY) -m bench.chaos
 
 bench: setup jars
-	$(PY) -m bench.run
+	$(PY) -m bench.run $(BENCH_ARGS)
 
 kafka-start: setup jars
 	$(REFOLD) kafka start

@@ -13,6 +13,7 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,7 @@ def spark_session(master: str = "local[2]", conf: dict[str, str] | None = None, 
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.python.worker.reuse", "true")
         .config("spark.sql.streaming.kafka.useDeprecatedOffsetFetching", "false")
@@ -86,13 +88,15 @@ class Progress:
     def __init__(self, pipeline: Pipeline, quiet: bool = False) -> None:
         self.pipeline = pipeline
         self.quiet = quiet
-        self.last_data = time.monotonic()
+        self.started = time.monotonic()
+        self.last_data = self.started
+        self.last_commit: float | None = None
         self.batches = 0
         self.events = 0
         self.failure: BaseException | None = None
 
     def committed(self, stats: BatchStats) -> None:
-        self.last_data = time.monotonic()
+        self.last_data = self.last_commit = time.monotonic()
         self.batches += 1
         self.events += stats.records_in
         if not self.quiet:
@@ -113,6 +117,7 @@ def run_pipeline(
     *,
     spark: Any = None,
     quiet: bool = False,
+    processor_factory: Callable[[Pipeline, dict[str, Any], Any], BatchProcessor] | None = None,
 ) -> Progress:
     """Run the engine until stopped (or until idle for `until_idle` seconds)."""
     from refold.localkafka import ensure_broker
@@ -124,11 +129,14 @@ def run_pipeline(
     except UserError as exc:
         raise UserError(f"source.topic: {exc}") from exc
     ensure_topics(settings, engine_topics(pipeline, max(pipeline.partitions, len(partitions))))
-    processor = BatchProcessor(pipeline, settings)
-    progress = Progress(pipeline, quiet)
     own_spark = spark is None
     if own_spark:
         spark = spark_session(pipeline.spark.master, pipeline.spark.conf, f"refold-{pipeline.pipeline}")
+    if processor_factory is None:
+        processor = BatchProcessor(pipeline, settings)
+    else:
+        processor = processor_factory(pipeline, settings, spark)
+    progress = Progress(pipeline, quiet)
     checkpoint_dir = spark_checkpoint_dir(pipeline)
     checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
     reconcile_spark_checkpoint(checkpoint_dir, topic, processor.offsets)
