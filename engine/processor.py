@@ -97,6 +97,8 @@ class BatchProcessor:
         self.codec = codec_for(pipeline.source.format, pipeline.source.schema_path)
         self.producer: Producer | None = None
         self.last = BatchStats()
+        self._timeout_ms = int(os.environ.get("REFOLD_TRANSACTION_TIMEOUT_MS", "60000"))
+        self._txn_started = 0.0
         self._group = Consumer(consumer_config(settings, **{"group.id": f"refold.{pipeline.pipeline}"}))
         self._start()
 
@@ -109,7 +111,7 @@ class BatchProcessor:
             self.settings,
             **{
                 "transactional.id": self.pipeline.transactional_id,
-                "transaction.timeout.ms": int(os.environ.get("REFOLD_TRANSACTION_TIMEOUT_MS", "60000")),
+                "transaction.timeout.ms": self._timeout_ms,
             },
         )
         producer = Producer(conf)
@@ -330,6 +332,7 @@ class BatchProcessor:
                     producer.poll(0.05)
 
         try:
+            self._txn_started = time.monotonic()
             producer.begin_transaction()
             if self.pipeline.outputs.view is not None:
                 view_topic = self.pipeline.outputs.view.topic
@@ -359,7 +362,11 @@ class BatchProcessor:
 
     def _fail(self, exc: KafkaException) -> None:
         err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-        if err is not None and err.code() in _FENCED_CODES:
+        open_ms = (time.monotonic() - self._txn_started) * 1000
+        # The coordinator aborts a transaction that outlives transaction.timeout.ms by
+        # bumping the epoch, which the client reports as a fence. Only a fence inside
+        # the timeout is another instance taking over; after it, re-initialise and replay.
+        if err is not None and err.code() in _FENCED_CODES and open_ms < self._timeout_ms:
             raise FencedError(
                 f"fenced: another instance of pipeline {self.pipeline.pipeline!r} took over "
                 f"transactional id {self.pipeline.transactional_id!r}; this one stops"

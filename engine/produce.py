@@ -22,7 +22,7 @@ from confluent_kafka import KafkaException, Producer
 from refold.changelog import ChangelogEvent, Op, PairingValidator, key_of
 from refold.errors import RecordSource, UserError, ValidationError
 from refold.kafkaio import TopicSpec, delivery_failures, ensure_topics, eprint, producer_config
-from refold.serde import codec_for
+from refold.serde import JsonlCodec, codec_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,21 +40,13 @@ def key_bytes(key_columns: Sequence[str], key: tuple[Any, ...]) -> bytes:
 def parse_lines(lines: Iterable[bytes], key_columns: Sequence[str]) -> Iterator[tuple[int, ChangelogEvent, tuple[Any, ...]]]:
     """(line number, event, key) for each non-blank line; raises ValidationError naming the line."""
     pairing = PairingValidator()
+    reader = JsonlCodec()
     number = 0
     for number, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
         source = RecordSource(line=number)
-        try:
-            record = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise ValidationError("not JSON", source, detail=str(exc), value=raw) from exc
-        if not isinstance(record, dict):
-            raise ValidationError("not a JSON object", source, value=raw)
-        try:
-            event = ChangelogEvent.from_record(record)
-        except ValueError as exc:
-            raise ValidationError("bad event", source, detail=str(exc), value=raw) from exc
+        event = reader.decode(raw, source)  # DecodeError / ValidationError naming the line
         try:
             key = key_of(event.row, key_columns)
         except (KeyError, ValueError) as exc:
