@@ -201,9 +201,9 @@ def run_pipeline(
         if isinstance(failure, RefoldError):
             raise failure
         raise RefoldError(f"the engine failed: {failure}") from failure
-    exc = query.exception()
-    if exc is not None:
-        raise RefoldError(f"the streaming query failed: {exc}")
+    query_error = query.exception()
+    if query_error is not None:
+        raise RefoldError(f"the streaming query failed: {query_error}")
     return progress
 
 
@@ -211,6 +211,8 @@ def _idle(query: Any, progress: Progress, seconds: float) -> bool:
     status = query.status
     if status.get("isDataAvailable") or status.get("isTriggerActive"):
         return False
+    if query.lastProgress is None and not str(status.get("message", "")).startswith("Waiting"):
+        return False  # still initialising its sources
     return time.monotonic() - progress.last_data >= seconds
 
 

@@ -180,8 +180,9 @@ def read_to_end(
                         continue
                     raise KafkaException(err)
                 yield msg
-                if msg.offset() + 1 >= ends[msg.partition()]:
-                    remaining.discard(msg.partition())
+                partition, offset = msg.partition(), msg.offset()
+                if partition is not None and offset is not None and offset + 1 >= ends[partition]:
+                    remaining.discard(partition)
             if not batch:
                 # Aborted records and markers at the tail: the position moves past them.
                 for tp in consumer.position([TopicPartition(topic, p) for p in list(remaining)]):

@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from refold.changelog import Op
+from refold.changelog import ChangelogEvent, Op
 from refold.config import Pipeline
 from refold.errors import RecordError, RecordSource, RefoldError, UserError
 from refold.kafkaio import consumer_config, delivery_failures, describe_kafka_error, producer_config
@@ -237,8 +237,11 @@ class BatchProcessor:
                 rows.insert(0, InputRecord(partition, held.offset, held.key, held.value, held.timestamp))
             units: list[list[tuple[SourceEvent, InputRecord]]] = []
             open_c: tuple[SourceEvent, InputRecord] | None = None
-            for record in rows:
-                event = self._decode(record, out)
+            decoded = self.codec.decode_many(
+                [r.value for r in rows], [r.offset for r in rows], topic=self.topic, partition=partition
+            )
+            for record, result in zip(rows, decoded, strict=True):
+                event = self._event(record, result, out)
                 if open_c is not None:
                     first, open_c = open_c, None
                     if event is not None and event.op is Op.CORRECT_TO and record.key == first[1].key:
@@ -261,12 +264,9 @@ class BatchProcessor:
         in_count = len(fresh)
         return merged, pending_out, in_count
 
-    def _decode(self, record: InputRecord, out: _Outgoing) -> SourceEvent | None:
-        source = RecordSource(self.topic, record.partition, record.offset)
-        try:
-            event = self.codec.decode(record.value, source)
-        except RecordError as exc:
-            self._dead_letter(out, record, exc.reason, exc.detail)
+    def _event(self, record: InputRecord, event: ChangelogEvent | RecordError, out: _Outgoing) -> SourceEvent | None:
+        if isinstance(event, RecordError):
+            self._dead_letter(out, record, event.reason, event.detail)
             return None
         event_time = event.event_time if event.event_time is not None else record.timestamp
         return SourceEvent(event.op, dict(event.row), (event_time, record.partition, record.offset))
