@@ -1,0 +1,331 @@
+"""The reference reducer: `docs/SEMANTICS.md` as plain, slow, obvious Python.
+
+It keeps, per view key (or Top-N group), the list of live row copies with their
+tags and recomputes every output from scratch after every unit. The engine's
+incremental reducer (`refold.views`) is checked against it; nothing here reuses
+the incremental logic. It ships with Refold so users can check their own views.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+import orjson
+
+from refold.changelog import Op, canonical_row
+from refold.config import ViewSpec
+from refold.views import SourceEvent, Tag, ViewChange
+
+Copy = tuple[dict[str, Any], Tag]  # a live copy of a row and the tag it was added with
+
+
+@dataclass
+class ReferenceResult:
+    changes: list[ViewChange] = field(default_factory=list)
+    view: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)
+    rejected: list[tuple[int, str]] = field(default_factory=list)  # (unit index, reason)
+
+
+def merge_partitions(partitions: Mapping[int, Sequence[SourceEvent]]) -> list[list[SourceEvent]]:
+    """Pair each `-C` with the `+C` right after it into units, then merge the
+    partitions: always take the head unit with the smallest first tag."""
+    streams = []
+    for partition in sorted(partitions):
+        events = partitions[partition]
+        units: list[list[SourceEvent]] = []
+        i = 0
+        while i < len(events):
+            if events[i].op is Op.CORRECT_FROM and i + 1 < len(events) and events[i + 1].op is Op.CORRECT_TO:
+                units.append([events[i], events[i + 1]])
+                i += 2
+            else:
+                units.append([events[i]])
+                i += 1
+        streams.append(units)
+    return list(heapq.merge(*streams, key=lambda unit: unit[0].tag))
+
+
+def _number_sum(values: list[Any]) -> int | float:
+    if any(type(v) is float for v in values):
+        return math.fsum(values)
+    return sum(values)
+
+
+def _reduce(agg: str, column: str, copies: list[Copy]) -> Any:
+    if agg == "count":
+        if column == "*":
+            return len(copies)
+        return sum(1 for row, _ in copies if row.get(column) is not None)
+    values = [row.get(column) for row, _ in copies]
+    present = [v for v in values if v is not None]
+    if agg == "sum":
+        return _number_sum(present)
+    if agg == "avg":
+        if not present:
+            return None
+        return float(sum((Fraction(v) for v in present), Fraction(0)) / len(present))
+    if agg == "min":
+        return min(present) if present else None
+    if agg == "max":
+        return max(present) if present else None
+    if agg == "set":
+        return [[v, n] for v, n in sorted(Counter(present).items(), key=lambda item: item[0])]
+    ordered = sorted(copies, key=lambda copy: copy[1])
+    chosen = ordered[0] if agg == "first" else ordered[-1]  # last, last_write_wins
+    return chosen[0].get(column)
+
+
+def _column_value(column: str) -> Any:
+    return lambda copy: copy[0][column]
+
+
+class _Model:
+    """Live copies per group and a from-scratch output per group."""
+
+    def __init__(self, spec: ViewSpec) -> None:
+        self.spec = spec
+        self.live: dict[tuple[Any, ...], list[Copy]] = {}
+
+    def group_of(self, row: dict[str, Any]) -> tuple[Any, ...] | None:
+        columns = self.spec.top_n.partition_by if self.spec.top_n is not None else self.spec.key
+        if any(row.get(c) is None for c in columns):
+            return None
+        return tuple(row[c] for c in columns)
+
+    def outputs(self, group: tuple[Any, ...]) -> dict[tuple[Any, ...], dict[str, Any]]:
+        """The output rows of one group by output key, recomputed from its live copies."""
+        copies = self.live.get(group, [])
+        if not copies:
+            return {}
+        top_n = self.spec.top_n
+        if top_n is None:
+            row: dict[str, Any] = dict(zip(self.spec.key, group, strict=True))
+            for name, column in self.spec.columns.items():
+                row[name] = _reduce(column.agg, column.column, copies)
+            return {group: row}
+        ranked = sorted(copies, key=lambda copy: copy[1])  # ties: the earlier tag first
+        for column, direction in reversed(list(top_n.order_by.items())):
+            present = [c for c in ranked if c[0].get(column) is not None]
+            absent = [c for c in ranked if c[0].get(column) is None]
+            present.sort(key=_column_value(column), reverse=direction == "desc")  # stable either way
+            ranked = present + absent  # stable sorts, nulls last
+        out = {}
+        for place, (copy_row, _tag) in enumerate(ranked[: top_n.n], start=1):
+            row = dict(zip(top_n.partition_by, group, strict=True))
+            row["place"] = place
+            row.update({k: v for k, v in copy_row.items() if k not in row})
+            out[(*group, place)] = row
+        return out
+
+    def key_names(self) -> tuple[str, ...]:
+        if self.spec.top_n is not None:
+            return (*self.spec.top_n.partition_by, "place")
+        return tuple(self.spec.key)
+
+    def check(self, unit: Sequence[SourceEvent]) -> str | None:
+        """Why the unit is refused, or None. Nothing changes."""
+        for event in unit:  # first the shape of every event, then liveness
+            if self.group_of(event.row) is None:
+                return "null key"
+            if self.spec.top_n is None:
+                for column in {c.column for c in self.spec.columns.values() if c.agg in ("sum", "avg")}:
+                    value = event.row.get(column)
+                    if value is not None and type(value) not in (int, float):
+                        return "schema mismatch"
+        trial = {g: list(c) for g, c in self.live.items()}
+        for event in unit:
+            group = self.group_of(event.row)
+            assert group is not None
+            copies = trial.setdefault(group, [])
+            if event.op.adds:
+                copies.append((event.row, event.tag))
+            else:
+                match = [i for i, (row, _) in enumerate(copies) if canonical_row(row) == canonical_row(event.row)]
+                if not match:
+                    return "not live"
+                copies.pop(max(match, key=lambda i: copies[i][1]))
+        return None
+
+    def apply(self, event: SourceEvent) -> SourceEvent:
+        """Apply one event; return the event as a contribution (a removal carries the removed copy's tag)."""
+        group = self.group_of(event.row)
+        assert group is not None
+        copies = self.live.setdefault(group, [])
+        if event.op.adds:
+            copies.append((event.row, event.tag))
+            return event
+        match = [i for i, (row, _) in enumerate(copies) if canonical_row(row) == canonical_row(event.row)]
+        index = max(match, key=lambda i: copies[i][1])  # the latest copy goes
+        _row, tag = copies.pop(index)
+        if not copies:
+            del self.live[group]
+        return SourceEvent(event.op, event.row, tag)
+
+
+def reference_changelog(spec: ViewSpec, units: Sequence[Sequence[SourceEvent]]) -> ReferenceResult:
+    model = _Model(spec)
+    result = ReferenceResult()
+    names = model.key_names()
+    for index, unit in enumerate(units):
+        reason = model.check(unit)
+        if reason is not None:
+            result.rejected.append((index, reason))
+            continue
+        groups = []
+        for event in unit:
+            group = model.group_of(event.row)
+            if group not in groups:
+                groups.append(group)
+        before: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for group in groups:
+            before.update(model.outputs(group))  # type: ignore[arg-type]
+        for event in unit:
+            model.apply(event)
+        after: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for group in groups:
+            after.update(model.outputs(group))  # type: ignore[arg-type]
+        for key in sorted(set(before) | set(after), key=lambda k: orjson.dumps(list(k))):
+            old, new = before.get(key), after.get(key)
+            if old is None and new is not None:
+                result.changes.append(ViewChange(Op.APPEND, key, new, names))
+            elif old is not None and new is None:
+                result.changes.append(ViewChange(Op.RETRACT, key, old, names))
+            elif old is not None and new is not None and canonical_row(old) != canonical_row(new):
+                result.changes.append(ViewChange(Op.CORRECT_FROM, key, old, names))
+                result.changes.append(ViewChange(Op.CORRECT_TO, key, new, names))
+    for group in model.live:
+        result.view.update(model.outputs(group))
+    return result
+
+
+def fold_changelog(changes: Iterable[ViewChange]) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """The final view a changelog describes. Raises ValueError on any inconsistency."""
+    view: dict[tuple[Any, ...], dict[str, Any]] = {}
+    expect_plus_c: tuple[Any, ...] | None = None
+    for change in changes:
+        key, row = change.key, dict(change.row)
+        if expect_plus_c is not None and (change.op is not Op.CORRECT_TO or key != expect_plus_c):
+            raise ValueError(f"-C at key {expect_plus_c!r} not followed by its +C")
+        if change.op is Op.APPEND:
+            if key in view:
+                raise ValueError(f"+A at key {key!r}, which already has a row")
+            view[key] = row
+        elif change.op is Op.CORRECT_TO:
+            if expect_plus_c is None:
+                raise ValueError(f"+C at key {key!r} without a -C")
+            view[key] = row
+            expect_plus_c = None
+        else:
+            if key not in view or canonical_row(view[key]) != canonical_row(row):
+                raise ValueError(f"{change.op.code} at key {key!r} of a row that is not the current one")
+            del view[key]
+            if change.op is Op.CORRECT_FROM:
+                expect_plus_c = key
+    if expect_plus_c is not None:
+        raise ValueError(f"-C at key {expect_plus_c!r} at the end without its +C")
+    return view
+
+
+def reference_deltas(spec: ViewSpec, batches: Sequence[Sequence[Sequence[SourceEvent]]]) -> list[dict[str, Any]]:
+    """Delta rows per batch of units: each batch's accepted contributions per key."""
+    model = _Model(spec)
+    out: list[dict[str, Any]] = []
+    for batch in batches:
+        contributions: dict[tuple[Any, ...], list[tuple[int, SourceEvent]]] = {}
+        for unit in batch:
+            if model.check(unit) is not None:
+                continue
+            for event in unit:
+                group = model.group_of(event.row)
+                assert group is not None
+                applied = model.apply(event)
+                contributions.setdefault(group, []).append((1 if event.op.adds else -1, applied))
+        for key in sorted(contributions, key=lambda k: orjson.dumps(list(k))):
+            out.append(_delta_row(spec, key, contributions[key]))
+    return out
+
+
+def _delta_row(spec: ViewSpec, key: tuple[Any, ...], signed: list[tuple[int, SourceEvent]]) -> dict[str, Any]:
+    row: dict[str, Any] = dict(zip(spec.key, key, strict=True))
+    row["_count"] = sum(sign for sign, _ in signed)
+    for name, column in spec.columns.items():
+        agg, col = column.agg, column.column
+        values = [(sign, e.row.get(col), e.tag) for sign, e in signed]
+        present = [(sign, v) for sign, v, _ in values if v is not None]
+        if agg == "count":
+            row[name] = row["_count"] if col == "*" else sum(sign for sign, _ in present)
+        elif agg in ("sum", "avg"):
+            total: Any = sum((sign * Fraction(v) for sign, v in present), Fraction(0))
+            total = float(total) if any(type(v) is float for _, v in present) else int(total)
+            row[name] = total if agg == "sum" else {"sum": total, "count": sum(sign for sign, _ in present)}
+        elif agg in ("min", "max", "set"):
+            diffs: Counter[Any] = Counter()
+            for sign, v in present:
+                diffs[v] += sign
+            row[name] = [[v, d] for v, d in sorted(diffs.items(), key=lambda item: _order(item[0])) if d]
+        else:
+            row[name] = [
+                [list(tag), v, sign]
+                for sign, v, tag in sorted(values, key=lambda c: (c[2], orjson.dumps(c[1]), c[0]))
+            ]
+    return row
+
+
+def _order(value: Any) -> tuple[int, Any]:
+    return (0, value) if type(value) in (int, float) else (1, orjson.dumps(value))
+
+
+def fold_deltas(spec: ViewSpec, delta_rows: Iterable[dict[str, Any]]) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """Combine delta rows per key, then apply each aggregation: the view they add up to."""
+    acc: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for delta in delta_rows:
+        key = tuple(delta[c] for c in spec.key)
+        state = acc.setdefault(key, {"_count": 0})
+        state["_count"] += delta["_count"]
+        for name, column in spec.columns.items():
+            value = delta[name]
+            if column.agg in ("sum", "count"):
+                state[name] = state.get(name, 0) + value
+            elif column.agg == "avg":
+                total = state.setdefault(name, {"sum": 0, "count": 0})
+                total["sum"] += value["sum"]
+                total["count"] += value["count"]
+            elif column.agg in ("min", "max", "set"):
+                counts = state.setdefault(name, Counter())
+                for v, d in value:
+                    counts[v] += d
+            else:
+                counts = state.setdefault(name, Counter())
+                for tag, v, d in value:
+                    counts[(tuple(tag), orjson.dumps(v))] += d
+    view: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for key, state in acc.items():
+        if state["_count"] <= 0:
+            continue
+        row: dict[str, Any] = dict(zip(spec.key, key, strict=True))
+        for name, column in spec.columns.items():
+            value = state.get(name)
+            if column.agg in ("sum", "count"):
+                row[name] = value if value is not None else 0
+            elif column.agg == "avg":
+                row[name] = value["sum"] / value["count"] if value and value["count"] else None
+            elif column.agg in ("min", "max", "set"):
+                live = sorted(((v, n) for v, n in (value or {}).items() if n > 0), key=lambda item: _order(item[0]))
+                if column.agg == "set":
+                    row[name] = [[v, n] for v, n in live]
+                elif not live:
+                    row[name] = None
+                else:
+                    row[name] = (min if column.agg == "min" else max)(v for v, _ in live)
+            else:
+                tagged = sorted(k for k, n in (value or {}).items() if n > 0)
+                pick = tagged[0] if column.agg == "first" else tagged[-1]
+                row[name] = orjson.loads(pick[1])
+        view[key] = row
+    return view

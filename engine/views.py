@@ -1,0 +1,689 @@
+"""The engine's incremental reducers: grouped views and Top-N views.
+
+`docs/SEMANTICS.md` is the contract; `refold.reference` is its from-scratch
+model, and the tests hold the two equal. Here every unit (one event, or a
+`-C`/`+C` pair) costs O(log n) per touched key: state is kept per view key as
+just what its reductions need —
+
+- every view: the live rows as fingerprint → copies (to refuse a retraction of
+  a row that is not live) and the number of live rows;
+- `sum`/`avg`/`count(c)`: exact running sums and non-null counts;
+- `min`/`max`/`set`: a sorted multiset of the column's values;
+- `first`/`last`: the live copies ordered by tag.
+
+The batch processor calls `apply` per unit in order, `take_deltas` and
+`take_state_changes` once per batch (inside its transaction), `restore` once at
+start with the latest `P.state` records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Protocol
+
+import fastavro
+import orjson
+from sortedcontainers import SortedDict, SortedList
+
+from refold.changelog import Op, canonical_row
+from refold.config import ColumnSpec, ViewSpec
+
+Tag = tuple[int, int, int]  # (event_time, partition, offset)
+Number = int | Fraction
+
+
+@dataclass(frozen=True, slots=True)
+class SourceEvent:
+    """One decoded input event with the tag that orders it."""
+
+    op: Op
+    row: dict[str, Any]
+    tag: Tag
+
+
+@dataclass(frozen=True, slots=True)
+class ViewChange:
+    """One record of the view changelog: an op, the output key and the view row."""
+
+    op: Op
+    key: tuple[Any, ...]
+    row: dict[str, Any]
+    key_names: tuple[str, ...] = ()
+
+    def key_json(self) -> bytes:
+        """The Kafka message key: a JSON object of the key columns."""
+        return orjson.dumps(dict(zip(self.key_names, self.key, strict=True)))
+
+
+class Rejected(Exception):
+    """A unit was refused; the reducer's state is exactly as before the call."""
+
+    def __init__(self, reason: str, index: int, detail: str | None = None) -> None:
+        super().__init__(f"{reason} (event {index} of the unit)" + (f": {detail}" if detail else ""))
+        self.reason = reason
+        self.index = index
+        self.detail = detail
+
+
+class ViewReducer(Protocol):
+    def apply(self, unit: Sequence[SourceEvent]) -> list[ViewChange]:
+        """Apply one unit; return its view records in order. Raises Rejected, changing nothing."""
+        ...
+
+    def take_deltas(self) -> list[dict[str, Any]]:
+        """Delta rows of the keys touched since the last call, ordered by key; then reset."""
+        ...
+
+    def take_state_changes(self) -> list[tuple[bytes, bytes | None]]:
+        """`P.state` records (key, value or None = tombstone) for state touched since the last call."""
+        ...
+
+    def restore(self, records: Iterable[tuple[bytes, bytes]]) -> None:
+        """Rebuild from the latest value of each `P.state` key. Called before any apply."""
+        ...
+
+    def view(self) -> dict[tuple[Any, ...], dict[str, Any]]:
+        """The current view rows by output key."""
+        ...
+
+
+def make_reducer(spec: ViewSpec) -> ViewReducer:
+    if spec.top_n is not None:
+        return TopNReducer(spec)
+    return GroupedReducer(spec)
+
+
+def fingerprint(row: dict[str, Any]) -> bytes:
+    """16 bytes naming a distinct row (equal rows ⇔ equal canonical bytes)."""
+    return hashlib.blake2b(canonical_row(row), digest_size=16).digest()
+
+
+def key_bytes(key: tuple[Any, ...]) -> bytes:
+    """The order of output keys within a unit: their canonical JSON list bytes."""
+    return orjson.dumps(list(key))
+
+
+def same_row(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return canonical_row(a) == canonical_row(b)
+
+
+def diff_changes(
+    old: dict[str, Any] | None, new: dict[str, Any] | None, key: tuple[Any, ...], names: tuple[str, ...]
+) -> list[ViewChange]:
+    """The view records for one output key going from `old` to `new`."""
+    if old is None:
+        return [] if new is None else [ViewChange(Op.APPEND, key, new, names)]
+    if new is None:
+        return [ViewChange(Op.RETRACT, key, old, names)]
+    if same_row(old, new):
+        return []
+    return [ViewChange(Op.CORRECT_FROM, key, old, names), ViewChange(Op.CORRECT_TO, key, new, names)]
+
+
+def compact_changes(changes: Sequence[ViewChange]) -> list[ViewChange]:
+    """`emit: per_batch`: per output key, the row before the batch against the row after it."""
+    first: dict[tuple[Any, ...], tuple[dict[str, Any] | None, tuple[str, ...]]] = {}
+    last: dict[tuple[Any, ...], dict[str, Any] | None] = {}
+    for change in changes:
+        if change.key not in first:
+            before = None if change.op is Op.APPEND else change.row
+            first[change.key] = (before, change.key_names)
+        last[change.key] = change.row if change.op.adds else None
+    out: list[ViewChange] = []
+    for key in sorted(first, key=key_bytes):
+        before, names = first[key]
+        out.extend(diff_changes(before, last[key], key, names))
+    return out
+
+
+def exact(value: Number, floats: int) -> int | float:
+    """An exact running sum as its output number (SEMANTICS.md: numbers are exact)."""
+    return float(value) if floats else int(value)
+
+
+def is_number(value: Any) -> bool:
+    return type(value) is int or type(value) is float
+
+
+# State records (schemas/avro/state.avsc) ------------------------------------------------
+
+_STATE_SCHEMA = fastavro.parse_schema(
+    orjson.loads((Path(__file__).resolve().parent.parent / "schemas" / "avro" / "state.avsc").read_bytes())
+)
+
+
+def encode_state(kind: str, key: tuple[Any, ...], count: int, values: Any, tags: Sequence[Tag]) -> bytes:
+    buffer = io.BytesIO()
+    fastavro.schemaless_writer(
+        buffer,
+        _STATE_SCHEMA,
+        {
+            "kind": kind,
+            "key": orjson.dumps(list(key)).decode(),
+            "count": count,
+            "values": None if values is None else orjson.dumps(values).decode(),
+            "tags": [{"event_time": t[0], "partition": t[1], "offset": t[2]} for t in tags],
+        },
+    )
+    return buffer.getvalue()
+
+
+def decode_state(data: bytes) -> dict[str, Any]:
+    record: dict[str, Any] = fastavro.schemaless_reader(io.BytesIO(data), _STATE_SCHEMA, None)  # type: ignore[assignment]
+    record["key"] = tuple(orjson.loads(record["key"]))
+    record["values"] = None if record["values"] is None else orjson.loads(record["values"])
+    record["tags"] = [(t["event_time"], t["partition"], t["offset"]) for t in record["tags"]]
+    return record
+
+
+def _row_key(key: tuple[Any, ...], fp: bytes) -> bytes:
+    return orjson.dumps([list(key), fp.hex()])
+
+
+def _summary_key(key: tuple[Any, ...]) -> bytes:
+    return orjson.dumps([list(key)])
+
+
+# Grouped views -----------------------------------------------------------------------
+
+
+class _Row:
+    """The live copies of one distinct row under one key."""
+
+    __slots__ = ("count", "tags", "vals")
+
+    def __init__(self, count: int, tags: list[Tag] | None, vals: tuple[Any, ...] | None) -> None:
+        self.count = count
+        self.tags = tags  # ascending; only when a reduction orders by tag
+        self.vals = vals  # the kept columns' values; only when a reduction needs them
+
+
+class _Key:
+    __slots__ = ("floats", "multisets", "nonnull", "order", "rows", "sums", "total", "view")
+
+    def __init__(self, plan: _Plan) -> None:
+        self.rows: dict[bytes, _Row] = {}
+        self.total = 0
+        self.sums: dict[str, Number] = dict.fromkeys(plan.sum_columns, 0)
+        self.floats: dict[str, int] = dict.fromkeys(plan.sum_columns, 0)
+        self.nonnull: dict[str, int] = dict.fromkeys(plan.nonnull_columns, 0)
+        self.multisets: list[SortedDict] = [SortedDict() for _ in plan.multiset_columns]
+        self.order: SortedList | None = SortedList() if plan.needs_tags else None
+        self.view: dict[str, Any] | None = None
+
+
+class _Delta:
+    __slots__ = ("contribs", "count", "floats", "multisets", "nonnull", "sums")
+
+    def __init__(self, plan: _Plan) -> None:
+        self.count = 0
+        self.sums: dict[str, Number] = dict.fromkeys(plan.sum_columns, 0)
+        self.floats: dict[str, int] = dict.fromkeys(plan.sum_columns, 0)
+        self.nonnull: dict[str, int] = dict.fromkeys(plan.nonnull_columns, 0)
+        self.multisets: list[dict[Any, int]] = [{} for _ in plan.multiset_columns]
+        self.contribs: list[list[tuple[Tag, Any, int]]] = [[] for _ in plan.tag_columns]
+
+
+class _Plan:
+    """Which running values a view's columns need, compiled once from its spec."""
+
+    def __init__(self, columns: dict[str, ColumnSpec]) -> None:
+        self.columns = columns
+        sums: list[str] = []
+        nonnull: list[str] = []
+        multisets: list[str] = []
+        tagged: list[str] = []
+        for spec in columns.values():
+            if spec.agg in ("sum", "avg") and spec.column not in sums:
+                sums.append(spec.column)
+            if spec.agg in ("avg", "count") and spec.column != "*" and spec.column not in nonnull:
+                nonnull.append(spec.column)
+            if spec.agg in ("min", "max", "set") and spec.column not in multisets:
+                multisets.append(spec.column)
+            if spec.agg in ("first", "last", "last_write_wins") and spec.column not in tagged:
+                tagged.append(spec.column)
+        self.sum_columns = tuple(sums)
+        self.nonnull_columns = tuple(nonnull)
+        self.multiset_columns = tuple(multisets)
+        self.tag_columns = tuple(tagged)
+        self.kept = tuple(dict.fromkeys(multisets + tagged))  # the values a _Row keeps
+        self.kept_index = {c: i for i, c in enumerate(self.kept)}
+        self.multiset_index = [self.kept_index[c] for c in multisets]
+        self.needs_tags = bool(tagged)
+
+
+class GroupedReducer:
+    """`key` + `columns` views (SEMANTICS.md, grouped views)."""
+
+    def __init__(self, spec: ViewSpec) -> None:
+        self.key_columns = tuple(spec.key)
+        self.plan = _Plan(dict(spec.columns))
+        self.keys: dict[tuple[Any, ...], _Key] = {}
+        self._deltas: dict[tuple[Any, ...], _Delta] = {}
+        self._dirty_keys: set[tuple[Any, ...]] = set()
+        self._dirty_rows: set[tuple[tuple[Any, ...], bytes]] = set()
+
+    # apply ------------------------------------------------------------------------------
+
+    def apply(self, unit: Sequence[SourceEvent]) -> list[ViewChange]:
+        prepared = []
+        for index, event in enumerate(unit):
+            row = event.row
+            try:
+                key = tuple(row[c] for c in self.key_columns)
+            except KeyError as exc:
+                raise Rejected("null key", index, f"key column {exc.args[0]!r} is missing") from None
+            if None in key:
+                raise Rejected("null key", index)
+            for column in self.plan.sum_columns:
+                value = row.get(column)
+                if value is not None and not is_number(value):
+                    raise Rejected("schema mismatch", index, f"{column!r} is not a number")
+            prepared.append((event, key, fingerprint(row)))
+        self._check_live(prepared)
+        before: dict[tuple[Any, ...], dict[str, Any] | None] = {}
+        for event, key, fp in prepared:
+            state = self.keys.get(key)
+            if key not in before:
+                before[key] = state.view if state is not None else None
+            if event.op.adds:
+                self._add(key, fp, event)
+            else:
+                self._remove(key, fp, event)
+        changes: list[ViewChange] = []
+        for key in sorted(before, key=key_bytes) if len(before) > 1 else before:
+            state = self.keys[key]
+            if state.total == 0:
+                del self.keys[key]
+                new = None
+            else:
+                new = state.view = self._view_row(key, state)
+            changes.extend(diff_changes(before[key], new, key, self.key_columns))
+        return changes
+
+    def _check_live(self, prepared: list[tuple[SourceEvent, tuple[Any, ...], bytes]]) -> None:
+        pending: dict[tuple[tuple[Any, ...], bytes], int] = {}
+        for index, (event, key, fp) in enumerate(prepared):
+            step = 1 if event.op.adds else -1
+            have = pending.get((key, fp))
+            if have is None:
+                state = self.keys.get(key)
+                entry = state.rows.get(fp) if state is not None else None
+                have = entry.count if entry is not None else 0
+            if have + step < 0:
+                raise Rejected("not live", index)
+            pending[(key, fp)] = have + step
+
+    def _add(self, key: tuple[Any, ...], fp: bytes, event: SourceEvent) -> None:
+        plan = self.plan
+        state = self.keys.get(key)
+        if state is None:
+            state = self.keys[key] = _Key(plan)
+        row = event.row
+        entry = state.rows.get(fp)
+        if entry is None:
+            vals = tuple(row.get(c) for c in plan.kept) if plan.kept else None
+            entry = state.rows[fp] = _Row(0, [] if plan.needs_tags else None, vals)
+        entry.count += 1
+        if entry.tags is not None:
+            entry.tags.append(event.tag)
+            if len(entry.tags) > 1 and entry.tags[-2] > event.tag:
+                entry.tags.sort()
+        state.total += 1
+        self._account(key, state, entry, fp, row, event.tag, +1)
+        self._dirty_keys.add(key)
+        self._dirty_rows.add((key, fp))
+
+    def _remove(self, key: tuple[Any, ...], fp: bytes, event: SourceEvent) -> None:
+        state = self.keys[key]
+        entry = state.rows[fp]
+        tag = entry.tags.pop() if entry.tags is not None else (0, 0, 0)  # the latest copy goes
+        entry.count -= 1
+        if entry.count == 0:
+            del state.rows[fp]
+        state.total -= 1
+        self._account(key, state, entry, fp, event.row, tag, -1)
+        self._dirty_keys.add(key)
+        self._dirty_rows.add((key, fp))
+
+    def _account(
+        self, key: tuple[Any, ...], state: _Key, entry: _Row, fp: bytes, values: dict[str, Any], tag: Tag, sign: int
+    ) -> None:
+        """Fold one copy of a row in (+1) or out (-1) of the running values and of the
+        batch's delta. `values` is the row itself: sums and non-null counts read it,
+        as invertible reductions keep no values in `_Row`."""
+        plan = self.plan
+        delta = self._deltas.get(key)
+        if delta is None:
+            delta = self._deltas[key] = _Delta(plan)
+        delta.count += sign
+        row_vals = entry.vals
+        for column in plan.sum_columns:
+            value = values.get(column)
+            if value is None:
+                continue
+            if type(value) is float:
+                contribution: Number = Fraction(value)
+                state.floats[column] += sign
+                delta.floats[column] += 1
+            else:
+                contribution = value
+            total = state.sums[column] + sign * contribution
+            if state.floats[column] == 0 and type(total) is Fraction:
+                total = int(total)
+            state.sums[column] = total
+            delta.sums[column] += sign * contribution
+        for column in plan.nonnull_columns:
+            if values.get(column) is not None:
+                state.nonnull[column] += sign
+                delta.nonnull[column] += sign
+        if row_vals is None:
+            return
+        for slot, index in enumerate(plan.multiset_index):
+            value = row_vals[index]
+            if value is None:
+                continue
+            multiset = state.multisets[slot]
+            count = multiset.get(value, 0) + sign
+            if count:
+                multiset[value] = count
+            else:
+                del multiset[value]
+            changes = delta.multisets[slot]
+            changes[value] = changes.get(value, 0) + sign
+        if state.order is not None:
+            if sign > 0:
+                state.order.add((tag, fp))
+            else:
+                state.order.remove((tag, fp))
+            for slot, column in enumerate(plan.tag_columns):
+                delta.contribs[slot].append((tag, row_vals[plan.kept_index[column]], sign))
+
+    def _view_row(self, key: tuple[Any, ...], state: _Key) -> dict[str, Any]:
+        plan = self.plan
+        row: dict[str, Any] = dict(zip(self.key_columns, key, strict=True))
+        for name, spec in plan.columns.items():
+            agg, column = spec.agg, spec.column
+            if agg == "sum":
+                row[name] = exact(state.sums[column], state.floats[column])
+            elif agg == "count":
+                row[name] = state.total if column == "*" else state.nonnull[column]
+            elif agg == "avg":
+                n = state.nonnull[column]
+                row[name] = float(Fraction(state.sums[column]) / n) if n else None
+            elif agg in ("min", "max", "set"):
+                multiset = state.multisets[plan.multiset_columns.index(column)]
+                if agg == "set":
+                    row[name] = [[v, c] for v, c in multiset.items()]
+                elif not multiset:
+                    row[name] = None
+                else:
+                    row[name] = multiset.keys()[0 if agg == "min" else -1]
+            else:  # first / last / last_write_wins
+                assert state.order is not None
+                _tag, fp = state.order[0 if agg == "first" else -1]
+                vals = state.rows[fp].vals
+                assert vals is not None
+                row[name] = vals[plan.kept_index[column]]
+        return row
+
+    # batch boundaries ----------------------------------------------------------------------
+
+    def take_deltas(self) -> list[dict[str, Any]]:
+        plan = self.plan
+        out = []
+        for key in sorted(self._deltas, key=key_bytes):
+            delta = self._deltas[key]
+            row: dict[str, Any] = dict(zip(self.key_columns, key, strict=True))
+            row["_count"] = delta.count
+            for name, spec in plan.columns.items():
+                agg, column = spec.agg, spec.column
+                if agg == "sum":
+                    row[name] = exact(delta.sums[column], delta.floats[column])
+                elif agg == "count":
+                    row[name] = delta.count if column == "*" else delta.nonnull[column]
+                elif agg == "avg":
+                    row[name] = {
+                        "sum": exact(delta.sums[column], delta.floats[column]),
+                        "count": delta.nonnull[column],
+                    }
+                elif agg in ("min", "max", "set"):
+                    changes = delta.multisets[plan.multiset_columns.index(column)]
+                    row[name] = [[v, d] for v, d in sorted(changes.items(), key=_value_order) if d]
+                else:
+                    contribs = delta.contribs[plan.tag_columns.index(column)]
+                    row[name] = [
+                        [list(tag), value, d]
+                        for tag, value, d in sorted(contribs, key=lambda c: (c[0], orjson.dumps(c[1]), c[2]))
+                    ]
+            out.append(row)
+        self._deltas = {}
+        return out
+
+    def take_state_changes(self) -> list[tuple[bytes, bytes | None]]:
+        records: list[tuple[bytes, bytes | None]] = []
+        for key in self._dirty_keys:
+            state = self.keys.get(key)
+            if state is None:
+                records.append((_summary_key(key), None))
+                continue
+            summary = {
+                "s": {c: [str(state.sums[c]), state.floats[c]] for c in self.plan.sum_columns},
+                "nn": state.nonnull,
+            }
+            records.append((_summary_key(key), encode_state("KEY_SUMMARY", key, state.total, summary, ())))
+        for key, fp in self._dirty_rows:
+            state = self.keys.get(key)
+            entry = state.rows.get(fp) if state is not None else None
+            if entry is None:
+                records.append((_row_key(key, fp), None))
+            else:
+                values = None if entry.vals is None else list(entry.vals)
+                records.append((_row_key(key, fp), encode_state("LIVE_ROW", key, entry.count, values, entry.tags or ())))
+        self._dirty_keys = set()
+        self._dirty_rows = set()
+        records.sort(key=lambda r: r[0])
+        return records
+
+    def restore(self, records: Iterable[tuple[bytes, bytes]]) -> None:
+        plan = self.plan
+        for record_key, value in records:
+            record = decode_state(value)
+            key = record["key"]
+            state = self.keys.get(key)
+            if state is None:
+                state = self.keys[key] = _Key(plan)
+            if record["kind"] == "KEY_SUMMARY":
+                state.total = record["count"]
+                for column, (total, floats) in record["values"]["s"].items():
+                    parsed = Fraction(total)
+                    state.sums[column] = parsed if floats else int(parsed)
+                    state.floats[column] = floats
+                state.nonnull.update(record["values"]["nn"])
+                continue
+            fp = bytes.fromhex(orjson.loads(record_key)[1])
+            vals = tuple(record["values"]) if record["values"] is not None else None
+            entry = _Row(record["count"], list(record["tags"]) if plan.needs_tags else None, vals)
+            state.rows[fp] = entry
+            if vals is not None:
+                for slot, index in enumerate(plan.multiset_index):
+                    if vals[index] is not None:
+                        multiset = state.multisets[slot]
+                        multiset[vals[index]] = multiset.get(vals[index], 0) + entry.count
+            if state.order is not None and entry.tags is not None:
+                for tag in entry.tags:
+                    state.order.add((tag, fp))
+        for key, state in list(self.keys.items()):
+            if state.total == 0:
+                del self.keys[key]
+            else:
+                state.view = self._view_row(key, state)
+
+    def view(self) -> dict[tuple[Any, ...], dict[str, Any]]:
+        return {key: dict(state.view) for key, state in self.keys.items() if state.view is not None}
+
+
+def _value_order(item: tuple[Any, int]) -> tuple[int, Any]:
+    value = item[0]
+    return (0, value) if is_number(value) else (1, orjson.dumps(value))
+
+
+# Top-N views ---------------------------------------------------------------------------
+
+
+class _Desc:
+    """Reverses the order of a value inside a sort key (for `desc` columns)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __lt__(self, other: _Desc) -> bool:
+        return bool(other.value < self.value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Desc) and bool(self.value == other.value)
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+
+class _Group:
+    __slots__ = ("ranked", "rows", "top")
+
+    def __init__(self) -> None:
+        self.ranked = SortedList()  # (sort key, tag, fp)
+        self.rows: dict[bytes, tuple[dict[str, Any], list[Tag]]] = {}  # fp -> (row, live tags ascending)
+        self.top: list[dict[str, Any]] = []  # the output rows at places 1..
+
+
+class TopNReducer:
+    """`top_n` views: rows ranked per `partition_by` group, output keyed by place."""
+
+    def __init__(self, spec: ViewSpec) -> None:
+        assert spec.top_n is not None
+        self.n = spec.top_n.n
+        self.order_by = tuple(spec.top_n.order_by.items())
+        self.partition_by = tuple(spec.top_n.partition_by)
+        self.key_names = (*self.partition_by, "place")
+        self.groups: dict[tuple[Any, ...], _Group] = {}
+        self._dirty: set[tuple[tuple[Any, ...], bytes]] = set()
+
+    def _sort_key(self, row: dict[str, Any]) -> tuple[Any, ...]:
+        parts: list[Any] = []
+        for column, direction in self.order_by:
+            value = row.get(column)
+            if value is None:
+                parts.append((1, 0))  # nulls last in either direction
+            else:
+                parts.append((0, value if direction == "asc" else _Desc(value)))
+        return tuple(parts)
+
+    def apply(self, unit: Sequence[SourceEvent]) -> list[ViewChange]:
+        prepared = []
+        for index, event in enumerate(unit):
+            try:
+                group = tuple(event.row[c] for c in self.partition_by)
+            except KeyError as exc:
+                raise Rejected("null key", index, f"partition column {exc.args[0]!r} is missing") from None
+            if None in group:
+                raise Rejected("null key", index)
+            prepared.append((event, group, fingerprint(event.row)))
+        pending: dict[tuple[tuple[Any, ...], bytes], int] = {}
+        for index, (event, group, fp) in enumerate(prepared):
+            have = pending.get((group, fp))
+            if have is None:
+                found = self.groups.get(group)
+                have = len(found.rows[fp][1]) if found is not None and fp in found.rows else 0
+            have += 1 if event.op.adds else -1
+            if have < 0:
+                raise Rejected("not live", index)
+            pending[(group, fp)] = have
+        touched: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+        for event, group, fp in prepared:
+            state = self.groups.get(group)
+            if state is None:
+                state = self.groups[group] = _Group()
+            if group not in touched:
+                touched[group] = state.top
+            if event.op.adds:
+                row, tags = state.rows.setdefault(fp, (event.row, []))
+                tags.append(event.tag)
+                tags.sort()
+                state.ranked.add((self._sort_key(row), event.tag, fp))
+            else:
+                row, tags = state.rows[fp]
+                tag = tags.pop()  # the latest copy goes
+                if not tags:
+                    del state.rows[fp]
+                state.ranked.remove((self._sort_key(row), tag, fp))
+            self._dirty.add((group, fp))
+        changes: list[ViewChange] = []
+        for group, old_top in touched.items():
+            state = self.groups[group]
+            new_top = [self._output(group, place, state.rows[fp][0])
+                       for place, (_k, _t, fp) in enumerate(state.ranked[: self.n], start=1)]
+            state.top = new_top
+            if not state.rows:
+                del self.groups[group]
+            for place in range(1, max(len(old_top), len(new_top)) + 1):
+                old = old_top[place - 1] if place <= len(old_top) else None
+                new = new_top[place - 1] if place <= len(new_top) else None
+                changes.extend(diff_changes(old, new, (*group, place), self.key_names))
+        if len(touched) > 1:
+            order = {id(c): i for i, c in enumerate(changes)}
+            changes.sort(key=lambda c: (key_bytes(c.key), order[id(c)]))
+        return changes
+
+    def _output(self, group: tuple[Any, ...], place: int, row: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = dict(zip(self.partition_by, group, strict=True))
+        out["place"] = place
+        for column, value in row.items():
+            if column not in out:
+                out[column] = value
+        return out
+
+    def take_deltas(self) -> list[dict[str, Any]]:
+        return []
+
+    def take_state_changes(self) -> list[tuple[bytes, bytes | None]]:
+        records: list[tuple[bytes, bytes | None]] = []
+        for group, fp in self._dirty:
+            state = self.groups.get(group)
+            found = state.rows.get(fp) if state is not None else None
+            if found is None:
+                records.append((_row_key(group, fp), None))
+            else:
+                row, tags = found
+                records.append((_row_key(group, fp), encode_state("LIVE_ROW", group, len(tags), row, tags)))
+        self._dirty = set()
+        records.sort(key=lambda r: r[0])
+        return records
+
+    def restore(self, records: Iterable[tuple[bytes, bytes]]) -> None:
+        for record_key, value in records:
+            record = decode_state(value)
+            group = record["key"]
+            state = self.groups.get(group)
+            if state is None:
+                state = self.groups[group] = _Group()
+            fp = bytes.fromhex(orjson.loads(record_key)[1])
+            row, tags = record["values"], list(record["tags"])
+            state.rows[fp] = (row, tags)
+            sort_key = self._sort_key(row)
+            for tag in tags:
+                state.ranked.add((sort_key, tag, fp))
+        for group, state in self.groups.items():
+            state.top = [self._output(group, place, state.rows[fp][0])
+                         for place, (_k, _t, fp) in enumerate(state.ranked[: self.n], start=1)]
+
+    def view(self) -> dict[tuple[Any, ...], dict[str, Any]]:
+        return {(*group, row["place"]): dict(row) for group, state in self.groups.items() for row in state.top}

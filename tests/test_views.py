@@ -1,0 +1,201 @@
+"""The incremental reducer (refold.views) against the reference (refold.reference)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from refold.changelog import Op
+from refold.config import ViewSpec
+from refold.reference import fold_changelog, fold_deltas, reference_changelog, reference_deltas
+from refold.verify import same
+from refold.views import Rejected, SourceEvent, compact_changes, make_reducer
+
+GROUPED = ViewSpec.model_validate(
+    {
+        "key": ["k"],
+        "columns": {
+            "total": {"sum": "v"},
+            "n": {"count": "*"},
+            "nv": {"count": "v"},
+            "mean": {"avg": "v"},
+            "low": {"min": "v"},
+            "high": {"max": "v"},
+            "first_v": {"first": "v"},
+            "last_t": {"last": "t"},
+            "lww": {"last_write_wins": "v"},
+            "teams": {"set": "t"},
+        },
+    }
+)
+INVERTIBLE = ViewSpec.model_validate({"key": ["k"], "columns": {"s": {"sum": "v"}, "c": {"count": "*"}}})
+TOP = ViewSpec.model_validate({"top_n": {"n": 2, "order_by": {"v": "desc", "t": "asc"}, "partition_by": ["t"]}})
+TOP_GLOBAL = ViewSpec.model_validate({"top_n": {"n": 3, "order_by": {"v": "asc"}}})
+SPECS = [GROUPED, INVERTIBLE, TOP, TOP_GLOBAL]
+
+
+def E(op: str, tag: int, **row: Any) -> SourceEvent:  # noqa: N802 - a tiny builder
+    return SourceEvent(Op.parse(op), row, (tag, 0, tag))
+
+
+@st.composite
+def changelogs(draw: st.DrawFn) -> list[list[SourceEvent]]:
+    """Random units: mostly valid (appends, retractions and corrections of live rows),
+    some invalid (retractions of rows that are not live, null keys)."""
+    values = st.one_of(st.none(), st.integers(-5, 5), st.sampled_from([0.1, 0.2, 2.5, -1.25]))
+    live: list[dict[str, Any]] = []
+    units: list[list[SourceEvent]] = []
+    time = 0
+    for _ in range(draw(st.integers(1, 60))):
+        time += draw(st.integers(0, 3))
+        tag = (time - draw(st.integers(0, 1)), draw(st.integers(0, 2)), len(units))
+        fresh = {"k": draw(st.sampled_from(["a", "b", "c", None]) if draw(st.booleans()) else st.sampled_from(["a", "b"])),
+                 "v": draw(values), "t": draw(st.sampled_from(["x", "y"]))}
+        choice = draw(st.integers(0, 9))
+        if choice < 5 or not live:
+            units.append([SourceEvent(Op.APPEND, fresh, tag)])
+            live.append(fresh)
+        elif choice < 7:
+            row = live.pop(draw(st.integers(0, len(live) - 1)))
+            units.append([SourceEvent(Op.RETRACT, row, tag)])
+        elif choice < 9:
+            row = live.pop(draw(st.integers(0, len(live) - 1)))
+            new = {**row, "v": draw(values)} if draw(st.booleans()) else fresh
+            units.append([SourceEvent(Op.CORRECT_FROM, row, tag), SourceEvent(Op.CORRECT_TO, new, tag)])
+            live.append(new)
+        else:  # a retraction of a row that may well not be live
+            units.append([SourceEvent(Op.RETRACT, fresh, tag)])
+    return units
+
+
+def run_incremental(spec: ViewSpec, units: list[list[SourceEvent]], cuts: list[int]):
+    reducer = make_reducer(spec)
+    changes, rejected, deltas, batches, state = [], [], [], [], {}
+    batch_changes = []
+    for index, unit in enumerate(units):
+        try:
+            out = reducer.apply(unit)
+        except Rejected as exc:
+            rejected.append((index, exc.reason))
+            out = []
+        changes.extend(out)
+        batch_changes.extend(out)
+        if index in cuts:
+            deltas.extend(reducer.take_deltas())
+            batches.append(compact_changes(batch_changes))
+            batch_changes = []
+            state.update(reducer.take_state_changes())
+    deltas.extend(reducer.take_deltas())
+    batches.append(compact_changes(batch_changes))
+    state.update(reducer.take_state_changes())
+    return reducer, changes, rejected, deltas, batches, state
+
+
+def assert_same_changes(a, b) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert (x.op, x.key) == (y.op, y.key) and same(dict(x.row), dict(y.row)), (x, y)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=["grouped", "invertible", "top-n", "top-n-global"])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(units=changelogs(), data=st.data())
+def test_incremental_equals_reference(spec: ViewSpec, units, data) -> None:
+    cuts = data.draw(st.sets(st.integers(0, max(len(units) - 1, 0))))
+    reducer, changes, rejected, deltas, batches, state = run_incremental(spec, units, sorted(cuts))
+    expected = reference_changelog(spec, units)
+    assert rejected == expected.rejected
+    assert changes == expected.changes  # exact numbers: bit-identical, not just close
+    assert fold_changelog(changes) == expected.view == reducer.view()
+    # per-batch compaction folds to the same view
+    assert fold_changelog([c for batch in batches for c in batch]) == expected.view
+    if spec.top_n is None:
+        folded = fold_deltas(spec, deltas)
+        assert folded.keys() == expected.view.keys()
+        for key, row in expected.view.items():
+            assert same(row, folded[key]), (key, row, folded[key])
+        # the reference's deltas, cut at the same batches, are the engine's deltas
+        bounds = [*sorted(cuts), len(units) - 1]
+        start, ref_batches = 0, []
+        for end in bounds:
+            ref_batches.append(units[start : end + 1])
+            start = end + 1
+        assert reference_deltas(spec, ref_batches) == deltas
+    # restore from the state changelog, then carry on: the same as never stopping
+    restored = make_reducer(spec)
+    restored.restore([(k, v) for k, v in state.items() if v is not None])
+    assert restored.view() == reducer.view()
+    more = units[: len(units) // 2]
+    for unit in more:
+        try:
+            a = reducer.apply(unit)
+        except Rejected:
+            with pytest.raises(Rejected):
+                restored.apply(unit)
+            continue
+        assert restored.apply(unit) == a
+
+
+def test_retracting_the_max_falls_back_to_the_next() -> None:
+    reducer = make_reducer(GROUPED)
+    reducer.apply([E("+A", 1, k="a", v=5, t="x")])
+    reducer.apply([E("+A", 2, k="a", v=9, t="y")])
+    out = reducer.apply([E("-R", 3, k="a", v=9, t="y")])
+    assert [c.op for c in out] == [Op.CORRECT_FROM, Op.CORRECT_TO]
+    assert out[0].row["high"] == 9 and out[1].row["high"] == 5
+    assert out[1].row["last_t"] == "x" and out[1].row["teams"] == [["x", 1]]
+    out = reducer.apply([E("-R", 4, k="a", v=5, t="x")])
+    assert [c.op for c in out] == [Op.RETRACT] and reducer.view() == {}
+
+
+def test_retracting_a_top_n_member_promotes_the_next() -> None:
+    reducer = make_reducer(TOP_GLOBAL)
+    for i, v in enumerate([3, 1, 2, 4]):
+        reducer.apply([E("+A", i, k="a", v=v, t="x")])
+    out = reducer.apply([E("-R", 9, k="a", v=1, t="x")])
+    assert [(c.op.code, c.row["place"], c.row["v"]) for c in out] == [
+        ("-C", 1, 1), ("+C", 1, 2), ("-C", 2, 2), ("+C", 2, 3), ("-C", 3, 3), ("+C", 3, 4)]
+
+
+def test_rejections_leave_state_unchanged() -> None:
+    reducer = make_reducer(GROUPED)
+    reducer.apply([E("+A", 1, k="a", v=1, t="x")])
+    reducer.take_state_changes()
+    before = reducer.view()
+    for unit, reason in [
+        ([E("-R", 2, k="a", v=2, t="x")], "not live"),
+        ([E("+A", 2, k=None, v=2, t="x")], "null key"),
+        ([E("+A", 2, k="a", v="two", t="x")], "schema mismatch"),
+        ([E("-C", 2, k="a", v=7, t="x"), E("+C", 2, k="a", v=8, t="x")], "not live"),
+    ]:
+        with pytest.raises(Rejected) as failure:
+            reducer.apply(unit)
+        assert failure.value.reason == reason
+        assert reducer.view() == before
+    assert reducer.take_state_changes() == []
+    assert [d["_count"] for d in reducer.take_deltas()] == [1]
+
+
+def test_duplicate_rows_retract_the_latest_copy() -> None:
+    reducer = make_reducer(GROUPED)
+    reducer.apply([E("+A", 1, k="a", v=1, t="x")])
+    reducer.apply([E("+A", 2, k="a", v=2, t="y")])
+    reducer.apply([E("+A", 3, k="a", v=1, t="x")])
+    assert reducer.view()[("a",)]["lww"] == 1
+    out = reducer.apply([E("-R", 4, k="a", v=1, t="x")])  # removes the copy from tag 3
+    assert out[1].row["lww"] == 2 and out[1].row["first_v"] == 1
+
+
+def test_exact_float_sums() -> None:
+    reducer = make_reducer(INVERTIBLE)
+    for i, v in enumerate([0.1, 0.2, 0.3]):
+        reducer.apply([E("+A", i, k="a", v=v)])
+    assert reducer.view()[("a",)]["s"] == 0.6  # fsum, not 0.6000000000000001
+    reducer.apply([E("-R", 5, k="a", v=0.1)])
+    reducer.apply([E("-R", 6, k="a", v=0.2)])
+    reducer.apply([E("-R", 7, k="a", v=0.3)])
+    reducer.apply([E("+A", 8, k="a", v=2)])
+    assert reducer.view()[("a",)]["s"] == 2 and type(reducer.view()[("a",)]["s"]) is int
