@@ -1,80 +1,229 @@
 """Session fixtures: one real Kafka broker for the whole run, a fresh topic per test.
 
-The broker is, in this order: $REFOLD_BOOTSTRAP_SERVERS; a testcontainers Kafka
-container when a Docker engine answers; else a local broker started from its
-Maven Central jars on a free port with its own data folder. No broker is a
-failure, never a skip.
+The broker is, in this order:
+
+1. `$REFOLD_BOOTSTRAP_SERVERS` (any cluster; it must answer);
+2. a testcontainers Kafka container, when a Docker engine answers;
+3. a local broker (`refold.localkafka`, jars from Maven Central) on a free port —
+   never 9092, so a user's own broker is left alone — with its data in the
+   session's Refold home, stopped at the end of the session.
+
+No broker is a failure, never a skip. The whole session runs with `REFOLD_HOME`
+set to a temporary folder (the jar cache stays shared through `REFOLD_JARS`), so
+tests never write into the checkout's `.refold/`. Tests marked `kafka` or
+`spark` are integration tests: `-m integration` selects them, `-m "not
+integration"` the unit tests.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
+import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
+INTEGRATION_MARKERS = ("kafka", "spark")
 
-def _docker_answers() -> bool:
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "integration: needs a real broker or Spark (added to every kafka/spark test)"
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if any(item.get_closest_marker(name) for name in INTEGRATION_MARKERS):
+            item.add_marker(pytest.mark.integration)
+
+
+# The session's Refold home -------------------------------------------------------------
+
+
+@pytest.fixture(scope="session", autouse=True)
+def refold_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A fresh REFOLD_HOME for the session; the resolved jars stay shared."""
+    from refold.jars import jars_home
+
+    saved = {name: os.environ.get(name) for name in ("REFOLD_HOME", "REFOLD_JARS")}
+    os.environ["REFOLD_JARS"] = str(jars_home())  # before REFOLD_HOME moves
+    home = tmp_path_factory.mktemp("refold-home")
+    os.environ["REFOLD_HOME"] = str(home)
+    try:
+        yield home
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+# The broker ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TestBroker:
+    """The session's broker: where it is and where it came from."""
+
+    __test__ = False  # not a test class
+
+    bootstrap: str
+    origin: Literal["env", "docker", "local"]
+    home: Path | None = None  # the Refold home of a local broker (for localkafka calls)
+
+
+def _docker_answers(timeout: float = 2.0) -> bool:
     try:
         import docker
 
-        client = docker.from_env(timeout=2)
-        return bool(client.ping())
+        client = docker.from_env(timeout=timeout)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
     except Exception:
         return False
 
 
+def _fail_unless_answers(bootstrap: str, origin: str) -> None:
+    from refold.localkafka import answers
+
+    deadline = time.monotonic() + 30
+    while not answers(bootstrap, timeout=5.0):
+        if time.monotonic() > deadline:
+            pytest.fail(f"the Kafka broker from {origin} ({bootstrap}) does not answer", pytrace=False)
+        time.sleep(1)
+
+
 @pytest.fixture(scope="session")
-def bootstrap_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def kafka_broker(refold_home: Path) -> Iterator[TestBroker]:
     env = os.environ.get("REFOLD_BOOTSTRAP_SERVERS")
     if env:
-        yield env
+        _fail_unless_answers(env, "REFOLD_BOOTSTRAP_SERVERS")
+        yield TestBroker(env, "env")
         return
     if _docker_answers():
+        yield from _container_broker()
+        return
+    yield from _local_broker(refold_home)
+
+
+def _container_broker() -> Iterator[TestBroker]:
+    try:
+        from testcontainers.community.kafka import KafkaContainer
+    except ImportError:  # older testcontainers
         from testcontainers.kafka import KafkaContainer
 
-        with KafkaContainer() as kafka:
-            yield kafka.get_bootstrap_server()
-        return
+    container = (
+        KafkaContainer("confluentinc/cp-kafka:7.9.0")
+        .with_kraft()
+        .with_env("KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR", "1")
+        .with_env("KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1")
+        .with_env("KAFKA_AUTO_CREATE_TOPICS_ENABLE", "false")
+    )
+    try:
+        container.start(timeout=180)
+    except Exception as exc:
+        pytest.fail(f"no Kafka broker for the integration tests: the container failed: {exc!r}")
+    try:
+        bootstrap = container.get_bootstrap_server()
+        _fail_unless_answers(bootstrap, "testcontainers")
+        with _bootstrap_env(bootstrap):
+            yield TestBroker(bootstrap, "docker")
+    finally:
+        container.stop()
+
+
+def _local_broker(home: Path) -> Iterator[TestBroker]:
     from refold import localkafka
 
-    home = tmp_path_factory.mktemp("refold-home")
     try:
-        info = localkafka.start(localkafka.free_port(), home=Path(home), quiet=True)
+        info = localkafka.start(
+            localkafka.free_port(), timeout=180.0, home=home, quiet=True, die_with_parent=True
+        )
     except Exception as exc:  # no broker at all: fail loudly, never skip
-        pytest.fail(f"no Kafka broker for the integration tests: {exc}")
-    os.environ["REFOLD_BOOTSTRAP_SERVERS"] = info.bootstrap  # for subprocesses (CLI, engine)
+        pytest.fail(f"no Kafka broker for the integration tests: {exc}", pytrace=False)
     try:
-        yield info.bootstrap
+        with _bootstrap_env(info.bootstrap):
+            yield TestBroker(info.bootstrap, "local", home)
     finally:
-        os.environ.pop("REFOLD_BOOTSTRAP_SERVERS", None)
-        localkafka.stop(home=Path(home))
+        localkafka.stop(home=home)
+
+
+@contextlib.contextmanager
+def _bootstrap_env(bootstrap: str) -> Iterator[None]:
+    """Let subprocesses (the CLI, the engine) find the session's broker."""
+    saved = os.environ.get("REFOLD_BOOTSTRAP_SERVERS")
+    os.environ["REFOLD_BOOTSTRAP_SERVERS"] = bootstrap
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("REFOLD_BOOTSTRAP_SERVERS", None)
+        else:
+            os.environ["REFOLD_BOOTSTRAP_SERVERS"] = saved
 
 
 @pytest.fixture(scope="session")
-def kafka_config(bootstrap_servers: str) -> dict[str, str]:
+def bootstrap_servers(kafka_broker: TestBroker) -> str:
+    return kafka_broker.bootstrap
+
+
+@pytest.fixture(scope="session")
+def kafka_config(bootstrap_servers: str) -> dict[str, Any]:
+    """librdkafka base settings. Shared by the session: copy before changing it."""
     return {"bootstrap.servers": bootstrap_servers}
 
 
+# Topics ------------------------------------------------------------------------------------
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
 @pytest.fixture
-def topic(kafka_config: dict[str, str], request: pytest.FixtureRequest) -> Iterator[Callable[..., str]]:
-    """A factory of fresh, uniquely named topics: `topic(partitions=3)`."""
+def topic(kafka_config: dict[str, Any], request: pytest.FixtureRequest) -> Iterator[Callable[..., str]]:
+    """A factory of fresh, uniquely named topics: `topic()`, `topic(partitions=1,
+    **{"cleanup.policy": "compact"})`. Returns once every partition has a leader;
+    deletes the topics after the test."""
     admin = AdminClient(kafka_config)
     made: list[str] = []
 
     def make(partitions: int = 3, **config: str) -> str:
-        name = f"t-{request.node.name[:40]}-{uuid.uuid4().hex[:8]}".replace("[", "-").replace("]", "")
-        name = "".join(c if c.isalnum() or c in "._-" else "-" for c in name)
-        admin.create_topics([NewTopic(name, partitions, config=config)])[name].result(30)
+        stem = _UNSAFE.sub("-", request.node.name).strip("-.")[:60]
+        name = f"t-{stem}-{uuid.uuid4().hex[:8]}"
+        admin.create_topics([NewTopic(name, partitions, 1, config=config)])[name].result(30)
         made.append(name)
+        _wait_for_leaders(admin, name, partitions)
         return name
 
     yield make
-    with contextlib.suppress(Exception):
-        if made:
-            for future in admin.delete_topics(made).values():
+    if made:
+        with contextlib.suppress(Exception):
+            for future in admin.delete_topics(made, operation_timeout=30).values():
                 future.result(30)
+
+
+def _wait_for_leaders(admin: AdminClient, name: str, partitions: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = admin.list_topics(name, timeout=10).topics.get(name)
+        if (
+            found is not None
+            and found.error is None
+            and len(found.partitions) == partitions
+            and all(p.leader >= 0 for p in found.partitions.values())
+        ):
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"topic {name} has no leader for every partition after {timeout:.0f}s")
+        time.sleep(0.1)
