@@ -336,11 +336,10 @@ class BatchProcessor:
             producer.begin_transaction()
             if self.pipeline.outputs.view is not None:
                 view_topic = self.pipeline.outputs.view.topic
-                for key, value, ts in out.view:
-                    if ts is not None:
-                        send(view_topic, key, value, timestamp=ts)
-                    else:
-                        send(view_topic, key, value)
+                for key, value, _ts in out.view:
+                    # Record timestamps are the engine's clock, never event times: an old
+                    # event time would let retention delete the record.
+                    send(view_topic, key, value)
             if self.pipeline.outputs.delta is not None:
                 for key, value in out.delta:
                     send(self.pipeline.outputs.delta.topic, key, value)

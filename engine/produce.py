@@ -99,12 +99,11 @@ def produce(
                 producer.begin_transaction()
                 open_txn = True
             value = codec.encode(event)
-            kwargs: dict[str, Any] = {}
-            if event.event_time is not None:
-                kwargs["timestamp"] = event.event_time
+            # The record timestamp stays the producer's clock: event_time travels in the
+            # value. (Old event times as record timestamps would let retention delete them.)
             while True:
                 try:
-                    producer.produce(topic, value, key_bytes(key_columns, key), on_delivery=on_delivery, **kwargs)
+                    producer.produce(topic, value, key_bytes(key_columns, key), on_delivery=on_delivery)
                     break
                 except BufferError:
                     producer.poll(0.05)
