@@ -37,7 +37,10 @@ def engine_topics(pipeline: Pipeline, partitions: int) -> list[TopicSpec]:
     ]
     view = pipeline.outputs.view
     if view is not None:
-        specs.append(TopicSpec(view.topic, partitions, compacted=view.form == "upsert"))
+        # A Top-N leaderboard is small and its places change together: one partition
+        # keeps its changelog in one total order, as RFC-015 shows it.
+        view_partitions = 1 if pipeline.view.is_top_n else partitions
+        specs.append(TopicSpec(view.topic, view_partitions, compacted=view.form == "upsert"))
     if pipeline.outputs.delta is not None:
         specs.append(TopicSpec(pipeline.outputs.delta.topic, partitions))
     return specs

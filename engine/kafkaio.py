@@ -152,10 +152,7 @@ def read_to_end(
         assignment = [
             TopicPartition(topic, p, (start or {}).get(p, OFFSET_BEGINNING)) for p in partitions
         ]
-        ends: dict[int, int] = {}
-        for tp in assignment:
-            _low, high = consumer.get_watermark_offsets(tp, timeout=timeout)
-            ends[tp.partition] = high
+        ends = {tp.partition: _high_watermark(consumer, tp, timeout) for tp in assignment}
         remaining = {
             tp.partition
             for tp in assignment
@@ -190,6 +187,20 @@ def read_to_end(
                         remaining.discard(tp.partition)
     finally:
         consumer.close()
+
+
+def _high_watermark(consumer: Consumer, tp: TopicPartition, timeout: float) -> int:
+    """The high watermark, retrying while a new topic's leader is still being elected."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            _low, high = consumer.get_watermark_offsets(tp, timeout=timeout)
+            return int(high)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if not (isinstance(err, KafkaError) and err.retriable()) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def delivery_failures() -> tuple[list[KafkaError], Any]:

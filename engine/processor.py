@@ -191,6 +191,7 @@ class BatchProcessor:
                     reason = rejected.reason if index == rejected.index else "correction pair rejected"
                     self._dead_letter(out, record, reason, None)
         self._render(changes, out)
+        out.dlq.sort(key=lambda letter: (letter.partition, letter.offset))  # input order
         out.state = self.reducer.take_state_changes()
         offsets = dict(committed)
         for record in fresh:
