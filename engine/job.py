@@ -188,7 +188,10 @@ def run_pipeline(
     log.info("pipeline %s running: %s → view/delta (Spark checkpoint %s)", pipeline.pipeline, topic, checkpoint_dir)
     try:
         while query.isActive:
-            query.awaitTermination(0.25)
+            try:
+                query.awaitTermination(0.25)
+            except Exception:  # the query died: its cause is in progress.failure or query.exception()
+                break
             if until_idle is not None and _idle(query, progress, until_idle):
                 break
     except KeyboardInterrupt:
