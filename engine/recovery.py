@@ -76,13 +76,17 @@ def recover(pipeline: Pipeline, settings: Mapping[str, Any]) -> Recovered:
 
 
 def spark_committed_offsets(directory: Path, topic: str) -> dict[int, int] | None:
-    """The end offsets of the last batch Spark recorded as committed, or None."""
+    """The end offsets of the last batch Spark recorded as committed, or None when
+    there is none or a later batch was planned and not committed."""
     commits = directory / "commits"
     offsets = directory / "offsets"
     if not commits.is_dir() or not offsets.is_dir():
         return None
     done = sorted(int(p.name) for p in commits.iterdir() if p.name.isdigit())
-    if not done:
+    planned = sorted(int(p.name) for p in offsets.iterdir() if p.name.isdigit())
+    if not done or planned[-1] != done[-1]:
+        # No batch, or one planned but never committed (a crash mid-batch): Spark would
+        # replay it from its own log; starting afresh from Kafka's offsets is simpler and safe.
         return None
     lines = (offsets / str(done[-1])).read_text().splitlines()
     # v1 / batch metadata / one line of offsets per source
