@@ -39,7 +39,7 @@ def write_pipeline(tmp: Path, source: str, bootstrap: str) -> Path:
                 "view": {"key": ["player_name"], "columns": COLUMNS},
                 "outputs": {"view": {"topic": f"{name}.view"}, "delta": {"topic": f"{name}.delta"}},
                 "trigger": "200ms",
-                "max_batch_events": 400,
+                "max_batch_events": 250,
                 "spark": {"checkpoint_dir": str(tmp / "spark" / name), "conf": {"spark.ui.enabled": "false"}},
             }
         )
@@ -70,7 +70,7 @@ def finish(proc: subprocess.Popen[bytes], timeout: float = 300) -> tuple[int, st
 @pytest.fixture
 def loaded_source(bootstrap_servers: str, topic) -> tuple[str, int]:
     source = topic(partitions=3)
-    rows = list(generate(Workload(events=3000, keys=150, seed=99)))
+    rows = list(generate(Workload(events=1500, keys=100, seed=99)))
     produce({"bootstrap.servers": bootstrap_servers}, source, [orjson.dumps(r) for r in rows], ["player_name"],
             progress=False, per_transaction=300)
     return source, len(rows)
@@ -118,7 +118,7 @@ def test_two_engines_at_once_one_is_fenced(bootstrap_servers, loaded_source, tmp
     # and fences it. The first must stop with a clear message, never commit.
     log = tmp_path / "first.log"
     with log.open("wb") as first_err:
-        first = start_engine(path, extra_env={"REFOLD_TEST_STALL_IN_TXN_SECONDS": "30"}, stderr=first_err)
+        first = start_engine(path, extra_env={"REFOLD_TEST_STALL_IN_TXN_SECONDS": "20"}, stderr=first_err)
         deadline = time.monotonic() + 120
         while b"stalling" not in log.read_bytes():
             assert first.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
