@@ -43,26 +43,28 @@ def load_checkpoint(pipeline: Pipeline, settings: Mapping[str, Any]) -> Checkpoi
     writer_key = pipeline.writer.encode()
     latest: Checkpoint | None = None
     for msg in read_to_end(settings, pipeline.checkpoints_topic):
-        if msg.key() == writer_key and msg.value() is not None:
-            latest = decode_checkpoint(msg.value())
+        value = msg.value()
+        if msg.key() == writer_key and value is not None:
+            latest = decode_checkpoint(value)
     return latest
 
 
 def checkpoint_history(pipeline: Pipeline, settings: Mapping[str, Any]) -> list[Checkpoint]:
     """Every committed checkpoint still in the topic, oldest first (batch boundaries)."""
     writer_key = pipeline.writer.encode()
-    return [
-        decode_checkpoint(msg.value())
-        for msg in read_to_end(settings, pipeline.checkpoints_topic)
-        if msg.key() == writer_key and msg.value() is not None
-    ]
+    history = []
+    for msg in read_to_end(settings, pipeline.checkpoints_topic):
+        value = msg.value()
+        if msg.key() == writer_key and value is not None:
+            history.append(decode_checkpoint(value))
+    return history
 
 
 def load_state(pipeline: Pipeline, settings: Mapping[str, Any]) -> list[tuple[bytes, bytes]]:
     """The latest value of every live state key in `P.state`."""
     latest: dict[bytes, bytes | None] = {}
     for msg in read_to_end(settings, pipeline.state_topic):
-        latest[msg.key()] = msg.value()
+        latest[msg.key() or b""] = msg.value()
     return [(k, v) for k, v in latest.items() if v is not None]
 
 

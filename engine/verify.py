@@ -75,7 +75,7 @@ def read_view_changes(pipeline: Pipeline, settings: Mapping[str, Any]) -> list[V
     assert pipeline.outputs.view is not None
     changes = []
     for msg in read_to_end(settings, pipeline.outputs.view.topic):
-        record = orjson.loads(msg.value())
+        record = orjson.loads(msg.value() or b"null")
         op = Op.parse(record.pop("op"))
         changes.append(ViewChange(op, output_key(pipeline, record), record))
     return changes
@@ -86,16 +86,17 @@ def read_upsert_view(pipeline: Pipeline, settings: Mapping[str, Any]) -> dict[by
     assert pipeline.outputs.view is not None
     table: dict[bytes, dict[str, Any]] = {}
     for msg in read_to_end(settings, pipeline.outputs.view.topic):
-        if msg.value() is None:
-            table.pop(msg.key(), None)
+        key, value = msg.key() or b"", msg.value()
+        if value is None:
+            table.pop(key, None)
         else:
-            table[msg.key()] = orjson.loads(msg.value())
+            table[key] = orjson.loads(value)
     return table
 
 
 def read_deltas(pipeline: Pipeline, settings: Mapping[str, Any]) -> list[dict[str, Any]]:
     assert pipeline.outputs.delta is not None
-    return [orjson.loads(m.value()) for m in read_to_end(settings, pipeline.outputs.delta.topic)]
+    return [orjson.loads(m.value() or b"null") for m in read_to_end(settings, pipeline.outputs.delta.topic)]
 
 
 def same(a: Any, b: Any) -> bool:
