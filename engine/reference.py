@@ -110,10 +110,10 @@ class _Model:
                 row[name] = _reduce(column.agg, column.column, copies)
             return {group: row}
         ranked = sorted(copies, key=lambda copy: copy[1])  # ties: the earlier tag first
-        for column, direction in reversed(list(top_n.order_by.items())):
-            present = [c for c in ranked if c[0].get(column) is not None]
-            absent = [c for c in ranked if c[0].get(column) is None]
-            present.sort(key=_column_value(column), reverse=direction == "desc")  # stable either way
+        for order_column, direction in reversed(list(top_n.order_by.items())):
+            present = [c for c in ranked if c[0].get(order_column) is not None]
+            absent = [c for c in ranked if c[0].get(order_column) is None]
+            present.sort(key=_column_value(order_column), reverse=direction == "desc")  # stable either way
             ranked = present + absent  # stable sorts, nulls last
         out = {}
         for place, (copy_row, _tag) in enumerate(ranked[: top_n.n], start=1):

@@ -57,8 +57,9 @@ def read_source(pipeline: Pipeline, settings: Mapping[str, Any]) -> tuple[dict[i
             continue
         _kind, ts = msg.timestamp()
         event_time = event.event_time if event.event_time is not None else ts
-        partitions.setdefault(msg.partition(), []).append(
-            SourceEvent(event.op, dict(event.row), (event_time, msg.partition(), msg.offset()))
+        partition, offset = msg.partition() or 0, msg.offset() or 0
+        partitions.setdefault(partition, []).append(
+            SourceEvent(event.op, dict(event.row), (event_time, partition, offset))
         )
     return partitions, bad
 

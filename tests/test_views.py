@@ -37,7 +37,7 @@ TOP_GLOBAL = ViewSpec.model_validate({"top_n": {"n": 3, "order_by": {"v": "asc"}
 SPECS = [GROUPED, INVERTIBLE, TOP, TOP_GLOBAL]
 
 
-def E(op: str, tag: int, **row: Any) -> SourceEvent:  # noqa: N802 - a tiny builder
+def E(op: str, tag: int, **row: Any) -> SourceEvent:
     return SourceEvent(Op.parse(op), row, (tag, 0, tag))
 
 
