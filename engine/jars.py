@@ -165,11 +165,9 @@ def _resolve_with_maven(name: str, pom: Path, target: Path, digest: str) -> list
     jars = sorted(p.name for p in scratch.glob("*.jar"))
     if result.returncode != 0 or not jars:
         shutil.rmtree(scratch, ignore_errors=True)
-        output = (result.stdout + result.stderr).strip().splitlines()
-        tail = "\n".join(line for line in output[-20:] if line.strip()) or "(no output)"
         raise PrerequisiteError(
-            f"Maven could not resolve the {describe(name)} jars "
-            f"(exit {result.returncode}; {' '.join(command[1:5])} …):\n{tail}"
+            f"Maven could not resolve the {describe(name)} jars from {pom} "
+            f"(exit {result.returncode}):\n{_maven_errors(result.stdout + result.stderr)}"
         )
     (scratch / _STAMP).write_text(json.dumps({"pom_sha256": digest, "jars": jars}, indent=1))
     if target.exists():
@@ -181,6 +179,21 @@ def _resolve_with_maven(name: str, pom: Path, target: Path, digest: str) -> list
         flush=True,
     )
     return [target / jar for jar in jars]
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_MAVEN_BOILERPLATE = re.compile(r"full stack trace|Re-run Maven|For more information|\[Help \d+\] http")
+
+
+def _maven_errors(output: str) -> str:
+    """Maven's [ERROR] lines without colour codes and boilerplate (else its last lines)."""
+    lines = [_ANSI.sub("", line).rstrip() for line in output.splitlines()]
+    errors = [
+        line
+        for line in lines
+        if line.startswith("[ERROR]") and line != "[ERROR]" and not _MAVEN_BOILERPLATE.search(line)
+    ]
+    return "\n".join(errors or [line for line in lines if line][-20:]) or "(no output)"
 
 
 @contextmanager

@@ -373,7 +373,7 @@ def _properties(base: Path, port: int, controller_port: int) -> str:
         "group.initial.rebalance.delay.ms": "0",
         # After a kill -9 the controller keeps the dead broker's registration until its
         # session times out (9 s by default), and the restarted broker waits for that.
-        "broker.session.timeout.ms": "4000",
+        "broker.session.timeout.ms": "6000",
         "broker.heartbeat.interval.ms": "1000",
         # Abort transactions of crashed producers soon after their timeout (chaos tests).
         "transaction.abort.timed.out.transaction.cleanup.interval.ms": "2000",
@@ -396,6 +396,8 @@ _LOG4J = """Configuration:
         - ref: STDOUT
     Logger:
       - name: kafka.server.KafkaRaftServer
+        level: INFO
+      - name: kafka.server.BrokerLifecycleManager
         level: INFO
 """
 
