@@ -123,9 +123,8 @@ def run_pipeline(
     processor_factory: Callable[[Pipeline, dict[str, Any], Any], BatchProcessor] | None = None,
 ) -> Progress:
     """Run the engine until stopped (or until idle for `until_idle` seconds)."""
-    from refold.localkafka import ensure_broker
-
-    settings = pipeline.kafka_settings(ensure_broker(bootstrap))
+    # --bootstrap-servers, else REFOLD_BOOTSTRAP_SERVERS, else the pipeline's kafka:, else local
+    settings = pipeline.kafka_settings(bootstrap)
     topic = pipeline.source.topic
     try:
         partitions = partitions_of(settings, topic)

@@ -40,9 +40,7 @@ def pipeline_status(pipeline: Pipeline, settings: dict[str, Any]) -> tuple[Any, 
 
 
 def print_status(pipeline: Pipeline, bootstrap: str | None = None) -> None:
-    from refold.localkafka import ensure_broker
-
-    settings = pipeline.kafka_settings(ensure_broker(bootstrap))
+    settings = pipeline.kafka_settings(bootstrap)
     checkpoint, rows = pipeline_status(pipeline, settings)
     print(f"pipeline {pipeline.pipeline}  source {pipeline.source.topic}  writer {pipeline.writer}")
     if checkpoint is None:
