@@ -16,6 +16,7 @@ from refold.kafkaio import read_to_end
 from refold.produce import produce
 from refold.records import decode_dead_letter
 from refold.recovery import load_checkpoint
+from refold.status import pipeline_status
 from refold.testing import Workload, generate
 from refold.verify import read_view_changes, verify
 
@@ -91,6 +92,10 @@ def test_grouped_view_equals_reference_over_many_batches(bootstrap_servers, topi
     assert report.delta_records > 0
     checkpoint = load_checkpoint(pipeline, settings)
     assert checkpoint is not None and checkpoint.records_in == len(rows) and checkpoint.dlq == 0
+    # `refold status`: every partition committed to its end, no lag
+    status_checkpoint, partitions = pipeline_status(pipeline, settings)
+    assert status_checkpoint == checkpoint
+    assert len(partitions) == 3 and all(p.committed == p.end and p.lag == 0 for p in partitions)
 
 
 @pytest.mark.parametrize("form", ["retract", "upsert"])
