@@ -9,8 +9,10 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from refold.config import Pipeline
-from refold.kafkaio import consumer_config, partitions_of
+from refold.kafkaio import consumer_config, partitions_of, read_to_end
 from refold.recovery import load_checkpoint
+
+EXACT_LAG_LIMIT = 100_000  # offsets; past this the lag is the offset distance
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,10 +20,8 @@ class PartitionStatus:
     partition: int
     committed: int | None
     end: int
-
-    @property
-    def lag(self) -> int:
-        return max(self.end - (self.committed or 0), 0)
+    lag: int  # committed records not yet reduced (transaction markers take offsets too)
+    exact: bool
 
 
 def pipeline_status(pipeline: Pipeline, settings: dict[str, Any]) -> tuple[Any, list[PartitionStatus]]:
@@ -30,12 +30,20 @@ def pipeline_status(pipeline: Pipeline, settings: dict[str, Any]) -> tuple[Any, 
     topic = pipeline.source.topic
     consumer = Consumer(consumer_config(settings))
     try:
-        rows = []
+        ends = {}
         for p in partitions_of(settings, topic):
             _low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
-            rows.append(PartitionStatus(p, committed.get(p), high))
+            ends[p] = high
     finally:
         consumer.close()
+    gap = {p: max(end - committed.get(p, 0), 0) for p, end in ends.items()}
+    exact = sum(gap.values()) <= EXACT_LAG_LIMIT
+    if exact:  # count the readable records: markers and aborted records are not lag
+        counts = dict.fromkeys(ends, 0)
+        for msg in read_to_end(settings, topic, start={p: committed.get(p, 0) for p in ends}):
+            counts[msg.partition() or 0] += 1
+        gap = counts
+    rows = [PartitionStatus(p, committed.get(p), ends[p], gap[p], exact) for p in sorted(ends)]
     return checkpoint, rows
 
 
@@ -58,4 +66,5 @@ def print_status(pipeline: Pipeline, bootstrap: str | None = None) -> None:
     for row in rows:
         committed = "-" if row.committed is None else f"{row.committed:,}"
         print(f"  {row.partition:>9}  {committed:>12}  {row.end:>12,}  {row.lag:>10,}")
-    print(f"  total lag {sum(r.lag for r in rows):,}")
+    approx = "" if all(r.exact for r in rows) else " (offsets, approximate)"
+    print(f"  total lag {sum(r.lag for r in rows):,}{approx}")
