@@ -71,11 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
 
-    from refold.localkafka import ensure_broker, start
+    from refold.localkafka import ensure_broker
 
-    if not os.environ.get("REFOLD_BOOTSTRAP_SERVERS"):
-        start()
-    bootstrap = ensure_broker(None)
+    bootstrap = ensure_broker(None, start_local=True)
     settings = {"bootstrap.servers": bootstrap}
     run_id = time.strftime("%Y%m%d%H%M%S")
     source = f"bench-{run_id}"

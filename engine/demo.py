@@ -52,13 +52,9 @@ def _cell(value: Any) -> str:
 
 
 def main() -> int:
-    import os
+    from refold.localkafka import ensure_broker
 
-    from refold.localkafka import ensure_broker, start
-
-    if not os.environ.get("REFOLD_BOOTSTRAP_SERVERS"):
-        start()
-    bootstrap = ensure_broker(None)
+    bootstrap = ensure_broker(None, start_local=True)
     settings = {"bootstrap.servers": bootstrap}
     run_id = time.strftime("%Y%m%d-%H%M%S")
     source = f"match_scores-{run_id}"
