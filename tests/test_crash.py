@@ -130,3 +130,21 @@ def test_two_engines_at_once_one_is_fenced(bootstrap_servers, loaded_source, tmp
     assert code2 == 0, err2[-3000:]
     assert code1 != 0 and "fenced" in err1, err1[-3000:]
     assert_exact(load_pipeline(path), bootstrap_servers, events)
+
+
+def test_batch_outliving_the_transaction_timeout_is_replayed(bootstrap_servers, loaded_source, tmp_path) -> None:
+    source, events = loaded_source
+    path = write_pipeline(tmp_path, source, bootstrap_servers)
+    # The first transaction stays open three times longer than transaction.timeout.ms: the
+    # coordinator aborts it and bumps the epoch. The engine must see that this is its own
+    # timeout (not a zombie fence), re-create the producer and replay from Kafka's offsets.
+    code, err = finish(
+        start_engine(
+            path,
+            extra_env={"REFOLD_TRANSACTION_TIMEOUT_MS": "4000", "REFOLD_TEST_STALL_IN_TXN_SECONDS": "12"},
+        )
+    )
+    assert code == 0, err[-3000:]
+    assert "stalling" in err and "re-initialising from Kafka" in err, err[-3000:]
+    assert "fenced: another instance" not in err
+    assert_exact(load_pipeline(path), bootstrap_servers, events)
