@@ -20,7 +20,7 @@ import orjson
 
 from refold.changelog import Op, canonical_row
 from refold.config import ViewSpec
-from refold.views import SourceEvent, Tag, ViewChange
+from refold.views import SourceEvent, Tag, ViewChange, key_problem, scalar_problem, value_order
 
 Copy = tuple[dict[str, Any], Tag]  # a live copy of a row and the tag it was added with
 
@@ -71,18 +71,18 @@ def _reduce(agg: str, column: str, copies: list[Copy]) -> Any:
             return None
         return float(sum((Fraction(v) for v in present), Fraction(0)) / len(present))
     if agg == "min":
-        return min(present) if present else None
+        return min(present, key=value_order) if present else None
     if agg == "max":
-        return max(present) if present else None
+        return max(present, key=value_order) if present else None
     if agg == "set":
-        return [[v, n] for v, n in sorted(Counter(present).items(), key=lambda item: item[0])]
+        return [[v, n] for v, n in sorted(Counter(present).items(), key=lambda item: value_order(item[0]))]
     ordered = sorted(copies, key=lambda copy: copy[1])
     chosen = ordered[0] if agg == "first" else ordered[-1]  # last, last_write_wins
     return chosen[0].get(column)
 
 
 def _column_value(column: str) -> Any:
-    return lambda copy: copy[0][column]
+    return lambda copy: value_order(copy[0][column])
 
 
 class _Model:
@@ -130,19 +130,36 @@ class _Model:
 
     def check(self, unit: Sequence[SourceEvent]) -> str | None:
         """Why the unit is refused, or None. Nothing changes."""
+        if len(unit) == 1 and unit[0].op is Op.CORRECT_TO:
+            return "+C without a preceding -C"
+        if len(unit) == 1 and unit[0].op is Op.CORRECT_FROM:
+            return "-C not immediately followed by its +C"
         for event in unit:  # first the shape of every event, then liveness
-            if self.group_of(event.row) is None:
+            group = self.group_of(event.row)
+            if group is None:
                 return "null key"
+            problem = key_problem(group)
+            if problem is not None:
+                return problem[0]
+            top_n = self.spec.top_n
+            checked = (
+                list(top_n.order_by) if top_n is not None
+                else [c.column for c in self.spec.columns.values() if c.agg in ("min", "max", "set")]
+            )
+            if scalar_problem(event.row, checked) is not None:
+                return "schema mismatch"
             if self.spec.top_n is None:
                 for column in {c.column for c in self.spec.columns.values() if c.agg in ("sum", "avg")}:
                     value = event.row.get(column)
                     if value is not None and type(value) not in (int, float):
                         return "schema mismatch"
-        trial = {g: list(c) for g, c in self.live.items()}
+        trial: dict[tuple[Any, ...], list[Copy]] = {}
         for event in unit:
             group = self.group_of(event.row)
             assert group is not None
-            copies = trial.setdefault(group, [])
+            if group not in trial:
+                trial[group] = list(self.live.get(group, []))
+            copies = trial[group]
             if event.op.adds:
                 copies.append((event.row, event.tag))
             else:
@@ -278,7 +295,7 @@ def _delta_row(spec: ViewSpec, key: tuple[Any, ...], signed: list[tuple[int, Sou
 
 
 def _order(value: Any) -> tuple[int, Any]:
-    return (0, value) if type(value) in (int, float) else (1, orjson.dumps(value))
+    return value_order(value)
 
 
 def fold_deltas(spec: ViewSpec, delta_rows: Iterable[dict[str, Any]]) -> dict[tuple[Any, ...], dict[str, Any]]:
@@ -322,7 +339,7 @@ def fold_deltas(spec: ViewSpec, delta_rows: Iterable[dict[str, Any]]) -> dict[tu
                 elif not live:
                     row[name] = None
                 else:
-                    row[name] = (min if column.agg == "min" else max)(v for v, _ in live)
+                    row[name] = (min if column.agg == "min" else max)((v for v, _ in live), key=value_order)
             else:
                 tagged = sorted(k for k, n in (value or {}).items() if n > 0)
                 pick = tagged[0] if column.agg == "first" else tagged[-1]

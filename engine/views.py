@@ -152,6 +152,43 @@ def is_number(value: Any) -> bool:
     return type(value) is int or type(value) is float
 
 
+MAX_KEY_CHARS = 64 * 1024  # a longer key is refused ("key too large"): outputs repeat it
+_SCALARS = (str, int, float, bool)
+
+
+def value_order(value: Any) -> tuple[int, Any]:
+    """The total order of column values for min, max, set and Top-N (SEMANTICS.md):
+    numbers, then strings, then booleans — so mixed types never fail to compare."""
+    kind = type(value)
+    if kind is int or kind is float:
+        return (0, value)
+    if kind is str:
+        return (1, value)
+    return (2, orjson.dumps(value))
+
+
+def key_problem(parts: tuple[Any, ...]) -> tuple[str, str] | None:
+    """Why key values cannot key a view (reason, detail), or None. Nulls are checked apart."""
+    chars = 0
+    for part in parts:
+        if type(part) is str:
+            chars += len(part)
+        elif type(part) not in _SCALARS:
+            return "schema mismatch", "a key column holds a list or an object"
+    if chars > MAX_KEY_CHARS:
+        return "key too large", f"{chars} characters, at most {MAX_KEY_CHARS}"
+    return None
+
+
+def scalar_problem(row: dict[str, Any], columns: Sequence[str]) -> str | None:
+    """The detail when one of `columns` (ordered or counted by value) is a list or an object."""
+    for column in columns:
+        value = row.get(column)
+        if value is not None and type(value) not in _SCALARS:
+            return f"{column!r} holds a list or an object"
+    return None
+
+
 # State records (schemas/avro/state.avsc) ------------------------------------------------
 
 _STATE_SCHEMA = fastavro.parse_schema(
@@ -214,7 +251,7 @@ class _Key:
         self.sums: dict[str, Number] = dict.fromkeys(plan.sum_columns, 0)
         self.floats: dict[str, int] = dict.fromkeys(plan.sum_columns, 0)
         self.nonnull: dict[str, int] = dict.fromkeys(plan.nonnull_columns, 0)
-        self.multisets: list[SortedDict] = [SortedDict() for _ in plan.multiset_columns]
+        self.multisets: list[SortedDict] = [SortedDict(value_order) for _ in plan.multiset_columns]
         self.order: SortedList | None = SortedList() if plan.needs_tags else None
         self.view: dict[str, Any] | None = None
 
@@ -282,6 +319,12 @@ class GroupedReducer:
                 raise Rejected("null key", index, f"key column {exc.args[0]!r} is missing") from None
             if None in key:
                 raise Rejected("null key", index)
+            problem = key_problem(key)
+            if problem is not None:
+                raise Rejected(problem[0], index, problem[1])
+            detail = scalar_problem(row, self.plan.multiset_columns)
+            if detail is not None:
+                raise Rejected("schema mismatch", index, detail)
             for column in self.plan.sum_columns:
                 value = row.get(column)
                 if value is not None and not is_number(value):
@@ -531,8 +574,7 @@ class GroupedReducer:
 
 
 def _value_order(item: tuple[Any, int]) -> tuple[int, Any]:
-    value = item[0]
-    return (0, value) if is_number(value) else (1, orjson.dumps(value))
+    return value_order(item[0])
 
 
 # Top-N views ---------------------------------------------------------------------------
@@ -572,6 +614,7 @@ class TopNReducer:
         assert spec.top_n is not None
         self.n = spec.top_n.n
         self.order_by = tuple(spec.top_n.order_by.items())
+        self.order_columns = tuple(spec.top_n.order_by)
         self.partition_by = tuple(spec.top_n.partition_by)
         self.key_names = (*self.partition_by, "place")
         self.groups: dict[tuple[Any, ...], _Group] = {}
@@ -584,7 +627,8 @@ class TopNReducer:
             if value is None:
                 parts.append((1, 0))  # nulls last in either direction
             else:
-                parts.append((0, value if direction == "asc" else _Desc(value)))
+                order = value_order(value)
+                parts.append((0, order if direction == "asc" else _Desc(order)))
         return tuple(parts)
 
     def apply(self, unit: Sequence[SourceEvent]) -> list[ViewChange]:
@@ -596,6 +640,12 @@ class TopNReducer:
                 raise Rejected("null key", index, f"partition column {exc.args[0]!r} is missing") from None
             if None in group:
                 raise Rejected("null key", index)
+            problem = key_problem(group)
+            if problem is not None:
+                raise Rejected(problem[0], index, problem[1])
+            detail = scalar_problem(event.row, self.order_columns)
+            if detail is not None:
+                raise Rejected("schema mismatch", index, detail)
             prepared.append((event, group, fingerprint(event.row)))
         pending: dict[tuple[tuple[Any, ...], bytes], int] = {}
         for index, (event, group, fp) in enumerate(prepared):
