@@ -1,0 +1,479 @@
+"""`make chaos`: exactly once under abuse, checked record by record.
+
+The harness owns a local Kafka broker (its own home, a free port), produces a
+seeded changelog into a source topic in chunks, and runs two pipelines on it as
+separate `refold run` processes: a grouped view (sum, count, avg, min, max,
+first, last, set) and a Top-N view. Between chunks it injects one fault at a
+random moment, chosen from a seeded plan:
+
+- `kill9`            kill -9 of an engine after it committed new work;
+- `kill9_in_commit`  kill -9 inside the Kafka transaction (records sent, not
+                     committed) through the engine's REFOLD_TEST_CRASH hook;
+- `broker_restart`   kill -9 of the Kafka broker and a restart on the same data;
+- `spark_dir_lost`   kill -9 of an engine, then its Spark checkpoint directory
+                     deleted (state comes back from `P.state`);
+- `zombie`           a second engine with the same pipeline: one is fenced;
+- `txn_timeout`      a batch kept open three times past transaction.timeout.ms.
+
+At the end every engine runs until idle, and the harness checks like Kafka's
+EosTestDriver: every output read with read_committed; the view changelog record
+by record against the reference reducer; deltas reduced to the view; no
+duplicates, no losses (`refold.verify`); every output partition free of open
+transactions (last stable offset = high watermark) and accepting a final
+transactional marker that a read_committed consumer sees. One line of figures
+ends the run; the exit status is non-zero when an anomaly was found.
+
+    python -m bench.chaos [--events 1000000] [--keys 100000] [--kills 100] [--seed 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+from confluent_kafka import Consumer, IsolationLevel, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import OffsetSpec
+
+from refold import localkafka
+from refold.config import Pipeline, load_pipeline
+from refold.job import spark_checkpoint_dir
+from refold.kafkaio import admin_client, consumer_config, partitions_of, producer_config
+from refold.produce import produce
+from refold.recovery import load_checkpoint
+from refold.testing import Workload, generate
+from refold.verify import verify
+
+FAULTS = ("kill9", "kill9_in_commit", "broker_restart", "spark_dir_lost", "zombie", "txn_timeout")
+GROUPED = {
+    "total": {"sum": "score"},
+    "games": {"count": "*"},
+    "mean": {"avg": "score"},
+    "best": {"max": "score"},
+    "worst": {"min": "score"},
+    "opening": {"first": "score"},
+    "latest": {"last": "score"},
+    "teams": {"set": "team"},
+}
+TOP_N = {"n": 3, "order_by": {"score": "desc"}, "partition_by": ["player_name"]}  # each player's best 3
+
+
+@dataclass(frozen=True, slots=True)
+class ChaosConfig:
+    events: int = 1_000_000
+    keys: int = 100_000
+    retract: float = 0.2
+    kills: int = 100  # kill -9 of an engine, kill9 and kill9_in_commit together
+    others: int = 5  # of each other fault kind
+    other_kinds: tuple[str, ...] = FAULTS[2:]
+    seed: int = 1
+    partitions: int = 3
+    batch: int = 5_000  # max events per micro-batch
+    idle: float = 6.0  # --until-idle of every engine run
+    pipelines: tuple[str, ...] = ("grouped", "top_n")
+
+
+@dataclass
+class ChaosResult:
+    events: int = 0
+    faults: Counter[str] = field(default_factory=Counter)
+    engine_starts: int = 0
+    engine_exits: Counter[str] = field(default_factory=Counter)
+    view_records: int = 0
+    delta_records: int = 0
+    anomalies: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        faults = " ".join(f"{kind}={self.faults.get(kind, 0)}" for kind in FAULTS)
+        exits = " ".join(f"{k}={v}" for k, v in sorted(self.engine_exits.items()))
+        return (
+            f"chaos: events={self.events:,} faults[{faults}] total_faults={sum(self.faults.values())} "
+            f"engine_starts={self.engine_starts} exits[{exits}] view_records={self.view_records:,} "
+            f"delta_records={self.delta_records:,} anomalies={len(self.anomalies)} wall={self.seconds:.0f}s"
+        )
+
+
+def fault_plan(cfg: ChaosConfig, rng: random.Random) -> list[str]:
+    """The seeded order of faults: `kills` kill -9s (a fifth of them inside the commit)
+    and `others` of every other kind, shuffled."""
+    in_commit = max(1, cfg.kills // 5) if cfg.kills else 0
+    plan = ["kill9"] * (cfg.kills - in_commit) + ["kill9_in_commit"] * in_commit
+    for kind in cfg.other_kinds:
+        plan += [kind] * cfg.others
+    rng.shuffle(plan)
+    return plan
+
+
+def chunks(rows: Sequence[bytes], parts: int) -> Iterator[Sequence[bytes]]:
+    """`rows` in about `parts` slices, never cut between a `-C` and its `+C`."""
+    size = max(1, len(rows) // max(1, parts))
+    start = 0
+    while start < len(rows):
+        end = min(len(rows), start + size)
+        while end < len(rows) and orjson.loads(rows[end - 1]).get("op") == "-C":
+            end += 1
+        yield rows[start:end]
+        start = end
+
+
+class Engine:
+    """One pipeline's engine processes: the current one and, briefly, a zombie."""
+
+    def __init__(self, path: Path, log_dir: Path, result: ChaosResult, idle: float) -> None:
+        self.path = path
+        self.idle = idle
+        self.pipeline: Pipeline = load_pipeline(path)
+        self.settings = dict(self.pipeline.kafka)
+        self.log_dir = log_dir
+        self.result = result
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.runs = 0
+
+    @property
+    def name(self) -> str:
+        return self.pipeline.pipeline
+
+    def start(self, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("REFOLD_TEST_")}
+        env.update(extra_env or {})
+        self.runs += 1
+        self.result.engine_starts += 1
+        log = (self.log_dir / f"{self.name}.{self.runs:04d}.log").open("wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "refold.cli", "run", str(self.path), "--until-idle", str(self.idle)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            start_new_session=True,
+        )
+        log.close()
+        return proc
+
+    def ensure_running(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            self.reap()
+            self.proc = self.start()
+
+    def reap(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            self.result.engine_exits[_exit_kind(self.proc.returncode)] += 1
+            self.proc = None
+
+    def kill(self, proc: subprocess.Popen[bytes] | None = None) -> None:
+        proc = proc or self.proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        self.reap()
+
+    def committed_batch(self) -> int:
+        try:
+            checkpoint = load_checkpoint(self.pipeline, self.settings)
+        except Exception:  # the broker may be restarting
+            return -1
+        return checkpoint.batch if checkpoint is not None else 0
+
+    def wait_for_progress(self, since: int, timeout: float = 180.0) -> bool:
+        """Until the engine commits a batch past `since`; False when it exits or stalls."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.committed_batch() > since:
+                return True
+            if self.proc is None or self.proc.poll() is not None:
+                return False
+            time.sleep(0.5)
+        return False
+
+    def finish(self, timeout: float = 900.0) -> int:
+        """Run until idle (a fresh run when none is running); the exit code."""
+        self.ensure_running()
+        assert self.proc is not None
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return -9
+        self.reap()
+        return code
+
+
+def _exit_kind(code: int) -> str:
+    return {0: "idle", -9: "killed"}.get(code, f"code{code}")
+
+
+def write_pipelines(cfg: ChaosConfig, directory: Path, source: str, bootstrap: str) -> list[Path]:
+    paths = []
+    for kind in cfg.pipelines:
+        name = f"chaos-{kind}-{uuid.uuid4().hex[:6]}"
+        view: dict[str, Any] = (
+            {"key": ["player_name"], "columns": GROUPED} if kind == "grouped" else {"top_n": TOP_N}
+        )
+        spec: dict[str, Any] = {
+            "pipeline": name,
+            "kafka": {"bootstrap.servers": bootstrap},
+            "source": {"topic": source},
+            "view": view,
+            "outputs": {"view": {"topic": f"{name}.view"}},
+            "trigger": "200ms",
+            "max_batch_events": cfg.batch,
+            "spark": {"checkpoint_dir": str(directory / "spark" / name)},
+        }
+        if kind == "grouped":  # delta updates are defined for grouped views only
+            spec["outputs"]["delta"] = {"topic": f"{name}.delta"}
+        path = directory / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(spec, sort_keys=False))
+        paths.append(path)
+    return paths
+
+
+def inject(kind: str, target: Engine, rng: random.Random, home: Path, say: Any) -> None:
+    """One fault on `target` (whose engine runs and has just committed new work)."""
+    if kind == "kill9":
+        time.sleep(rng.uniform(0.0, 2.0))
+        target.kill()
+    elif kind == "kill9_in_commit":
+        target.kill()
+        batch = max(0, target.committed_batch())  # -1 while the broker restarts
+        target.proc = target.start({"REFOLD_TEST_CRASH": f"in_txn:{batch + 1 + rng.randint(0, 1)}"})
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            target.proc.wait(240)
+        target.kill()  # when the hook's batch never came, kill it anyway
+    elif kind == "broker_restart":
+        time.sleep(rng.uniform(0.0, 2.0))
+        localkafka.restart_hard(home, die_with_parent=False)
+    elif kind == "spark_dir_lost":
+        target.kill()
+        shutil.rmtree(spark_checkpoint_dir(target.pipeline), ignore_errors=True)
+    elif kind == "zombie":
+        zombie = target.start()
+        since = target.committed_batch()
+        deadline = time.monotonic() + 240
+        # The newer instance fences the older at its init; the older stops when it next
+        # touches its transaction. Wait until one of the two has gone.
+        while time.monotonic() < deadline:
+            if target.proc is None or target.proc.poll() is not None or zombie.poll() is not None:
+                break
+            time.sleep(0.5)
+        old = target.proc
+        if old is not None and old.poll() is None and zombie.poll() is None:
+            say(f"  zombie: both {target.name} instances still run after 240s; killing the older")
+            target.kill(old)
+        target.reap()
+        if zombie.poll() is None:
+            target.proc = zombie
+        else:
+            target.result.engine_exits[_exit_kind(zombie.returncode)] += 1
+        target.wait_for_progress(since, timeout=60)
+    elif kind == "txn_timeout":
+        target.kill()
+        target.proc = target.start(
+            {"REFOLD_TRANSACTION_TIMEOUT_MS": "4000", "REFOLD_TEST_STALL_IN_TXN_SECONDS": "12"}
+        )
+    else:
+        raise ValueError(kind)
+
+
+def open_transactions(settings: dict[str, Any], topics: Sequence[str], timeout: float = 90.0) -> list[str]:
+    """Partitions whose last stable offset stays below the high watermark (a hanging
+    transaction) for `timeout` seconds."""
+    admin = admin_client(settings)
+    hanging: list[str] = []
+    for topic in topics:
+        for partition in partitions_of(settings, topic):
+            tp = TopicPartition(topic, partition)
+            deadline = time.monotonic() + timeout
+            while True:
+                high = _latest(admin, tp, IsolationLevel.READ_UNCOMMITTED)
+                stable = _latest(admin, tp, IsolationLevel.READ_COMMITTED)
+                if stable >= high:
+                    break
+                if time.monotonic() > deadline:
+                    hanging.append(f"{topic}[{partition}]: last stable offset {stable} < high watermark {high}")
+                    break
+                time.sleep(2)
+    return hanging
+
+
+def _latest(admin: Any, tp: TopicPartition, isolation: IsolationLevel) -> int:
+    futures = admin.list_offsets({tp: OffsetSpec.latest()}, isolation_level=isolation, request_timeout=30)
+    return int(futures[tp].result().offset)
+
+
+def final_markers(settings: dict[str, Any], topics: Sequence[str]) -> list[str]:
+    """Write one transactional marker record into every output partition and read it back
+    with read_committed: every partition accepts a transaction and shows its end."""
+    problems: list[str] = []
+    marker = f"chaos-marker-{uuid.uuid4()}".encode()
+    producer = Producer(producer_config(settings, **{"transactional.id": f"chaos-marker-{uuid.uuid4()}"}))
+    producer.init_transactions(60)
+    producer.begin_transaction()
+    targets = [(t, p) for t in topics for p in partitions_of(settings, t)]
+    for topic, partition in targets:
+        producer.produce(topic, marker, b"chaos-marker", partition=partition)
+    producer.commit_transaction(60)
+    consumer = Consumer(consumer_config(settings, **{"group.id": f"chaos-marker-{uuid.uuid4()}",
+                                                    "enable.auto.commit": False}))
+    try:
+        for topic, partition in targets:
+            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)
+            consumer.assign([TopicPartition(topic, partition, max(0, high - 3))])
+            seen = False
+            deadline = time.monotonic() + 30
+            while not seen and time.monotonic() < deadline:
+                msg = consumer.poll(0.5)
+                seen = msg is not None and msg.error() is None and msg.value() == marker
+            if not seen:
+                problems.append(f"{topic}[{partition}]: the final marker is not visible to read_committed")
+    finally:
+        consumer.close()
+    return problems
+
+
+def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say: Any = print) -> ChaosResult:
+    """Run the whole chaos experiment in `work`; the broker is started (and stopped) here
+    unless `bootstrap` names one (then broker restarts are skipped)."""
+    started = time.monotonic()
+    rng = random.Random(cfg.seed)
+    result = ChaosResult()
+    home = work / "kafka-home"
+    own_broker = bootstrap is None
+    if own_broker:
+        bootstrap = localkafka.start(localkafka.free_port(), home=home, quiet=True, die_with_parent=True).bootstrap
+    assert bootstrap is not None
+    settings = {"bootstrap.servers": bootstrap}
+    logs = work / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    engines: list[Engine] = []
+    try:
+        say(f"generating {cfg.events:,} events over {cfg.keys:,} keys ({cfg.retract:.0%} retractions/corrections)")
+        workload = Workload(events=cfg.events, keys=cfg.keys, retract_share=cfg.retract, seed=cfg.seed)
+        rows = [orjson.dumps(r) for r in generate(workload)]
+        result.events = len(rows)
+        source = f"chaos-source-{uuid.uuid4().hex[:6]}"
+        engines = [Engine(p, logs, result, cfg.idle) for p in write_pipelines(cfg, work, source, bootstrap)]
+        plan = fault_plan(cfg, rng)
+        if not own_broker:
+            plan = [k for k in plan if k != "broker_restart"]
+        parts = list(chunks(rows, len(plan) + 1))
+        say(f"{len(plan)} faults over {len(parts)} chunks; pipelines {', '.join(e.name for e in engines)}; "
+            f"logs in {logs}")
+        for index, part in enumerate(parts):
+            produce(settings, source, part, ["player_name"], partitions=cfg.partitions,
+                    per_transaction=10_000, prevalidate=False, progress=False)
+            if index >= len(plan):
+                continue  # the last chunks come after the last fault
+            kind = plan[index]
+            target = engines[index % len(engines)]
+            since = max(0, target.committed_batch())
+            for engine in engines:
+                engine.ensure_running()
+            if not target.wait_for_progress(since):
+                target.reap()
+                target.ensure_running()
+                target.wait_for_progress(since)
+            inject(kind, target, rng, home, say)
+            result.faults[kind] += 1
+            elapsed = time.monotonic() - started
+            say(f"  [{index + 1}/{len(plan)}] {kind} on {target.name} "
+                f"(batch {since}→, {elapsed:.0f}s, {sum(result.faults.values())} faults)")
+        say("all faults injected; every engine runs until idle")
+        for engine in engines:
+            engine.kill()
+            for _attempt in range(3):
+                code = engine.finish()
+                if code == 0:
+                    break
+                say(f"  {engine.name} exited {code} in the final run; again (log {engine.log_dir})")
+            else:
+                result.anomalies.append(f"{engine.name}: the final run did not finish cleanly")
+        for engine in engines:
+            report = verify(engine.pipeline, settings)
+            result.view_records += report.view_records
+            result.delta_records += report.delta_records
+            result.anomalies += [f"{engine.name}: {a}" for a in report.anomalies]
+            if report.events != result.events:
+                result.anomalies.append(f"{engine.name}: verified {report.events} input events, "
+                                        f"expected {result.events}")
+            checkpoint = load_checkpoint(engine.pipeline, settings)
+            if checkpoint is None or checkpoint.records_in != result.events:
+                got = checkpoint.records_in if checkpoint else None
+                result.anomalies.append(f"{engine.name}: the checkpoint counts {got} events read, "
+                                        f"expected {result.events}")
+            p = engine.pipeline
+            topics = [p.outputs.view.topic if p.outputs.view else "", p.outputs.delta.topic if p.outputs.delta else "",
+                      p.state_topic, p.checkpoints_topic, p.dlq_topic]
+            topics = [t for t in topics if t]
+            result.anomalies += open_transactions(settings, topics)
+            result.anomalies += final_markers(settings, [t for t in topics if t != p.checkpoints_topic])
+    finally:
+        for engine in engines:
+            engine.kill()
+        if own_broker:
+            localkafka.stop(home=home)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    defaults = ChaosConfig()
+    parser.add_argument("--events", type=int, default=defaults.events)
+    parser.add_argument("--keys", type=int, default=defaults.keys)
+    parser.add_argument("--retract", type=float, default=defaults.retract)
+    parser.add_argument("--kills", type=int, default=defaults.kills, help="kill -9s of an engine")
+    parser.add_argument("--others", type=int, default=defaults.others, help="faults of every other kind")
+    parser.add_argument("--batch", type=int, default=defaults.batch, help="max events per micro-batch")
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--work", type=Path, default=None, help="working folder (default: a temporary one)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures there")
+    args = parser.parse_args(argv)
+    cfg = ChaosConfig(events=args.events, keys=args.keys, retract=args.retract, kills=args.kills,
+                      others=args.others, batch=args.batch, seed=args.seed)
+    work = args.work or Path(tempfile.mkdtemp(prefix="refold-chaos-"))
+    work.mkdir(parents=True, exist_ok=True)
+    from refold.jars import jars_home
+
+    os.environ.setdefault("REFOLD_JARS", str(jars_home()))  # keep the jar cache, move the rest
+    os.environ["REFOLD_HOME"] = str(work / "refold-home")
+
+    def say(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    try:
+        result = run_chaos(cfg, work, say=say)
+    except KafkaException as exc:
+        say(f"chaos: Kafka failed: {exc}")
+        return 2
+    for anomaly in result.anomalies[:50]:
+        say(f"ANOMALY {anomaly}")
+    print(result.line(), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"config": dataclasses.asdict(cfg),
+                                         "faults": dict(result.faults), "events": result.events,
+                                         "engine_starts": result.engine_starts,
+                                         "engine_exits": dict(result.engine_exits),
+                                         "anomalies": result.anomalies, "seconds": result.seconds}, indent=2))
+    return 1 if result.anomalies else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

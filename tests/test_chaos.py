@@ -1,0 +1,28 @@
+"""The small chaos run of `make test`: faults of several kinds, then EosTestDriver-style checks.
+
+`make chaos` runs the same harness (`bench/chaos.py`) with a million events and
+over a hundred faults; this one keeps to a few so that CI stays quick, and owns
+its broker (a broker restart is one of the faults).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.chaos import ChaosConfig, run_chaos
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+
+
+def test_small_chaos_run_finds_no_anomaly(tmp_path: Path) -> None:
+    cfg = ChaosConfig(events=2_000, keys=150, kills=2, others=1, other_kinds=("broker_restart",), batch=250,
+                      seed=3, pipelines=("grouped",), idle=4.0)
+    said: list[str] = []
+    result = run_chaos(cfg, tmp_path, say=said.append)
+    assert result.anomalies == [], "\n".join(result.anomalies + said)
+    assert result.faults == {"kill9": 1, "kill9_in_commit": 1, "broker_restart": 1}
+    assert result.engine_exits["killed"] >= 2
+    assert result.view_records > 0 and result.delta_records > 0
+    assert result.events == 2_000
