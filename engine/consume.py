@@ -21,7 +21,7 @@ from confluent_kafka import (
 
 from refold.changelog import Op
 from refold.errors import RecordError, RecordSource
-from refold.kafkaio import consumer_config, partitions_of
+from refold.kafkaio import READER_IGNORES, consumer_config, partitions_of
 from refold.serde import codec_for
 
 
@@ -95,7 +95,7 @@ def consume(
             for msg in batch:
                 err = msg.error()
                 if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
+                    if err.code() == KafkaError._PARTITION_EOF or err.code() in READER_IGNORES:
                         continue
                     raise KafkaException(err)
                 source = RecordSource(msg.topic(), msg.partition(), msg.offset())

@@ -30,6 +30,15 @@ class PrerequisiteError(UserError):
     """Something Refold needs is missing: Java, Maven, a reachable broker, a topic."""
 
 
+class KafkaAuthError(PrerequisiteError):
+    """Kafka refused our credentials, or its TLS certificate is not one we trust.
+    Keeps librdkafka's error (never a password)."""
+
+    def __init__(self, message: str, *, kafka_error: object = None) -> None:
+        self.kafka_error = kafka_error
+        super().__init__(message)
+
+
 class InternalError(RefoldError):
     """A bug or a broken invariant inside Refold."""
 

@@ -5,6 +5,7 @@ Dotted-key librdkafka dicts live here, at the client boundary, and nowhere else.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -22,7 +23,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from refold.errors import PrerequisiteError, UserError
+from refold.errors import KafkaAuthError, PrerequisiteError, UserError
 
 # Settings that only make sense for one kind of client; stripped from the others.
 _PRODUCER_ONLY = ("transactional.id", "linger.ms", "acks", "enable.idempotence", "partitioner")
@@ -30,13 +31,71 @@ _CONSUMER_ONLY = ("group.id", "isolation.level", "auto.offset.reset", "enable.au
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 
+# Errors a consumer that only assigns partitions (never joins nor commits) may ignore.
+# librdkafka needs a group.id and looks up its coordinator even then; under ACLs the
+# reader may have no right on that group, and it needs none to fetch.
+READER_IGNORES = frozenset({KafkaError.GROUP_AUTHORIZATION_FAILED})
+
 
 def _base(settings: Mapping[str, Any], drop: tuple[str, ...]) -> dict[str, Any]:
     return {k: v for k, v in settings.items() if k not in drop}
 
 
+# librdkafka reports a refused login or a failed TLS handshake only through error_cb
+# and keeps retrying; `list_topics` turns them into a KafkaAuthError at once.
+_AUTH_CODES = frozenset({KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED})
+_TLS_CODES = frozenset({KafkaError._SSL})
+
+
+class _AuthWatch:
+    """An error_cb that keeps the first authentication or TLS error. (Not a bound
+    method of the client: that would make a cycle that keeps the client alive.)"""
+
+    __slots__ = ("error",)
+
+    def __init__(self) -> None:
+        self.error: KafkaError | None = None
+
+    def __call__(self, err: KafkaError) -> None:
+        if self.error is None and err.code() in _AUTH_CODES | _TLS_CODES:
+            self.error = err
+
+
+class _Admin(AdminClient):
+    """An AdminClient that remembers the first authentication or TLS error it met."""
+
+    def __init__(self, conf: dict[str, Any]) -> None:
+        self.watch = _AuthWatch()
+        # For messages: where and who, never a password.
+        self.who: dict[str, Any] = {
+            k: conf[k]
+            for k in ("bootstrap.servers", "sasl.username", "sasl.mechanism", "sasl.mechanisms")
+            if k in conf
+        }
+        conf.setdefault("error_cb", self.watch)
+        super().__init__(conf)
+
+
 def admin_client(settings: Mapping[str, Any]) -> AdminClient:
-    return AdminClient(_base(settings, _PRODUCER_ONLY + _CONSUMER_ONLY))
+    return _Admin(_base(settings, _PRODUCER_ONLY + _CONSUMER_ONLY))
+
+
+def auth_failure(settings: Mapping[str, Any], err: KafkaError) -> KafkaAuthError:
+    """A clear error for a refused login or an untrusted certificate (no secrets in it)."""
+    where = settings.get("bootstrap.servers")
+    if err.code() in _TLS_CODES:
+        return KafkaAuthError(
+            f"TLS handshake with Kafka at {where} failed: {err.str()} "
+            "(check ssl.ca.location: it must hold the CA that signed the broker's certificate)",
+            kafka_error=err,
+        )
+    user = settings.get("sasl.username")
+    mechanism = settings.get("sasl.mechanism") or settings.get("sasl.mechanisms") or "GSSAPI"
+    return KafkaAuthError(
+        f"Kafka at {where} refused the SASL login of user {user!r} ({mechanism}): {err.str()} "
+        "(check sasl.username and sasl.password)",
+        kafka_error=err,
+    )
 
 
 def consumer_config(settings: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
@@ -110,19 +169,40 @@ def _wait_for_topics(admin: AdminClient, names: list[str], timeout: float) -> No
 
 
 def list_topics(admin: AdminClient | Consumer | Producer, timeout: float = 30.0) -> Any:
-    try:
-        return admin.list_topics(timeout=timeout)
-    except KafkaException as exc:
-        raise PrerequisiteError(
-            f"cannot reach Kafka: {exc.args[0].str()} "
-            "(is the broker running? `refold kafka start`, or set --bootstrap-servers)"
-        ) from exc
+    """Cluster metadata. Every command asks for it first, so a refused login or an
+    untrusted certificate ends the command here, within seconds (KafkaAuthError)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            return admin.list_topics(timeout=max(min(remaining, 2.0), 0.1))
+        except KafkaException as exc:
+            if isinstance(admin, _Admin):
+                admin.poll(0)  # serves error_cb
+                if admin.watch.error is not None:
+                    raise auth_failure(admin.who, admin.watch.error) from exc
+            if remaining <= 2.0:
+                raise PrerequisiteError(
+                    f"cannot reach Kafka: {exc.args[0].str()} "
+                    "(is the broker running? `refold kafka start`, or set --bootstrap-servers)"
+                ) from exc
 
 
 def partitions_of(settings: Mapping[str, Any], topic: str, timeout: float = 30.0) -> list[int]:
     """The partition ids of a topic. Raises UserError when the topic does not exist."""
-    metadata = list_topics(admin_client(settings), timeout)
+    admin = admin_client({**settings, "allow.auto.create.topics": False})
+    metadata = list_topics(admin, timeout)
     found = metadata.topics.get(topic)
+    if found is None:
+        # Under ACLs the full listing leaves out topics we may not describe; asked by
+        # name, the broker says so (and never whether the topic exists).
+        with contextlib.suppress(KafkaException):
+            found = admin.list_topics(topic, timeout=min(timeout, 10.0)).topics.get(topic)
+    if found is not None and found.error is not None and found.error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+        raise PrerequisiteError(
+            f"not authorized to describe topic {topic!r} as user {settings.get('sasl.username')!r} "
+            "(it needs ACLs on the topic: see docs/SECURITY.md)"
+        )
     if found is None or found.error is not None:
         raise UserError(f"topic {topic!r} does not exist on {settings.get('bootstrap.servers')}")
     return sorted(found.partitions)
@@ -175,6 +255,8 @@ def read_to_end(
                     if err.code() == KafkaError._PARTITION_EOF:
                         remaining.discard(msg.partition())
                         continue
+                    if err.code() in READER_IGNORES:
+                        continue
                     raise KafkaException(err)
                 yield msg
                 partition, offset = msg.partition(), msg.offset()
@@ -218,8 +300,25 @@ def describe_kafka_error(exc: BaseException) -> str:
     if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
         err: KafkaError = exc.args[0]
         kind = "fatal" if err.fatal() else ("retriable" if err.retriable() else "error")
-        return f"{err.name()} ({kind}): {err.str()}"
+        hint = _ACL_HINTS.get(err.code(), "")
+        return f"{err.name()} ({kind}): {err.str()}{hint}"
     return str(exc)
+
+
+_ACL_HINTS = {
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: (
+        " (the user needs WRITE and DESCRIBE on the TransactionalId: a PREFIXED ACL on the "
+        "pipeline's transactional_id_prefix; see docs/SECURITY.md)"
+    ),
+    KafkaError.GROUP_AUTHORIZATION_FAILED: (
+        " (the user needs READ on the consumer group refold.<pipeline>; see docs/SECURITY.md)"
+    ),
+    KafkaError.TOPIC_AUTHORIZATION_FAILED: " (the user needs ACLs on the topic; see docs/SECURITY.md)",
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED: (
+        " (brokers older than Kafka 3.0 want IDEMPOTENT_WRITE on the cluster for "
+        "idempotent and transactional writes)"
+    ),
+}
 
 
 def eprint(*parts: object) -> None:

@@ -16,6 +16,15 @@ automatic topic creation OFF: Refold creates every topic it uses on purpose, wit
 its partition count and cleanup policy, and a typo in a topic name should fail
 rather than make a topic. The controller quorum is static (`controller.quorum.voters`),
 so the controller port may change between starts.
+
+Secured mode (opt-in: `start(..., security=Security(...))`): the client listener is
+SASL_SSL with SCRAM-SHA-512, TLS from a PKCS12 keystore (`refold.tlsgen` makes one);
+the broker uses the same listener between brokers (as the admin user) and a
+mutual-TLS controller listener on 127.0.0.1 (its certificate is its principal). The
+`StandardAuthorizer` checks ACLs with `allow.everyone.if.no.acl.found=false`; the
+admin user and the broker's certificate are super users. SCRAM users are written at
+format time, so a secured broker needs a fresh home. server.properties then holds
+the keystore and admin passwords and is readable by its owner only.
 """
 
 from __future__ import annotations
@@ -23,23 +32,33 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
-import fcntl
+import hashlib
 import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from refold.errors import PrerequisiteError
 from refold.jars import kafka_classpath, project_home, require_java
+from refold.localproc import HOST, free_port
+from refold.localproc import alive as _alive
+from refold.localproc import bindable as _bindable
+from refold.localproc import listening as _listening
+from refold.localproc import locked as _locked
+from refold.localproc import parent_death_signal as _parent_death_signal
+from refold.localproc import say as _say
+from refold.localproc import signal_group as _signal_group
+from refold.localproc import tail as _tail
+from refold.localproc import wait_gone as _wait_gone
+from refold.tlsgen import TlsFiles
 
 DEFAULT_PORT = 9092
-HOST = "127.0.0.1"
 JVM_OPTIONS = (
     "-Xms256m",
     "-Xmx1g",
@@ -69,6 +88,7 @@ class BrokerInfo:
     port: int
     controller_port: int
     home: Path  # the broker's folder, <project home>/kafka
+    secured: bool = False  # SASL_SSL + SCRAM-SHA-512 + ACLs (see Security)
 
     @property
     def bootstrap(self) -> str:
@@ -81,6 +101,50 @@ class BrokerInfo:
     @property
     def log_file(self) -> Path:
         return self.home / "broker.log"
+
+
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+_SCRAM_ITERATIONS = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Security:
+    """The secured mode of the local broker: SASL_SSL + SCRAM-SHA-512 + ACLs.
+
+    `admin` is a super user (the broker talks to itself as this user too); `users`
+    are further SCRAM users, written with the admin at format time. Passwords stay
+    out of reprs and logs; they are hashed (salted, as SCRAM stores them) before they
+    reach the format command's arguments.
+    """
+
+    tls: TlsFiles
+    admin_password: str = field(repr=False)
+    admin: str = "admin"
+    users: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        for name, password in {self.admin: self.admin_password, **self.users}.items():
+            for text in (name, password):
+                if not text or any(c in text for c in '"\\\n,=[]'):
+                    raise ValueError(f"SCRAM user {name!r}: names and passwords must not be empty "
+                                     "nor contain quotes, backslashes, newlines, ',', '=' or brackets")
+
+    @property
+    def super_users(self) -> list[str]:
+        return [f"User:{self.admin}", self.tls.broker_principal]
+
+    def client_settings(self, user: str | None = None, password: str | None = None) -> dict[str, Any]:
+        """librdkafka settings for `user` (default: the admin) on the SASL_SSL listener."""
+        name = user or self.admin
+        if password is None:
+            password = self.admin_password if name == self.admin else self.users[name]
+        return {
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": SCRAM_MECHANISM,
+            "sasl.username": name,
+            "sasl.password": password,
+            "ssl.ca.location": str(self.tls.ca),
+        }
 
 
 def kafka_home(home: Path | None = None) -> Path:
@@ -98,6 +162,7 @@ def start(
     home: Path | None = None,
     quiet: bool = False,
     die_with_parent: bool = False,
+    security: Security | None = None,
 ) -> BrokerInfo:
     """Start the broker and wait until it answers a metadata request.
 
@@ -105,6 +170,7 @@ def start(
     returns the running one (whatever its port). `die_with_parent` (Linux) sends the
     broker SIGTERM when the calling thread's process dies, for test sessions that may
     be killed; call it from the main thread, as the signal follows the thread.
+    `security` starts it in secured mode (see `Security`; a fresh home is needed).
     Raises PrerequisiteError (no Java, port taken) or BrokerStartError (the broker
     exited or did not answer within `timeout` seconds; the process is then killed).
     """
@@ -115,7 +181,9 @@ def start(
         if running is not None:
             _say(quiet, f"Kafka already runs at {running.bootstrap} (pid {running.pid})")
             return running
-        return _launch(base, port, timeout, quiet=quiet, die_with_parent=die_with_parent)
+        return _launch(
+            base, port, timeout, quiet=quiet, die_with_parent=die_with_parent, security=security
+        )
 
 
 def stop(timeout: float = 30.0, *, home: Path | None = None) -> bool:
@@ -146,7 +214,7 @@ def status(home: Path | None = None) -> BrokerInfo | None:
     ports = _configured_ports(base)
     if ports is None:
         return None
-    return BrokerInfo(pid, ports[0], ports[1], base)
+    return BrokerInfo(pid, ports[0], ports[1], base, secured=ports[2])
 
 
 def kill_hard(home: Path | None = None) -> bool:
@@ -163,19 +231,27 @@ def kill_hard(home: Path | None = None) -> bool:
 
 
 def restart_hard(
-    home: Path | None = None, timeout: float = 60.0, *, die_with_parent: bool = False
+    home: Path | None = None,
+    timeout: float = 60.0,
+    *,
+    die_with_parent: bool = False,
+    security: Security | None = None,
 ) -> BrokerInfo:
-    """kill -9 the broker and start it again on the same data and port (chaos tests)."""
+    """kill -9 the broker and start it again on the same data and port (chaos tests).
+    A secured broker needs its `security` again."""
     info = status(home)
     if info is None:
         raise PrerequisiteError(f"no local broker runs in {kafka_home(home)}")
     kill_hard(home)
     _bindable(info.port, wait=10.0)  # the kernel may take a moment to release the port
-    return start(info.port, timeout, home=home, quiet=True, die_with_parent=die_with_parent)
+    return start(
+        info.port, timeout, home=home, quiet=True, die_with_parent=die_with_parent, security=security
+    )
 
 
-def answers(bootstrap: str, timeout: float = 2.0) -> bool:
-    """Whether a broker at `bootstrap` answers a metadata request within `timeout`."""
+def answers(bootstrap: str, timeout: float = 2.0, client: Mapping[str, Any] | None = None) -> bool:
+    """Whether a broker at `bootstrap` answers a metadata request within `timeout`.
+    `client`: further librdkafka settings (security) for the request."""
     from confluent_kafka.admin import AdminClient
 
     host, _, port = bootstrap.split(",")[0].strip().rpartition(":")
@@ -187,6 +263,7 @@ def answers(bootstrap: str, timeout: float = 2.0) -> bool:
     try:
         admin = AdminClient(
             {
+                **(client or {}),
                 "bootstrap.servers": bootstrap,
                 "socket.timeout.ms": int(timeout * 1000),
                 "log_level": 0,
@@ -226,13 +303,6 @@ def ensure_broker(bootstrap: str | None, *, start_local: bool = False) -> str:
     )
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
 # Command line --------------------------------------------------------------------------
 
 
@@ -254,7 +324,10 @@ def cli(args: argparse.Namespace) -> int:
         if found is None:
             print(f"Kafka is not running (data in {kafka_home() / 'data'})")
             return 1
-        state = "answers" if answers(found.bootstrap) else "does not answer yet"
+        if found.secured:
+            state = "SASL_SSL + SCRAM-SHA-512, ACLs on"
+        else:
+            state = "answers" if answers(found.bootstrap) else "does not answer yet"
         print(f"Kafka runs at {found.bootstrap} (pid {found.pid}, {state})")
         print(f"  data {found.data_dir}")
         print(f"  log  {found.log_file}")
@@ -266,7 +339,13 @@ def cli(args: argparse.Namespace) -> int:
 
 
 def _launch(
-    base: Path, port: int, timeout: float, *, quiet: bool, die_with_parent: bool
+    base: Path,
+    port: int,
+    timeout: float,
+    *,
+    quiet: bool,
+    die_with_parent: bool,
+    security: Security | None,
 ) -> BrokerInfo:
     java = require_java()
     classpath = kafka_classpath()
@@ -276,7 +355,9 @@ def _launch(
         )
     controller_port = port + 1 if _bindable(port + 1) else free_port()
     properties = base / "server.properties"
-    properties.write_text(_properties(base, port, controller_port))
+    properties.touch(mode=0o600)
+    properties.chmod(0o600)  # secured mode: it holds the keystore and admin passwords
+    properties.write_text(_properties(base, port, controller_port, security))
     (base / "log4j2.yaml").write_text(_LOG4J)
     jvm = [
         java,
@@ -289,7 +370,7 @@ def _launch(
     _rotate(log_file)
     started = time.monotonic()
     if not (base / "data" / "meta.properties").exists():
-        _format(jvm, properties, log_file)
+        _format(jvm, properties, log_file, security)
     with log_file.open("ab") as log:
         log.write(f"--- refold: starting Kafka on {HOST}:{port} at {time.ctime()}\n".encode())
         log.flush()
@@ -303,10 +384,11 @@ def _launch(
             preexec_fn=_parent_death_signal(os.getpid()) if die_with_parent else None,
         )
     _pid_file(base).write_text(f"{proc.pid}\n")
-    info = BrokerInfo(proc.pid, port, controller_port, base)
+    info = BrokerInfo(proc.pid, port, controller_port, base, secured=security is not None)
+    client = security.client_settings() if security is not None else None
     _say(quiet, f"starting Kafka on {info.bootstrap} (data in {info.data_dir}) …")
     deadline = started + timeout
-    while not answers(info.bootstrap, timeout=2.0):
+    while not answers(info.bootstrap, timeout=2.0, client=client):
         exited = proc.poll()
         if exited is not None or time.monotonic() > deadline:
             if exited is None:
@@ -326,11 +408,16 @@ def _launch(
     return info
 
 
-def _format(jvm: list[str], properties: Path, log_file: Path) -> None:
-    """Format the storage of a fresh node (static quorum: a cluster id is enough)."""
+def _format(jvm: list[str], properties: Path, log_file: Path, security: Security | None) -> None:
+    """Format the storage of a fresh node (static quorum: a cluster id is enough).
+    Secured mode adds its SCRAM users, salted and hashed here."""
+    scram = []
+    if security is not None:
+        for name, password in {security.admin: security.admin_password, **security.users}.items():
+            scram += ["--add-scram", _scram_credential(name, password)]
     formatted = subprocess.run(
         [*jvm, "kafka.tools.StorageTool", "format", "--ignore-formatted",
-         f"--cluster-id={_new_cluster_id()}", "--config", str(properties)],
+         f"--cluster-id={_new_cluster_id()}", "--config", str(properties), *scram],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     if formatted.returncode != 0:
@@ -341,6 +428,17 @@ def _format(jvm: list[str], properties: Path, log_file: Path) -> None:
         )
 
 
+def _scram_credential(name: str, password: str) -> str:
+    """A `--add-scram` argument with the salted password (RFC 5802 Hi()), not the password."""
+    salt = os.urandom(24)
+    salted = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, _SCRAM_ITERATIONS)
+    return (
+        f"{SCRAM_MECHANISM}=[name={name},iterations={_SCRAM_ITERATIONS},"
+        f'salt="{base64.b64encode(salt).decode()}",'
+        f'saltedpassword="{base64.b64encode(salted).decode()}"]'
+    )
+
+
 def _new_cluster_id() -> str:
     """A random cluster id as Kafka writes them (URL-safe base64 of 16 bytes)."""
     while True:
@@ -349,7 +447,7 @@ def _new_cluster_id() -> str:
             return text
 
 
-def _properties(base: Path, port: int, controller_port: int) -> str:
+def _properties(base: Path, port: int, controller_port: int, security: Security | None = None) -> str:
     settings = {
         "process.roles": "broker,controller",
         "node.id": "1",
@@ -380,7 +478,37 @@ def _properties(base: Path, port: int, controller_port: int) -> str:
         "message.max.bytes": "8388608",
         "log.cleaner.backoff.ms": "2000",
     }
+    if security is not None:
+        settings.update(_secured_properties(port, controller_port, security))
     return "".join(f"{key}={value}\n" for key, value in settings.items())
+
+
+def _secured_properties(port: int, controller_port: int, security: Security) -> dict[str, str]:
+    tls = security.tls
+    login = (
+        "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        f'username="{security.admin}" password="{security.admin_password}";'
+    )
+    return {
+        "listeners": f"SASL_SSL://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
+        "advertised.listeners": f"SASL_SSL://{HOST}:{port}",
+        "inter.broker.listener.name": "SASL_SSL",
+        "listener.security.protocol.map": "SASL_SSL:SASL_SSL,CONTROLLER:SSL",
+        "sasl.enabled.mechanisms": SCRAM_MECHANISM,
+        "sasl.mechanism.inter.broker.protocol": SCRAM_MECHANISM,
+        f"listener.name.sasl_ssl.{SCRAM_MECHANISM.lower()}.sasl.jaas.config": login,
+        "ssl.keystore.type": "PKCS12",
+        "ssl.keystore.location": str(tls.keystore),
+        "ssl.keystore.password": tls.keystore_password,
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": str(tls.ca),
+        "ssl.endpoint.identification.algorithm": "https",
+        # The controller link: mutual TLS, the broker's certificate is its principal.
+        "listener.name.controller.ssl.client.auth": "required",
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "allow.everyone.if.no.acl.found": "false",
+        "super.users": ";".join(security.super_users),
+    }
 
 
 _LOG4J = """Configuration:
@@ -402,8 +530,9 @@ _LOG4J = """Configuration:
 """
 
 
-def _configured_ports(base: Path) -> tuple[int, int] | None:
-    """The (broker, controller) ports of the last start, from its server.properties."""
+def _configured_ports(base: Path) -> tuple[int, int, bool] | None:
+    """The (broker, controller) ports of the last start and whether it was secured,
+    from its server.properties."""
     try:
         lines = (base / "server.properties").read_text().splitlines()
     except OSError:
@@ -415,8 +544,9 @@ def _configured_ports(base: Path) -> tuple[int, int] | None:
                 name: int(address.rpartition(":")[2])
                 for name, _, address in (part.partition("://") for part in value.split(","))
             }
-            if "PLAINTEXT" in ports and "CONTROLLER" in ports:
-                return ports["PLAINTEXT"], ports["CONTROLLER"]
+            for client in ("PLAINTEXT", "SASL_SSL"):
+                if client in ports and "CONTROLLER" in ports:
+                    return ports[client], ports["CONTROLLER"], client == "SASL_SSL"
     return None
 
 
@@ -443,112 +573,8 @@ def _running_pid(base: Path) -> int | None:
     return pid
 
 
-def _alive(pid: int) -> bool:
-    """Whether `pid` runs (reaping it first if it is our own exited child)."""
-    try:
-        waited, _ = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass  # not our child: ask the system below
-    else:
-        # Our child: waitpid reports it only once every thread is gone (a JVM's main
-        # thread may look like a zombie while the others still hold its sockets).
-        return waited != pid
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    stat = Path(f"/proc/{pid}/stat")
-    with contextlib.suppress(OSError, IndexError):
-        if stat.read_text().rpartition(")")[2].split()[0] == "Z":
-            return False  # a zombie: exited, not yet reaped by its parent
-    return True
-
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, sig)
-
-
-def _wait_gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while _alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
-@contextlib.contextmanager
-def _locked(base: Path) -> Iterator[None]:
-    """Serialize start/stop/kill of one home's broker across processes."""
-    base.mkdir(parents=True, exist_ok=True)
-    with (base / ".lock").open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _bindable(port: int, wait: float = 0.0) -> bool:
-    """Whether a server could listen on `port` now (or within `wait` seconds)."""
-    deadline = time.monotonic() + wait
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind((HOST, port))
-            except OSError:
-                if time.monotonic() >= deadline:
-                    return False
-            else:
-                return True
-        time.sleep(0.1)
-
-
-def _listening(host: str, port: int) -> bool:
-    try:
-        socket.create_connection((host, port), timeout=1.0).close()
-    except OSError:
-        return False
-    return True
-
-
-def _parent_death_signal(parent: int) -> Callable[[], None]:
-    """A preexec_fn that makes the child get SIGTERM when `parent` dies (Linux only)."""
-
-    import ctypes
-    import ctypes.util
-
-    try:  # loaded here, before the fork: the child only calls it
-        prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").prctl
-    except (OSError, AttributeError):
-        return lambda: None
-
-    def arm() -> None:
-        prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the parent died before the signal was armed
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return arm
-
-
 def _rotate(log_file: Path) -> None:
     with contextlib.suppress(OSError):
         if log_file.stat().st_size > _LOG_ROTATE_BYTES:
             log_file.replace(log_file.with_name(log_file.name + ".1"))
 
-
-def _tail(log_file: Path, lines: int = 25) -> str:
-    try:
-        text = log_file.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
-
-
-def _say(quiet: bool, message: str) -> None:
-    if not quiet:
-        print(message, file=sys.stderr, flush=True)
