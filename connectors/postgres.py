@@ -1,0 +1,478 @@
+"""PostgreSQL (psycopg 3). Pattern: remote store authoritative.
+
+The store holds the view rows, the runtime checkpoint and a fencing nonce, and
+one database transaction commits a batch's rows with its checkpoint:
+
+- `Open` connects (a wrong DSN fails here, naming the `dsn` setting; the password
+  never shows), creates the schema, the target tables and the checkpoints table
+  when missing, bumps this materialization's nonce (one row per pipeline, writer
+  and materialization) and returns the runtime checkpoint stored with it. It also
+  drops staging tables older instances left behind.
+- Writing follows SeaTunnel's split (`sink()`): each `PostgresWriter` (pickled to
+  Spark executors) COPYs its part of the transaction's Stores into its own
+  UNLOGGED staging table (`_rfs_…`, nothing in the targets changes); then
+  `PostgresCommitter`, the aggregated committer, makes ONE database transaction:
+  `SELECT … FOR UPDATE` the nonce row (a zombie whose nonce was bumped by a newer
+  `Open` gets `DriverFencedError`), merge every staging table into the targets
+  (`DELETE … USING` for deletes, `INSERT … ON CONFLICT DO UPDATE` for rows), write
+  the runtime checkpoint, drop the staging tables, commit. `start_commit` finds
+  that done; without a sink (`store` called directly) it does the same merge from
+  a session-temporary staging table.
+- `Load` reads stored rows by key, `batch_size` keys per `= ANY(…)` query.
+- A view binding is a table `(_key jsonb PRIMARY KEY, _doc jsonb, _batch bigint)`:
+  the key values as a JSON array in the binding's key order, the whole row (what
+  `Load` returns; `_doc->>'total'` reads a column), and the batch that wrote it.
+- A delta binding is an append-only table `(_batch, _part, _seq, _key, _doc)`. A
+  replayed batch (the store committed, Kafka did not) first deletes the rows of the
+  batches it replaces, so every delta row is there exactly once.
+
+    outputs:
+      materialize:
+        - {driver: postgres, dsn: "postgresql://user:pw@host/db", view: scores, delta: scores_delta}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import secrets
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import orjson
+from pydantic import Field, SecretStr, field_validator
+
+from refold.connectors.protocol import (
+    Acknowledge,
+    Acknowledged,
+    AggregatedCommitter,
+    Binding,
+    CommitInfo,
+    Driver,
+    DriverError,
+    DriverFencedError,
+    DriverSettings,
+    Flush,
+    Flushed,
+    Key,
+    Load,
+    Loaded,
+    Open,
+    Opened,
+    Pattern,
+    Row,
+    RuntimeCheckpoint,
+    Sink,
+    SinkWriter,
+    StartCommit,
+    StartedCommit,
+    Store,
+    TxnInfo,
+)
+
+if TYPE_CHECKING:
+    import psycopg
+
+_STAGE_PREFIX = "_rfs_"
+_STAGE_COLUMNS = "(_binding int NOT NULL, _seq int NOT NULL, _key jsonb NOT NULL, _doc jsonb, _delete boolean NOT NULL)"
+_LOCAL_STAGE = "_rfs_local"
+_PLAIN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")  # the session-temporary staging table of `store`
+
+
+class PostgresSettings(DriverSettings):
+    dsn: SecretStr  # a libpq connection string or URL
+    schema_: str = Field(default="public", alias="schema")  # created when missing
+    view: str | None = "view"
+    checkpoints_table: str = "refold_checkpoints"
+    batch_size: int = Field(default=5000, ge=1, le=1_000_000)  # keys per Load query
+    connect_timeout: int = Field(default=10, ge=1, le=600)  # seconds
+
+    @field_validator("schema_", "checkpoints_table")
+    @classmethod
+    def _plain_names(cls, value: str) -> str:
+        if not _PLAIN.match(value):
+            raise ValueError(f"{value!r}: use letters, digits and '_' (start with a letter or '_')")
+        return value
+
+
+# Writers ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """What a writer staged: one staging table (in `CommitInfo.data`)."""
+
+    table: str
+
+
+class PostgresWriter(SinkWriter):
+    """COPYs one part of a transaction's Stores into a fresh UNLOGGED staging table.
+    Holds settings only (pickled to Spark executors); connects per call."""
+
+    def __init__(self, dsn: SecretStr, schema: str, stem: str, connect_timeout: int) -> None:
+        self.dsn = dsn
+        self.schema = schema
+        self.stem = stem  # _rfs_<materialization hash>_<instance token>_
+        self.connect_timeout = connect_timeout
+
+    def prepare(self, txn: TxnInfo, part: int, stores: Sequence[Store]) -> CommitInfo:
+        from psycopg import sql
+
+        table = f"{self.stem}{txn.batch}_{part}"
+        name = sql.Identifier(self.schema, table)
+        with _connect(self.dsn, self.connect_timeout, autocommit=False) as conn:
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(name))  # a retried part
+            conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} " + _STAGE_COLUMNS).format(name))
+            _copy(conn, name, stores)
+            conn.commit()
+        return CommitInfo(part, len(stores), Staged(table))
+
+    def abort(self, infos: Sequence[CommitInfo]) -> None:
+        """Drop what `infos` staged; with no infos, every staging table of this instance."""
+        from psycopg import sql
+
+        with _connect(self.dsn, self.connect_timeout) as conn:
+            tables = [info.data.table for info in infos if isinstance(info.data, Staged)]
+            if not infos:
+                tables = _staging_tables(conn, self.schema, self.stem)
+            for table in tables:
+                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(self.schema, table)))
+
+
+class PostgresCommitter(AggregatedCommitter):
+    """The one global commit: the merge of every staging table, the checkpoint and
+    the nonce check in one database transaction (on the Spark driver)."""
+
+    def __init__(self, driver: PostgresDriver) -> None:
+        self.driver = driver
+
+    def commit(self, infos: Sequence[CommitInfo], start: StartCommit) -> None:
+        self.driver._commit(start, [info for info in infos if isinstance(info.data, Staged)])
+
+
+# The driver ------------------------------------------------------------------------------
+
+
+class PostgresDriver(Driver):
+    pattern: ClassVar[Pattern] = "remote_authoritative"
+    Settings = PostgresSettings
+
+    def __init__(self, settings: DriverSettings, where: str = "outputs.materialize") -> None:
+        super().__init__(settings, where)
+        assert isinstance(settings, PostgresSettings)
+        self.config: PostgresSettings = settings
+        self._conn: psycopg.Connection[Any] | None = None
+        self._request: Open | None = None
+        self._nonce = 0
+        # staging tables of this instance: _rfs_<8 hex of the materialization>_<8 hex token>_
+        self._family = f"{_STAGE_PREFIX}{hashlib.sha256(settings.materialization.encode()).hexdigest()[:8]}_"
+        self._stem = f"{self._family}{secrets.token_hex(4)}_"
+        self._local_rows = 0  # rows in the session-temporary staging table (the `store` path)
+        self._committed: StartCommit | None = None  # what PostgresCommitter committed
+
+    # Open / Acknowledge ---------------------------------------------------------------------
+
+    def open(self, request: Open) -> Opened:
+        from psycopg import sql
+
+        self.close()
+        conn = self._connect_checked()
+        self._conn, self._request = conn, request
+        schema = self.config.schema_
+        checkpoints = sql.Identifier(schema, self.config.checkpoints_table)
+        with conn.transaction():
+            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+            conn.execute(
+                sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (pipeline text NOT NULL, writer text NOT NULL, "
+                    "materialization text NOT NULL, nonce bigint NOT NULL, checkpoint bytea, "
+                    "updated_at timestamptz NOT NULL DEFAULT now(), "
+                    "PRIMARY KEY (pipeline, writer, materialization))"
+                ).format(checkpoints)
+            )
+            for binding in request.bindings:
+                conn.execute(_create_target(schema, binding))
+        row = conn.execute(
+            sql.SQL(
+                "INSERT INTO {t} AS c (pipeline, writer, materialization, nonce) VALUES (%s, %s, %s, 1) "
+                "ON CONFLICT (pipeline, writer, materialization) "
+                "DO UPDATE SET nonce = c.nonce + 1, updated_at = now() RETURNING nonce, checkpoint"
+            ).format(t=checkpoints),
+            (request.pipeline, request.writer, request.materialization),
+        ).fetchone()
+        assert row is not None
+        self._nonce = int(row[0])
+        # Older instances are fenced now: their staging tables are garbage.
+        for table in _staging_tables(conn, schema, self._family):
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(schema, table)))
+        self._local_rows = 0
+        self._committed = None
+        held = RuntimeCheckpoint.decode(bytes(row[1])) if row[1] is not None else None
+        return Opened(held)
+
+    def acknowledge(self, request: Acknowledge) -> Acknowledged:
+        return Acknowledged()  # the store committed at StartCommit: nothing to apply
+
+    # Load / Flush / Store -------------------------------------------------------------------
+
+    def load(self, requests: Sequence[Load]) -> list[Loaded]:
+        from psycopg import sql
+
+        conn, bindings = self._opened()
+        by_binding: dict[int, dict[str, Key]] = {}
+        for request in requests:
+            by_binding.setdefault(request.binding, {})[_json(list(request.key))] = request.key
+        loaded: list[Loaded] = []
+        size = self.config.batch_size
+        for index, asked in by_binding.items():
+            binding = bindings[index]
+            if binding.kind != "view":
+                raise DriverError(f"Load for {binding.kind} binding {binding.target!r}: only view bindings load")
+            # One JSON array of keys per query (cheap to send); the rows come back
+            # with their key's position in it.
+            query = sql.SQL(
+                "SELECT k.i, t._doc FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS k(key, i) "
+                "JOIN {} AS t ON t._key = k.key"
+            ).format(sql.Identifier(self.config.schema_, binding.target))
+            texts, keys = list(asked), list(asked.values())
+            for start in range(0, len(texts), size):
+                chunk = "[" + ",".join(texts[start : start + size]) + "]"
+                for position, doc in conn.execute(query, (chunk,)):
+                    loaded.append(Loaded(index, keys[start + position - 1], doc))
+        return loaded
+
+    def flush(self, request: Flush) -> Flushed:
+        return Flushed()
+
+    def store(self, requests: Sequence[Store]) -> None:
+        """The path without a sink: COPY into this session's temporary staging table."""
+        from psycopg import sql
+
+        conn, _ = self._opened()
+        name = sql.Identifier(_LOCAL_STAGE)
+        with conn.transaction():
+            conn.execute(sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} " + _STAGE_COLUMNS).format(name))
+            _copy(conn, name, requests, first_seq=self._local_rows)
+        self._local_rows += len(requests)
+
+    def sink(self) -> Sink:
+        writer = PostgresWriter(self.config.dsn, self.config.schema_, self._stem, self.config.connect_timeout)
+        return Sink(writer=writer, aggregated=PostgresCommitter(self))
+
+    # Commit ---------------------------------------------------------------------------------
+
+    def start_commit(self, request: StartCommit) -> StartedCommit:
+        if self._committed is not request:  # not through PostgresCommitter (no sink)
+            staged = [info for info in request.prepared if isinstance(info.data, Staged)]
+            self._commit(request, staged)
+        self._committed = None
+        return StartedCommit()
+
+    def _commit(self, start: StartCommit, staged: Sequence[CommitInfo]) -> None:
+        """Check the nonce, merge the staged rows, write the checkpoint: one transaction."""
+        from psycopg import sql
+
+        conn, bindings = self._opened()
+        assert self._request is not None
+        request, schema = self._request, self.config.schema_
+        checkpoint = start.runtime_checkpoint
+        batch = checkpoint.batch
+        with conn.transaction():
+            found = conn.execute(
+                sql.SQL(
+                    "SELECT nonce, checkpoint FROM {} WHERE pipeline = %s AND writer = %s "
+                    "AND materialization = %s FOR UPDATE"
+                ).format(sql.Identifier(schema, self.config.checkpoints_table)),
+                (request.pipeline, request.writer, request.materialization),
+            ).fetchone()
+            if found is None or int(found[0]) != self._nonce:
+                raise DriverFencedError(
+                    f"materialization {request.materialization!r} of pipeline {request.pipeline!r} "
+                    f"(writer {request.writer!r}) was opened by a newer instance (nonce "
+                    f"{'gone' if found is None else found[0]}, ours {self._nonce}): "
+                    f"the commit of batch {batch} is refused"
+                )
+            sources = [(info.part, sql.Identifier(schema, info.data.table)) for info in staged]
+            missing = [info.data.table for info in staged if not _exists(conn, schema, info.data.table)]
+            if missing:
+                if found[1] is not None and bytes(found[1]) == checkpoint.encode():
+                    self._committed = start
+                    return  # a replay of a commit that went through
+                raise DriverError(f"staging tables {missing} of batch {batch} are gone: prepare again")
+            if self._local_rows:
+                sources.append((-1, sql.Identifier(_LOCAL_STAGE)))
+            for index, binding in enumerate(bindings):
+                target = sql.Identifier(schema, binding.target)
+                rows = _union(sources, index)
+                if binding.kind == "view":
+                    if start.full_refresh:
+                        conn.execute(sql.SQL("DELETE FROM {}").format(target))
+                    elif rows is not None:
+                        conn.execute(
+                            sql.SQL("DELETE FROM {t} USING ({rows}) s WHERE s._delete AND {t}._key = s._key").format(
+                                t=target, rows=rows
+                            )
+                        )
+                    if rows is not None:
+                        conn.execute(
+                            sql.SQL(
+                                "INSERT INTO {t} (_key, _doc, _batch) SELECT _key, _doc, %s FROM ({rows}) s "
+                                "WHERE NOT _delete ON CONFLICT (_key) DO UPDATE "
+                                "SET _doc = EXCLUDED._doc, _batch = EXCLUDED._batch"
+                            ).format(t=target, rows=rows),
+                            (batch,),
+                        )
+                else:
+                    conn.execute(sql.SQL("DELETE FROM {} WHERE _batch >= %s").format(target), (batch,))
+                    if rows is not None:
+                        conn.execute(
+                            sql.SQL(
+                                "INSERT INTO {t} (_batch, _part, _seq, _key, _doc) "
+                                "SELECT %s, _part, _seq, _key, _doc FROM ({rows}) s"
+                            ).format(t=target, rows=rows),
+                            (batch,),
+                        )
+            conn.execute(
+                sql.SQL(
+                    "UPDATE {} SET checkpoint = %s, updated_at = now() "
+                    "WHERE pipeline = %s AND writer = %s AND materialization = %s"
+                ).format(sql.Identifier(schema, self.config.checkpoints_table)),
+                (checkpoint.encode(), request.pipeline, request.writer, request.materialization),
+            )
+            for _, table in sources:
+                conn.execute(sql.SQL("DROP TABLE {}").format(table))
+        self._local_rows = 0
+        self._committed = start
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    # Inside ---------------------------------------------------------------------------------
+
+    def _opened(self) -> tuple[psycopg.Connection[Any], tuple[Binding, ...]]:
+        if self._conn is None or self._request is None:
+            raise DriverError("the PostgreSQL driver is not open")
+        return self._conn, self._request.bindings
+
+    def _connect_checked(self) -> psycopg.Connection[Any]:
+        """Connect, or fail naming the `dsn` setting (never showing the password)."""
+        import psycopg
+        from psycopg.conninfo import conninfo_to_dict
+
+        dsn = self.config.dsn.get_secret_value()
+        try:
+            password = str(conninfo_to_dict(dsn).get("password") or "")
+        except psycopg.ProgrammingError:
+            raise self.config_error("dsn", "not a libpq connection string or postgresql:// URL") from None
+        try:
+            return _connect(self.config.dsn, self.config.connect_timeout)
+        except psycopg.Error as exc:
+            reason = str(exc).strip()
+            for secret in (dsn, password):
+                if secret:
+                    reason = reason.replace(secret, "***")
+            raise self.config_error("dsn", f"cannot connect to PostgreSQL: {reason}") from None
+
+
+def read_view(dsn: str, table: str, schema: str = "public") -> dict[Key, Row]:
+    """A view binding's table as {key: row} (for tests and users)."""
+    from psycopg import sql
+
+    with _connect(SecretStr(dsn), 10) as conn:
+        rows = conn.execute(sql.SQL("SELECT _key, _doc FROM {}").format(sql.Identifier(schema, table)))
+        return {tuple(key): doc for key, doc in rows}
+
+
+def read_deltas(dsn: str, table: str, schema: str = "public") -> list[Row]:
+    """A delta binding's rows in commit order (batch, part, sequence)."""
+    from psycopg import sql
+
+    with _connect(SecretStr(dsn), 10) as conn:
+        query = sql.SQL("SELECT _doc FROM {} ORDER BY _batch, _part, _seq").format(sql.Identifier(schema, table))
+        return [doc for (doc,) in conn.execute(query)]
+
+
+def _connect(dsn: SecretStr, timeout: int, *, autocommit: bool = True) -> psycopg.Connection[Any]:
+    import psycopg
+    from psycopg.types.json import set_json_loads
+
+    conn = psycopg.connect(
+        dsn.get_secret_value(), autocommit=autocommit, connect_timeout=timeout, application_name="refold"
+    )
+    set_json_loads(_loads, conn)
+    return conn
+
+
+def _create_target(schema: str, binding: Binding) -> Any:
+    from psycopg import sql
+
+    table = sql.Identifier(schema, binding.target)
+    if binding.kind == "view":
+        return sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (_key jsonb PRIMARY KEY, _doc jsonb NOT NULL, _batch bigint NOT NULL)"
+        ).format(table)
+    return sql.SQL(
+        "CREATE TABLE IF NOT EXISTS {} (_batch bigint NOT NULL, _part int NOT NULL, _seq int NOT NULL, "
+        "_key jsonb NOT NULL, _doc jsonb NOT NULL, PRIMARY KEY (_batch, _part, _seq))"
+    ).format(table)
+
+
+def _copy(conn: psycopg.Connection[Any], table: Any, stores: Iterable[Store], first_seq: int = 0) -> None:
+    from psycopg import sql
+
+    statement = sql.SQL("COPY {} (_binding, _seq, _key, _doc, _delete) FROM STDIN").format(table)
+    with conn.cursor() as cursor, cursor.copy(statement) as copy:
+        for seq, store in enumerate(stores, first_seq):
+            doc = None if store.delete or store.doc is None else _json(store.doc)
+            copy.write_row((store.binding, seq, _json(list(store.key)), doc, store.delete))
+
+
+def _union(sources: Sequence[tuple[int, Any]], binding: int) -> Any:
+    """The staged rows of one binding from every staging table, or None when none."""
+    from psycopg import sql
+
+    if not sources:
+        return None
+    return sql.SQL(" UNION ALL ").join(
+        sql.SQL("SELECT {part}::int AS _part, _seq, _key, _doc, _delete FROM {t} WHERE _binding = {b}").format(
+            part=sql.Literal(part), t=table, b=sql.Literal(binding)
+        )
+        for part, table in sources
+    )
+
+
+def _staging_tables(conn: psycopg.Connection[Any], schema: str, prefix: str) -> list[str]:
+    pattern = prefix.replace("\\", "\\\\").replace("_", "\\_").replace("%", "\\%") + "%"
+    rows = conn.execute(
+        "SELECT tablename FROM pg_tables WHERE schemaname = %s AND tablename LIKE %s", (schema, pattern)
+    )
+    return [name for (name,) in rows]
+
+
+def _exists(conn: psycopg.Connection[Any], schema: str, table: str) -> bool:
+    row = conn.execute(
+        "SELECT 1 FROM pg_tables WHERE schemaname = %s AND tablename = %s", (schema, table)
+    ).fetchone()
+    return row is not None
+
+
+_LONG_NUMBER = re.compile(rb"\d{19}")
+
+
+def _loads(data: bytes | str) -> Any:
+    """jsonb to Python: orjson, but the stdlib where a number may not fit 64 bits
+    (orjson would make it a float)."""
+    raw = data.encode() if isinstance(data, str) else bytes(data)
+    return json.loads(raw) if _LONG_NUMBER.search(raw) else orjson.loads(raw)
+
+
+def _json(value: Any) -> str:
+    """JSON text of a row or key (orjson; the stdlib for integers beyond 64 bits)."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return json.dumps(value, default=str)
