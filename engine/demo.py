@@ -7,6 +7,7 @@ session, and prints each view changelog and the final views.
 
 from __future__ import annotations
 
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 import yaml
 
 from refold.config import Pipeline, parse_pipeline
+from refold.jars import project_home
 from refold.job import run_pipeline, spark_session
 from refold.produce import produce
 from refold.reference import fold_changelog
@@ -23,7 +25,7 @@ from refold.verify import read_view_changes
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def _pipeline(name: str, run_id: str, source: str, bootstrap: str) -> Pipeline:
+def _pipeline(name: str, run_id: str, source: str, bootstrap: str, folder: Path) -> Pipeline:
     data: dict[str, Any] = yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text())
     data["pipeline"] = f"{data['pipeline']}-{run_id}"
     data["kafka"] = {"bootstrap.servers": bootstrap}
@@ -33,6 +35,9 @@ def _pipeline(name: str, run_id: str, source: str, bootstrap: str) -> Pipeline:
             data["outputs"][output]["topic"] = data["outputs"][output]["topic"].replace(
                 name, f"{name}-{run_id}", 1
             )
+    for entry in data["outputs"].get("materialize", []):
+        if entry.get("driver") == "sqlite":  # one database per run, under the Refold home
+            entry["path"] = str(folder / f"{name}-{run_id}.db")
     return parse_pipeline(data, where=f"examples/{name}.yaml")
 
 
@@ -45,6 +50,17 @@ def _table(rows: list[dict[str, Any]]) -> str:
     lines.append("  " + "  ".join("-" * widths[c] for c in columns))
     lines += ["  " + "  ".join(_cell(r.get(c)).ljust(widths[c]) for c in columns) for r in rows]
     return "\n".join(lines)
+
+
+def _sqlite_rows(path: str, table: str) -> list[dict[str, Any]]:
+    """The table's rows as stored (without the `_doc` column), by key."""
+    db = sqlite3.connect(path)
+    try:
+        cursor = db.execute(f'SELECT * FROM "{table}" ORDER BY 1')
+        names = [d[0] for d in cursor.description]
+        return [{n: v for n, v in zip(names, row, strict=True) if n != "_doc"} for row in cursor]
+    finally:
+        db.close()
 
 
 def _cell(value: Any) -> str:
@@ -62,7 +78,9 @@ def main() -> int:
     result = produce(settings, source, lines, ["player_name"], partitions=1, progress=False)
     print(f"\n== produced {result.events} match results to {source}\n")
 
-    pipelines = [_pipeline("leaderboard", run_id, source, bootstrap), _pipeline("totals", run_id, source, bootstrap)]
+    folder = project_home() / "demo"
+    folder.mkdir(parents=True, exist_ok=True)
+    pipelines = [_pipeline(name, run_id, source, bootstrap, folder) for name in ("leaderboard", "totals")]
     spark = spark_session(name="refold-demo")
     try:
         for pipeline in pipelines:
@@ -79,6 +97,12 @@ def main() -> int:
         print(f"\n== {pipeline.pipeline}: the final view")
         view = fold_changelog(changes)
         print(_table([view[key] for key in sorted(view, key=repr)]))
+    for pipeline in pipelines:
+        for entry in pipeline.outputs.materialize:
+            if entry.get("driver") == "sqlite":
+                table = entry.get("view") or "view"
+                print(f"\n== {pipeline.pipeline}: materialized into SQLite {entry['path']}, table {table}")
+                print(_table(_sqlite_rows(entry["path"], table)))
     print(
         "\nThe broker keeps running: `.venv/bin/refold consume <topic> --from-beginning --until-idle 2`"
         " to look around, `make kafka-stop` to stop it."

@@ -10,6 +10,7 @@ directory is kept only while it agrees with them.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
@@ -20,8 +21,11 @@ from typing import Any
 import orjson
 
 from refold.config import Pipeline
+from refold.connectors.runtime import SparkExecutor
 from refold.errors import RefoldError, UserError
 from refold.kafkaio import TopicSpec, ensure_topics, partitions_of
+from refold.kafkajava import java_client_settings
+from refold.monitor import Monitor
 from refold.processor import BatchProcessor, BatchStats, InputRecord
 from refold.recovery import reconcile_spark_checkpoint
 
@@ -52,6 +56,8 @@ def spark_session(master: str = "local[2]", conf: dict[str, str] | None = None, 
 
     from refold.jars import spark_jars
 
+    # Python workers (materialization writers on executors) need this interpreter's packages
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (
         SparkSession.builder.master(master)
         .appName(name)
@@ -102,15 +108,7 @@ class Progress:
         self.last_data = self.last_commit = time.monotonic()
         self.batches += 1
         self.events += stats.records_in
-        if not self.quiet:
-            rate = stats.records_in / stats.seconds if stats.seconds > 0 else 0.0
-            print(
-                f"[{self.pipeline.pipeline}] batch {stats.batch}: {stats.records_in} in, "
-                f"{stats.records_out} out, {stats.dead_letters} dead letters "
-                f"({stats.seconds:.2f}s, {rate:,.0f} events/s)",
-                file=sys.stderr,
-                flush=True,
-            )
+        # the progress line, metrics and lag: refold.monitor.Monitor
 
 
 def run_pipeline(
@@ -121,10 +119,12 @@ def run_pipeline(
     spark: Any = None,
     quiet: bool = False,
     processor_factory: Callable[[Pipeline, dict[str, Any], Any], BatchProcessor] | None = None,
+    metrics_port: int | None = None,
 ) -> Progress:
     """Run the engine until stopped (or until idle for `until_idle` seconds)."""
     # --bootstrap-servers, else REFOLD_BOOTSTRAP_SERVERS, else the pipeline's kafka:, else local
     settings = pipeline.kafka_settings(bootstrap)
+    java_settings = java_client_settings(settings)  # for Spark's source; fails before Spark starts
     topic = pipeline.source.topic
     try:
         partitions = partitions_of(settings, topic)
@@ -135,10 +135,12 @@ def run_pipeline(
     if own_spark:
         spark = spark_session(pipeline.spark.master, pipeline.spark.conf, f"refold-{pipeline.pipeline}")
     if processor_factory is None:
-        processor = BatchProcessor(pipeline, settings)
+        processor = BatchProcessor(pipeline, settings, SparkExecutor(spark.sparkContext))
     else:
         processor = processor_factory(pipeline, settings, spark)
     progress = Progress(pipeline, quiet)
+    monitor = Monitor(pipeline, settings, metrics_port=metrics_port, quiet=quiet)
+    monitor.start(processor)
     checkpoint_dir = spark_checkpoint_dir(pipeline)
     checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
     reconcile_spark_checkpoint(checkpoint_dir, topic, processor.offsets)
@@ -164,6 +166,7 @@ def run_pipeline(
                 raise
         if stats is not None:
             progress.committed(stats)
+            monitor.committed(stats, processor.aborts)
 
     reader = (
         spark.readStream.format("kafka")
@@ -174,7 +177,7 @@ def run_pipeline(
         .option("maxOffsetsPerTrigger", str(pipeline.max_batch_events))
         .option("failOnDataLoss", "false")
     )
-    for key, value in _java_client_settings(settings).items():
+    for key, value in java_settings.items():
         reader = reader.option(f"kafka.{key}", value)
     frame = reader.load().selectExpr("partition", "offset", "key", "value", "timestamp")
     query = (
@@ -199,6 +202,7 @@ def run_pipeline(
         with lock:  # never stop in the middle of a transaction
             query.stop()
         processor.close()
+        monitor.close()
         if own_spark:
             spark.stop()
     if progress.failure is not None:
@@ -219,13 +223,3 @@ def _idle(query: Any, progress: Progress, seconds: float) -> bool:
     if query.lastProgress is None and not str(status.get("message", "")).startswith("Waiting"):
         return False  # still initialising its sources
     return time.monotonic() - progress.last_data >= seconds
-
-
-def _java_client_settings(settings: dict[str, Any]) -> dict[str, str]:
-    """librdkafka settings that the Java client spells the same way (security)."""
-    same = ("security.protocol", "sasl.mechanism", "ssl.endpoint.identification.algorithm")
-    out = {k: str(v) for k, v in settings.items() if k in same}
-    if "sasl.mechanisms" in settings:
-        out["sasl.mechanism"] = str(settings["sasl.mechanisms"])
-    return out
-

@@ -29,7 +29,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from refold.changelog import ChangelogEvent, Op
 from refold.config import Pipeline
+from refold.connectors.runtime import Executor, Materializations
 from refold.errors import RecordError, RecordSource, RefoldError, UserError
+from refold.formats import output_encoders, source_decoder
 from refold.kafkaio import consumer_config, delivery_failures, describe_kafka_error, producer_config
 from refold.records import (
     Checkpoint,
@@ -40,7 +42,6 @@ from refold.records import (
     encode_dead_letter,
 )
 from refold.recovery import recover
-from refold.serde import codec_for
 from refold.views import Rejected, SourceEvent, ViewChange, compact_changes, make_reducer
 
 log = logging.getLogger(__name__)
@@ -73,8 +74,11 @@ class BatchStats:
     records_out: int = 0
     dead_letters: int = 0
     skipped: int = 0
+    tombstones: int = 0  # records that carry no change (Debezium tombstones): counted, not applied
     seconds: float = 0.0
+    commit_seconds: float = 0.0  # begin_transaction to commit_transaction
     committed_at: float = 0.0
+    out_by_topic: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -85,21 +89,26 @@ class _Outgoing:
     delta: list[tuple[bytes, bytes]] = field(default_factory=list)
     dlq: list[DeadLetter] = field(default_factory=list)
     state: list[tuple[bytes, bytes | None]] = field(default_factory=list)
+    delta_rows: list[dict[str, Any]] = field(default_factory=list)  # for delta materializations
 
 
 class BatchProcessor:
     """Called by the Spark job's foreachBatch on the driver, one batch at a time."""
 
-    def __init__(self, pipeline: Pipeline, settings: dict[str, Any]) -> None:
+    def __init__(self, pipeline: Pipeline, settings: dict[str, Any], executor: Executor | None = None) -> None:
         self.pipeline = pipeline
         self.settings = settings
         self.topic = pipeline.source.topic
-        self.codec = codec_for(pipeline.source.format, pipeline.source.schema_path)
+        self.decoder = source_decoder(pipeline)
+        self.view_encoder, self.delta_encoder = output_encoders(pipeline)
+        self.aborts = 0  # transactions that failed and were run again
         self.producer: Producer | None = None
         self.last = BatchStats()
         self._timeout_ms = int(os.environ.get("REFOLD_TRANSACTION_TIMEOUT_MS", "60000"))
         self._txn_started = 0.0
         self._group = Consumer(consumer_config(settings, **{"group.id": f"refold.{pipeline.pipeline}"}))
+        # outputs.materialize: Flow's protocol around each batch (refold.connectors.runtime)
+        self.materializations = Materializations.from_pipeline(pipeline, executor)
         self._start()
 
     # Lifecycle -----------------------------------------------------------------------
@@ -138,6 +147,8 @@ class BatchProcessor:
         )
         self.reducer = make_reducer(self.pipeline.view)
         self.reducer.restore(recovered.state)
+        if self.materializations is not None:
+            self.materializations.open(self.checkpoint)
         log.info(
             "recovered %s: batch %d, offsets %s, %d state records (%.1fs)",
             self.pipeline.pipeline,
@@ -154,6 +165,8 @@ class BatchProcessor:
             self.producer = None
 
     def close(self) -> None:
+        if self.materializations is not None:
+            self.materializations.close()
         self._close_producer()
         self._group.close()
 
@@ -169,6 +182,7 @@ class BatchProcessor:
             try:
                 return self._process_once(records)
             except TransactionFailed as exc:
+                self.aborts += 1
                 log.warning("batch transaction failed (attempt %d): %s; re-initialising from Kafka", attempt, exc)
                 self._start()
         raise RefoldError("the batch's transaction failed three times; giving up")
@@ -180,7 +194,7 @@ class BatchProcessor:
         if not fresh:
             return None
         out = _Outgoing()
-        units, pending, in_count = self._units(fresh, out)
+        units, pending, in_count, tombstones = self._units(fresh, out)
         _crash_point("mid_batch", self.checkpoint.batch + 1)
         changes: list[tuple[list[ViewChange], int]] = []
         for unit in units:
@@ -188,6 +202,8 @@ class BatchProcessor:
                 changes.append((self.reducer.apply([event for event, _ in unit]), unit[0][0].tag[0]))
             except Rejected as rejected:
                 for index, (_event, record) in enumerate(unit):
+                    if index != rejected.index and unit[rejected.index][1] is record:
+                        continue  # one dead letter per input record (a Debezium update is a pair)
                     reason = rejected.reason if index == rejected.index else "correction pair rejected"
                     self._dead_letter(out, record, reason, None)
         self._render(changes, out)
@@ -202,6 +218,8 @@ class BatchProcessor:
             records_out=len(out.view) + len(out.delta),
             dead_letters=len(out.dlq),
             skipped=len(records) - len(fresh),
+            tombstones=tombstones,
+            out_by_topic=self._out_by_topic(out),
         )
         checkpoint = replace(
             self.checkpoint,
@@ -213,8 +231,16 @@ class BatchProcessor:
             dlq=self.checkpoint.dlq + stats.dead_letters,
             committed_at=int(time.time() * 1000),
         )
+        if self.materializations is not None:  # Load, Flush, Store, StartCommit
+            flat = [change for unit_changes, _ in changes for change in unit_changes]
+            driver_checkpoints = self.materializations.commit(checkpoint, flat, out.delta_rows, self.reducer.view)
+            checkpoint = replace(checkpoint, driver_checkpoints=driver_checkpoints)
+        commit_started = time.monotonic()
         self._commit(out, checkpoint)
+        stats.commit_seconds = time.monotonic() - commit_started
         _crash_point("after_commit", checkpoint.batch)
+        if self.materializations is not None:
+            self.materializations.acknowledge(checkpoint.batch)
         self.checkpoint = checkpoint
         stats.seconds = time.monotonic() - started
         stats.committed_at = time.time()
@@ -223,7 +249,7 @@ class BatchProcessor:
 
     def _units(
         self, fresh: Sequence[InputRecord], out: _Outgoing
-    ) -> tuple[list[list[tuple[SourceEvent, InputRecord]]], dict[int, PendingRecord], int]:
+    ) -> tuple[list[list[tuple[SourceEvent, InputRecord]]], dict[int, PendingRecord], int, int]:
         """Decode and pair each partition's records in offset order, then merge the
         partitions deterministically by the tag of each unit's first event."""
         by_partition: dict[int, list[InputRecord]] = {}
@@ -231,6 +257,7 @@ class BatchProcessor:
             by_partition.setdefault(record.partition, []).append(record)
         pending_out = dict(self.checkpoint.pending)
         streams = []
+        tombstones = 0
         for partition in sorted(by_partition):
             rows = sorted(by_partition[partition], key=lambda r: r.offset)
             held = pending_out.pop(partition, None)
@@ -238,11 +265,14 @@ class BatchProcessor:
                 rows.insert(0, InputRecord(partition, held.offset, held.key, held.value, held.timestamp))
             units: list[list[tuple[SourceEvent, InputRecord]]] = []
             open_c: tuple[SourceEvent, InputRecord] | None = None
-            decoded = self.codec.decode_many(
+            decoded = self.decoder.decode_records(
                 [r.value for r in rows], [r.offset for r in rows], topic=self.topic, partition=partition
             )
-            for record, result in zip(rows, decoded, strict=True):
-                event = self._event(record, result, out)
+            for item, event in self._events(rows, decoded, out):
+                if item is None:
+                    tombstones += 1
+                    continue
+                record = item
                 if open_c is not None:
                     first, open_c = open_c, None
                     if event is not None and event.op is Op.CORRECT_TO and record.key == first[1].key:
@@ -263,7 +293,30 @@ class BatchProcessor:
             streams.append(units)
         merged = list(heapq.merge(*streams, key=lambda unit: unit[0][0].tag))
         in_count = len(fresh)
-        return merged, pending_out, in_count
+        return merged, pending_out, in_count, tombstones
+
+    def _events(
+        self, rows: Sequence[InputRecord], decoded: Sequence[list[ChangelogEvent] | RecordError], out: _Outgoing
+    ) -> Iterable[tuple[InputRecord | None, SourceEvent | None]]:
+        """Each record's events in order (None for a bad one, dead-lettered); a record
+        with no events (a tombstone) as (None, None)."""
+        for record, result in zip(rows, decoded, strict=True):
+            if isinstance(result, RecordError):
+                yield record, self._event(record, result, out)
+            elif not result:
+                yield None, None
+            else:
+                for event in result:
+                    yield record, self._event(record, event, out)
+
+    def _out_by_topic(self, out: _Outgoing) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        if self.pipeline.outputs.view is not None:
+            counts[self.pipeline.outputs.view.topic] = len(out.view)
+        if self.pipeline.outputs.delta is not None:
+            counts[self.pipeline.outputs.delta.topic] = len(out.delta)
+        counts[self.pipeline.dlq_topic] = len(out.dlq)
+        return counts
 
     def _event(self, record: InputRecord, event: ChangelogEvent | RecordError, out: _Outgoing) -> SourceEvent | None:
         if isinstance(event, RecordError):
@@ -305,17 +358,17 @@ class BatchProcessor:
                 if form == "upsert":
                     if change.op is Op.CORRECT_FROM:
                         continue
-                    value = None if change.op is Op.RETRACT else orjson.dumps(change.row)
+                    value = None if change.op is Op.RETRACT else self.view_encoder.encode(change.row)
                 else:
                     op = _RETRACT_FORM.get(change.op, change.op) if form == "retract" else change.op
-                    value = orjson.dumps({"op": op.code, **change.row})
+                    value = self.view_encoder.encode(change.row, op)
                 out.view.append((key, value, ts))
-        deltas = self.reducer.take_deltas()
+        deltas = out.delta_rows = self.reducer.take_deltas()
         if self.pipeline.outputs.delta is not None:
             key_columns = self.pipeline.view.key
             for row in deltas:
                 key = orjson.dumps({k: row[k] for k in key_columns})
-                out.delta.append((key, orjson.dumps(row)))
+                out.delta.append((key, self.delta_encoder.encode(row)))
 
     # The transaction -----------------------------------------------------------------
 

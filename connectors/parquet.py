@@ -1,0 +1,280 @@
+"""Parquet files: pattern recovery log with idempotent apply (pyarrow).
+
+- Writers (`ParquetWriter`, on Spark executors) stage each part of a transaction
+  as a uniquely named file under `<path>/_staging/<materialization>/`: nothing a
+  reader looks at.
+- `StartCommit` returns a driver checkpoint naming every staged file and the name
+  it will have once applied; it commits to Kafka with the batch.
+- `Acknowledge` (after the Kafka commit) applies: an atomic rename into
+  `<path>/<target>/`. Applying again is a no-op (the file is already there), so
+  `Open` + `Acknowledge` after a crash re-apply what the committed checkpoint
+  names, and `Open` deletes staged files it does not name (a crashed or fenced
+  instance's), which are never applied.
+
+Applied file names sort in commit order: `<batch>-<I|F>-<part>-<id>.parquet`
+(`F`: a full refresh, which replaces everything before it). A view file holds
+`_key` (JSON list), the typed key columns, `_doc` (the row as JSON), `_deleted`
+and `_batch`; a delta file the same without `_deleted`. `read_parquet_view`
+folds a view folder into its rows; `read_parquet_deltas` lists delta rows.
+
+    outputs:
+      materialize:
+        - {driver: parquet, path: out/, view: scores, delta: scores_delta}
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from refold.connectors.protocol import (
+    Acknowledge,
+    Acknowledged,
+    Binding,
+    CommitInfo,
+    Driver,
+    DriverError,
+    DriverSettings,
+    Flush,
+    Flushed,
+    Key,
+    Load,
+    Loaded,
+    Open,
+    Opened,
+    Pattern,
+    Row,
+    Sink,
+    SinkWriter,
+    StartCommit,
+    StartedCommit,
+    Store,
+    TxnInfo,
+)
+
+STAGING = "_staging"
+
+
+class ParquetSettings(DriverSettings):
+    path: str  # the root folder; it must exist
+    view: str | None = "view"
+    compression: str = "zstd"
+
+
+class ParquetWriter(SinkWriter):
+    """Stages one part as one file per binding (picklable: it holds paths only)."""
+
+    def __init__(self, root: str, compression: str) -> None:
+        self.root = root
+        self.compression = compression
+
+    def prepare(self, txn: TxnInfo, part: int, stores: Sequence[Store]) -> CommitInfo:
+        staging = Path(self.root) / STAGING / f"{txn.pipeline}-{txn.materialization}"
+        staged: list[tuple[int, str]] = []
+        by_binding: dict[int, list[Store]] = {}
+        for store in stores:
+            by_binding.setdefault(store.binding, []).append(store)
+        for index, items in sorted(by_binding.items()):
+            binding = txn.bindings[index]
+            name = f"{txn.batch:012d}-{part:04d}-{index}-{uuid.uuid4().hex[:12]}.parquet"
+            _write(staging / name, _table(binding, items, txn.batch), self.compression)
+            staged.append((index, name))
+        return CommitInfo(part, len(stores), staged)
+
+    def abort(self, infos: Sequence[CommitInfo]) -> None:
+        for info in infos:
+            for _index, name in info.data:
+                for found in Path(self.root).glob(f"{STAGING}/*/{name}"):
+                    found.unlink(missing_ok=True)
+
+
+class ParquetDriver(Driver):
+    pattern: ClassVar[Pattern] = "recovery_log_idempotent_apply"
+    Settings = ParquetSettings
+
+    def __init__(self, settings: DriverSettings, where: str = "outputs.materialize") -> None:
+        super().__init__(settings, where)
+        assert isinstance(settings, ParquetSettings)
+        self.config: ParquetSettings = settings
+        self.root = Path(settings.path).expanduser()
+        self._lock = threading.Lock()
+        self._bindings: tuple[Binding, ...] = ()
+        self._staging = self.root
+        self._committed: list[list[str]] = []  # [target, staged name, applied name] of the last commit
+        self._committing: list[list[str]] | None = None  # of the StartCommit not yet acknowledged
+        self._rows: dict[int, dict[Key, Row]] = {}  # view bindings: the rows as of the last StartCommit
+
+    def sink(self) -> Sink:
+        return Sink(ParquetWriter(str(self.root), self.config.compression))
+
+    def open(self, request: Open) -> Opened:
+        if not self.root.is_dir():
+            raise self.config_error("path", f"the folder {str(self.root)!r} does not exist")
+        self._bindings = request.bindings
+        self._staging = self.root / STAGING / f"{request.pipeline}-{request.materialization}"
+        self._staging.mkdir(parents=True, exist_ok=True)
+        for binding in request.bindings:
+            (self.root / binding.target).mkdir(exist_ok=True)
+        checkpoint = orjson.loads(request.driver_checkpoint) if request.driver_checkpoint else {"files": []}
+        self._committed, self._committing = checkpoint["files"], None
+        named = {staged for _target, staged, _final in self._committed}
+        for leftover in self._staging.iterdir():  # a crashed or fenced instance's work: never applied
+            if leftover.name not in named:
+                leftover.unlink(missing_ok=True)
+        self._rows = {}
+        for index, binding in enumerate(request.bindings):
+            if binding.kind == "view":
+                # the applied files, then the committed ones not applied yet (by applied name)
+                files = [(f.name, f) for f in _applied(self.root / binding.target)]
+                files += [(final, self._staging / staged) for target, staged, final in self._committed
+                          if target == binding.target and (self._staging / staged).exists()]
+                self._rows[index] = fold_view_files(_since_refresh(files))
+        return Opened(None)
+
+    def acknowledge(self, request: Acknowledge) -> Acknowledged:
+        with self._lock:
+            if self._committing is not None:
+                self._committed, self._committing = self._committing, None
+            files = list(self._committed)
+        for target, staged, final in files:
+            source, dest = self._staging / staged, self.root / target / final
+            if source.exists():
+                os.replace(source, dest)  # atomic; once applied, the source is gone
+            elif not dest.exists():
+                raise DriverError(f"parquet: staged file {staged!r} of the committed batch is missing")
+        for target in {target for target, _, _ in files}:
+            _fsync_dir(self.root / target)
+        return Acknowledged()
+
+    def load(self, requests: Sequence[Load]) -> list[Loaded]:
+        with self._lock:
+            found = []
+            for request in requests:
+                row = self._rows.get(request.binding, {}).get(request.key)
+                if row is not None:
+                    found.append(Loaded(request.binding, request.key, row))
+            return found
+
+    def flush(self, request: Flush) -> Flushed:
+        return Flushed()
+
+    def store(self, requests: Sequence[Store]) -> None:
+        raise DriverError("the parquet driver writes through its Sink; store() is not called")
+
+    def start_commit(self, request: StartCommit) -> StartedCommit:
+        batch = request.runtime_checkpoint.batch
+        kind = "F" if request.full_refresh else "I"
+        staged: list[tuple[int, str]] = [item for info in request.prepared for item in info.data]
+        if request.full_refresh:  # an empty view still needs its file: it resets the folder
+            for index, binding in enumerate(self._bindings):
+                if binding.kind == "view" and not any(i == index for i, _ in staged):
+                    name = f"{batch:012d}-0000-{index}-{uuid.uuid4().hex[:12]}.parquet"
+                    _write(self._staging / name, _table(binding, [], batch), self.config.compression)
+                    staged.append((index, name))
+        files = []
+        for index, name in staged:
+            binding = self._bindings[index]
+            _, part, _, ident = name[: -len(".parquet")].split("-")
+            files.append([binding.target, name, f"{batch:012d}-{kind}-{part}-{index}-{ident}.parquet"])
+        with self._lock:
+            for index, binding in enumerate(self._bindings):
+                if binding.kind != "view":
+                    continue
+                mine = [self._staging / name for i, name in staged if i == index]
+                rows = {} if request.full_refresh else self._rows.setdefault(index, {})
+                self._rows[index] = fold_view_files(mine, rows)
+            self._committing = files
+        return StartedCommit(orjson.dumps({"batch": batch, "files": files}))
+
+
+# Files -------------------------------------------------------------------------------------
+
+
+def _table(binding: Binding, stores: Sequence[Store], batch: int) -> pa.Table:
+    columns: dict[str, Any] = {"_key": [orjson.dumps(list(s.key), default=str).decode() for s in stores]}
+    keys = {name: [s.key[i] for s in stores] for i, name in enumerate(binding.key)}
+    for name, values in keys.items():
+        try:
+            pa.array(values)
+            columns[name] = values
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            columns[name] = [orjson.dumps(v).decode() for v in values]  # mixed types: as JSON
+    columns["_doc"] = [None if s.doc is None else orjson.dumps(s.doc).decode() for s in stores]
+    if binding.kind == "view":
+        columns["_deleted"] = [s.delete for s in stores]
+    columns["_batch"] = [batch] * len(stores)
+    schema_types = {"_key": pa.string(), "_doc": pa.string(), "_deleted": pa.bool_(), "_batch": pa.int64()}
+    arrays = {
+        name: pa.array(values, type=schema_types.get(name)) if name in schema_types else pa.array(values)
+        for name, values in columns.items()
+    }
+    return pa.table(arrays)
+
+
+def _write(path: Path, table: pa.Table, compression: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    pq.write_table(table, temporary, compression=compression)
+    with open(temporary, "rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _applied(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.glob("*.parquet")) if folder.is_dir() else []
+
+
+def fold_view_files(files: Iterable[Path], rows: dict[Key, Row] | None = None) -> dict[Key, Row]:
+    """Fold view files in order into rows by key: later rows win, deletes remove."""
+    out: dict[Key, Row] = {} if rows is None else rows
+    for path in files:
+        table = pq.read_table(path, columns=["_key", "_doc", "_deleted"])
+        for key_json, doc, deleted in zip(
+            table.column("_key").to_pylist(), table.column("_doc").to_pylist(), table.column("_deleted").to_pylist(),
+            strict=True,
+        ):
+            key = tuple(orjson.loads(key_json))
+            if deleted:
+                out.pop(key, None)
+            else:
+                out[key] = orjson.loads(doc)
+    return out
+
+
+def _since_refresh(files: list[tuple[str, Path]]) -> list[Path]:
+    """(applied name, where to read) in commit order, from the last full refresh's batch on."""
+    files = sorted(files)
+    refreshed = [name.split("-")[0] for name, _ in files if name.split("-")[1] == "F"]
+    if refreshed:
+        files = [(name, path) for name, path in files if name.split("-")[0] >= refreshed[-1]]
+    return [path for _, path in files]
+
+
+def read_parquet_view(path: str | Path, target: str) -> dict[Key, Row]:
+    """The materialized view in `<path>/<target>/`: its applied files folded, from the
+    last full refresh on."""
+    return fold_view_files(_since_refresh([(f.name, f) for f in _applied(Path(path) / target)]))
+
+
+def read_parquet_deltas(path: str | Path, target: str) -> list[Row]:
+    """Every applied delta row in `<path>/<target>/`, in commit order."""
+    rows: list[Row] = []
+    for file in _applied(Path(path) / target):
+        rows += [orjson.loads(doc) for doc in pq.read_table(file, columns=["_doc"]).column("_doc").to_pylist()]
+    return rows

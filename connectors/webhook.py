@@ -1,0 +1,183 @@
+"""Webhook (HTTP POST): pattern push-only delta updates, at-least-once (stdlib `urllib`).
+
+- Writers (`WebhookWriter`, on Spark executors) encode each part of a
+  transaction's delta rows as one JSON body: nothing is sent yet.
+- The committer (`WebhookCommitter`, on the Spark driver) POSTs each body with
+  the header `Idempotency-Key: <pipeline>-<writer>-<batch>-<part>`, retrying
+  connection errors, 429 and 5xx with exponential backoff; a part that still
+  fails is returned to the runtime, which retries it a bounded number of times.
+- There is no `Load` (no view binding) and no driver checkpoint. A batch that
+  is replayed after a crash between the POSTs and the Kafka commit is POSTed
+  again with the same idempotency key, when Spark replays the same batch: a
+  receiver that remembers keys drops the copy; others see it twice
+  (at-least-once).
+
+The body: `{"materialization", "pipeline", "writer", "batch", "part", "binding",
+"rows": [delta rows]}`. Settings: `url`, `headers` (secret values, e.g.
+`Authorization`; never logged), `timeout`, `attempts`, `backoff`.
+
+    outputs:
+      materialize:
+        - {driver: webhook, url: "https://example.com/hook", delta: scores}
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import ssl
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from typing import ClassVar
+from urllib.parse import urlsplit
+
+import orjson
+from pydantic import Field, SecretStr, field_validator, model_validator
+
+from refold.connectors.protocol import (
+    Acknowledge,
+    Acknowledged,
+    CommitInfo,
+    Driver,
+    DriverError,
+    DriverSettings,
+    Flush,
+    Flushed,
+    Load,
+    Loaded,
+    Open,
+    Opened,
+    Pattern,
+    Sink,
+    SinkCommitter,
+    SinkWriter,
+    StartCommit,
+    StartedCommit,
+    Store,
+    TxnInfo,
+)
+
+log = logging.getLogger(__name__)
+
+
+class WebhookSettings(DriverSettings):
+    url: str
+    delta: str | None = "delta"
+    headers: dict[str, SecretStr] = Field(default_factory=dict)  # e.g. Authorization; never logged
+    timeout: float = 10.0  # seconds per request
+    attempts: int = 5  # per part and commit, with exponential backoff
+    backoff: float = 0.2  # seconds before the second attempt; doubles each time
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{value!r}: write http(s)://host[:port]/path")
+        return value
+
+    @model_validator(mode="after")
+    def _deltas_only(self) -> WebhookSettings:
+        if self.view is not None:
+            raise ValueError("view: a webhook takes delta updates only (push-only); use delta: NAME")
+        if self.delta is None:
+            raise ValueError("delta: name the binding (it goes into each body)")
+        return self
+
+
+class WebhookWriter(SinkWriter):
+    """Encodes one part's rows as one request body."""
+
+    def prepare(self, txn: TxnInfo, part: int, stores: Sequence[Store]) -> CommitInfo:
+        body = orjson.dumps(
+            {
+                "materialization": txn.materialization,
+                "pipeline": txn.pipeline,
+                "writer": txn.writer,
+                "batch": txn.batch,
+                "part": part,
+                "binding": txn.bindings[stores[0].binding].target if stores else None,
+                "rows": [s.doc for s in stores],
+            }
+        )
+        return CommitInfo(part, len(stores), (f"{txn.pipeline}-{txn.writer}-{txn.batch}-{part}", body))
+
+
+class WebhookCommitter(SinkCommitter):
+    """POSTs each part; returns the parts that failed after every attempt."""
+
+    def __init__(self, settings: WebhookSettings) -> None:
+        self.settings = settings
+        self.posts = 0  # requests sent, retries included
+
+    def commit(self, infos: Sequence[CommitInfo]) -> list[CommitInfo]:
+        return [info for info in infos if not self._post(*info.data)]
+
+    def _post(self, key: str, body: bytes) -> bool:
+        settings = self.settings
+        headers = {"Content-Type": "application/json", "Idempotency-Key": key}
+        headers.update({name: value.get_secret_value() for name, value in settings.headers.items()})
+        delay = settings.backoff
+        for attempt in range(1, settings.attempts + 1):
+            request = urllib.request.Request(settings.url, data=body, headers=headers, method="POST")
+            self.posts += 1
+            try:
+                with urllib.request.urlopen(request, timeout=settings.timeout) as response:
+                    response.read()
+                return True
+            except urllib.error.HTTPError as exc:
+                if exc.code != 429 and exc.code < 500:
+                    log.error("webhook: POST %s answered %d; not retried", key, exc.code)
+                    return False
+                reason = f"HTTP {exc.code}"
+            except (urllib.error.URLError, OSError) as exc:
+                reason = type(exc).__name__
+            if attempt < settings.attempts:
+                log.warning("webhook: POST %s failed (%s), attempt %d; retrying in %.1fs", key, reason, attempt, delay)
+                time.sleep(delay)
+                delay *= 2
+        return False
+
+
+class WebhookDriver(Driver):
+    pattern: ClassVar[Pattern] = "push_only_delta"
+    Settings = WebhookSettings
+
+    def __init__(self, settings: DriverSettings, where: str = "outputs.materialize") -> None:
+        super().__init__(settings, where)
+        assert isinstance(settings, WebhookSettings)
+        self.config: WebhookSettings = settings
+        self.committer = WebhookCommitter(settings)
+
+    def sink(self) -> Sink:
+        return Sink(WebhookWriter(), self.committer)
+
+    def open(self, request: Open) -> Opened:
+        """Checks that the URL's host answers (a TCP connection, and TLS for https)."""
+        parts = urlsplit(self.config.url)
+        host = parts.hostname or ""
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            with socket.create_connection((host, port), timeout=self.config.timeout) as sock:
+                if parts.scheme == "https":
+                    ssl.create_default_context().wrap_socket(sock, server_hostname=host).close()
+        except (OSError, ssl.SSLError) as exc:
+            raise self.config_error("url", f"cannot reach {host}:{port}: {exc}") from exc
+        return Opened(None)
+
+    def acknowledge(self, request: Acknowledge) -> Acknowledged:
+        return Acknowledged()
+
+    def load(self, requests: Sequence[Load]) -> list[Loaded]:
+        return []  # never called: no view binding
+
+    def flush(self, request: Flush) -> Flushed:
+        return Flushed()
+
+    def store(self, requests: Sequence[Store]) -> None:
+        raise DriverError("the webhook driver pushes through its Sink; store() is not called")
+
+    def start_commit(self, request: StartCommit) -> StartedCommit:
+        return StartedCommit(b"")  # pushed already (at-least-once): nothing to reference
