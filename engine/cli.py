@@ -7,20 +7,41 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from refold.errors import RefoldError, UserError
 
 
 def _settings(args: argparse.Namespace) -> dict[str, object]:
+    """librdkafka settings: --kafka-config FILE and -X on top of the bootstrap servers."""
+    from refold.clientconf import client_settings
     from refold.localkafka import ensure_broker
 
-    return {"bootstrap.servers": ensure_broker(args.bootstrap_servers)}
+    extra = client_settings(args.kafka_config, args.kafka_setting)
+    bootstrap = args.bootstrap_servers or extra.get("bootstrap.servers")
+    return {**extra, "bootstrap.servers": ensure_broker(bootstrap)}
+
+
+def _pipeline(args: argparse.Namespace) -> Any:
+    """The pipeline file, its `kafka:` block updated by --kafka-config FILE and -X."""
+    from refold.clientconf import client_settings
+    from refold.config import load_pipeline
+
+    pipeline = load_pipeline(args.pipeline)
+    extra = client_settings(args.kafka_config, args.kafka_setting)
+    return pipeline.model_copy(update={"kafka": {**pipeline.kafka, **extra}}) if extra else pipeline
 
 
 def cmd_kafka(args: argparse.Namespace) -> int:
     from refold import localkafka
 
     return localkafka.cli(args)
+
+
+def cmd_pg(args: argparse.Namespace) -> int:
+    from refold import localpg
+
+    return localpg.cli(args)
 
 
 def cmd_jars(args: argparse.Namespace) -> int:
@@ -73,19 +94,23 @@ def cmd_consume(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from refold.config import load_pipeline
     from refold.job import run_pipeline
 
-    pipeline = load_pipeline(args.pipeline)
-    run_pipeline(pipeline, bootstrap=args.bootstrap_servers, until_idle=args.until_idle)
+    if not sys.stderr.isatty():  # a container, a service manager, CI: structured log lines
+        from refold.monitor import json_logging
+
+        json_logging()
+    pipeline = _pipeline(args)
+    run_pipeline(
+        pipeline, bootstrap=args.bootstrap_servers, until_idle=args.until_idle, metrics_port=args.metrics_port
+    )
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from refold.config import load_pipeline
     from refold.status import print_status
 
-    pipeline = load_pipeline(args.pipeline)
+    pipeline = _pipeline(args)
     print_status(pipeline, bootstrap=args.bootstrap_servers)
     return 0
 
@@ -98,12 +123,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="Kafka cluster to use (default: REFOLD_BOOTSTRAP_SERVERS, else the local broker 127.0.0.1:9092)",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument(
+        "--kafka-config", metavar="FILE", help="librdkafka settings, key=value lines (SASL, TLS: docs/SECURITY.md)"
+    )
+    parser.add_argument(
+        "-X", dest="kafka_setting", action="append", metavar="KEY=VALUE", help="one librdkafka setting (repeatable)"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     kafka = sub.add_parser("kafka", help="a local Apache Kafka broker (KRaft) under .refold/")
     kafka.add_argument("action", choices=["start", "stop", "status"])
     kafka.add_argument("--port", type=int, default=9092)
     kafka.set_defaults(func=cmd_kafka)
+
+    pg = sub.add_parser("pg", help="a local PostgreSQL server (Debian's binaries) under .refold/")
+    pg.add_argument("action", choices=["start", "stop", "status"])
+    pg.add_argument("--port", type=int, help="default: the last start's port if free, else a free one")
+    pg.set_defaults(func=cmd_pg)
 
     jars = sub.add_parser("jars", help="resolve the JVM jars (Kafka broker, Spark Kafka connector) with Maven")
     jars.set_defaults(func=cmd_jars)
@@ -129,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the engine on a pipeline file")
     run.add_argument("pipeline")
     run.add_argument("--until-idle", type=float, metavar="SECONDS", help="stop after this long without input")
+    run.add_argument(
+        "--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on PORT (overrides metrics.port)"
+    )
     run.set_defaults(func=cmd_run)
 
     status = sub.add_parser("status", help="committed offsets, lag, last batch of a pipeline")
@@ -144,6 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # py4j logs every command it sends to the JVM at DEBUG, Kafka options (passwords) too.
+    logging.getLogger("py4j").setLevel(logging.INFO)
     try:
         return int(args.func(args) or 0)
     except UserError as exc:

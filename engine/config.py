@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from refold.errors import ConfigError
 
@@ -106,27 +114,43 @@ class ViewSpec(_Model):
 
 
 class SourceSpec(_Model):
+    """The input changelog topic. `debezium-json` reads Debezium change events (JSON
+    converter, with or without its `payload` wrapper) as changelog events."""
+
     topic: str
-    format: Literal["jsonl", "avro"] = "jsonl"
+    format: Literal["jsonl", "avro", "debezium-json"] = "jsonl"
     schema_path: str | None = Field(default=None, alias="schema")
     key: list[str] = []  # the message key columns, when they differ from the view key
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # `format: avro` needs `schema:` unless a schema registry names each record's
+    # writer schema: checked by Pipeline._cross, which sees `schema_registry`.
+
+
+class _AvroOutput(_Model):
+    """An output's value format: JSON objects, or Avro records of the row schema
+    `schema` (an .avsc of the row's fields; the engine adds `op` where the form has
+    it). With `schema_registry` Avro values are in the Confluent wire format."""
+
+    format: Literal["jsonl", "avro"] = "jsonl"
+    schema_path: str | None = Field(default=None, alias="schema")
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     @model_validator(mode="after")
-    def _schema(self) -> SourceSpec:
+    def _schema(self) -> _AvroOutput:
         if self.format == "avro" and not self.schema_path:
-            raise ValueError("format avro needs schema: path/to/schema.avsc")
+            raise ValueError("format avro needs schema: path/to/row.avsc")
         return self
 
 
-class ViewOutput(_Model):
+class ViewOutput(_AvroOutput):
     topic: str
     form: Literal["changelog", "retract", "upsert"] = "changelog"
     emit: Literal["per_event", "per_batch"] = "per_event"
 
 
-class DeltaOutput(_Model):
+class DeltaOutput(_AvroOutput):
     topic: str
 
 
@@ -140,6 +164,30 @@ class Outputs(_Model):
         if self.view is None and self.delta is None and not self.materialize:
             raise ValueError("outputs: name at least one of view, delta")
         return self
+
+
+class SchemaRegistrySpec(_Model):
+    """A Confluent-compatible schema registry: Avro values (source `format: avro`,
+    outputs with `format: avro`) are then in its wire format (magic byte 0, the
+    4-byte schema id, the Avro binary); output schemas are registered under
+    `<topic>-value`. `mock://NAME` is confluent-kafka's in-process mock (tests)."""
+
+    url: str
+    basic_auth_user_info: SecretStr | None = None  # "user:password"
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://", "mock://")):
+            raise ValueError(f"{value!r}: write http(s)://host:port (or mock://name in tests)")
+        return value
+
+
+class MetricsSpec(_Model):
+    """A Prometheus endpoint (`/metrics`) served by `refold run`; off unless set."""
+
+    port: Annotated[int, Field(ge=1, le=65535)]
+    host: str = "0.0.0.0"
 
 
 class SparkSpec(_Model):
@@ -161,6 +209,8 @@ class Pipeline(_Model):
     max_batch_events: Annotated[int, Field(ge=1)] = 200_000
     partitions: Annotated[int, Field(ge=1, le=1000)] = 4  # for topics the engine creates
     spark: SparkSpec = SparkSpec()
+    schema_registry: SchemaRegistrySpec | None = None
+    metrics: MetricsSpec | None = None
 
     @field_validator("pipeline", "writer")
     @classmethod
@@ -179,6 +229,8 @@ class Pipeline(_Model):
     def _cross(self) -> Pipeline:
         if self.view.is_top_n and self.outputs.delta is not None:
             raise ValueError("outputs.delta: delta updates are defined for grouped views, not top_n")
+        if self.source.format == "avro" and not self.source.schema_path and self.schema_registry is None:
+            raise ValueError("source: format avro needs schema: path/to/schema.avsc (or a schema_registry)")
         return self
 
     # Derived names (DESIGN.md §3) -------------------------------------------------

@@ -17,10 +17,10 @@ import orjson
 
 from refold.changelog import Op
 from refold.config import Pipeline
-from refold.errors import RecordError, RecordSource
+from refold.errors import RecordError
+from refold.formats import source_decoder
 from refold.kafkaio import read_to_end
 from refold.reference import fold_changelog, fold_deltas, merge_partitions, reference_changelog
-from refold.serde import codec_for
 from refold.views import SourceEvent, ViewChange
 
 
@@ -45,22 +45,21 @@ class Report:
 
 def read_source(pipeline: Pipeline, settings: Mapping[str, Any]) -> tuple[dict[int, list[SourceEvent]], int]:
     """The decodable input events per partition, with their tags; and the count of bad ones."""
-    codec = codec_for(pipeline.source.format, pipeline.source.schema_path)
+    decoder = source_decoder(pipeline)
     partitions: dict[int, list[SourceEvent]] = {}
     bad = 0
     for msg in read_to_end(settings, pipeline.source.topic):
-        source = RecordSource(msg.topic(), msg.partition(), msg.offset())
-        try:
-            event = codec.decode(msg.value(), source)
-        except RecordError:
+        partition, offset = msg.partition() or 0, msg.offset() or 0
+        (events,) = decoder.decode_records([msg.value()], [offset], topic=msg.topic(), partition=partition)
+        if isinstance(events, RecordError):
             bad += 1
             continue
         _kind, ts = msg.timestamp()
-        event_time = event.event_time if event.event_time is not None else ts
-        partition, offset = msg.partition() or 0, msg.offset() or 0
-        partitions.setdefault(partition, []).append(
-            SourceEvent(event.op, dict(event.row), (event_time, partition, offset))
-        )
+        for event in events:  # a Debezium update is a -C/+C pair of one record
+            event_time = event.event_time if event.event_time is not None else ts
+            partitions.setdefault(partition, []).append(
+                SourceEvent(event.op, dict(event.row), (event_time, partition, offset))
+            )
     return partitions, bad
 
 

@@ -30,6 +30,10 @@ from typing import Any, Literal
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
+# PostgreSQL: `pg_server` (session) and `postgres_dsn` (a fresh database per test).
+# pytest puts this folder on sys.path (rootdir conftest, prepend import mode).
+pytest_plugins = ["pg_fixtures"]
+
 INTEGRATION_MARKERS = ("kafka", "spark")
 
 
