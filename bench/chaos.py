@@ -95,6 +95,7 @@ class ChaosResult:
     events: int = 0
     faults: Counter[str] = field(default_factory=Counter)
     engine_starts: int = 0
+    stalls: int = 0  # an engine alive but without a new commit for 180 s (then killed)
     engine_exits: Counter[str] = field(default_factory=Counter)
     view_records: int = 0
     delta_records: int = 0
@@ -106,7 +107,7 @@ class ChaosResult:
         exits = " ".join(f"{k}={v}" for k, v in sorted(self.engine_exits.items()))
         return (
             f"chaos: events={self.events:,} faults[{faults}] total_faults={sum(self.faults.values())} "
-            f"engine_starts={self.engine_starts} exits[{exits}] view_records={self.view_records:,} "
+            f"engine_starts={self.engine_starts} stalls={self.stalls} exits[{exits}] view_records={self.view_records:,} "
             f"delta_records={self.delta_records:,} anomalies={len(self.anomalies)} wall={self.seconds:.0f}s"
         )
 
@@ -387,6 +388,10 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
             for engine in engines:
                 engine.ensure_running()
             if not target.wait_for_progress(since):
+                if target.proc is not None and target.proc.poll() is None:
+                    result.stalls += 1  # alive, yet no commit: a liveness bug to look into
+                    say(f"  {target.name} made no progress for 180s while running; killing it")
+                    target.kill()
                 target.reap()
                 target.ensure_running()
                 target.wait_for_progress(since)

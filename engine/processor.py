@@ -19,8 +19,9 @@ import heapq
 import logging
 import os
 import signal
+import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -106,6 +107,7 @@ class BatchProcessor:
         self.last = BatchStats()
         self._timeout_ms = int(os.environ.get("REFOLD_TRANSACTION_TIMEOUT_MS", "60000"))
         self._txn_started = 0.0
+        self._wedged: list[Producer] = []  # producers stuck in a call that ignored its timeout
         self._group = Consumer(consumer_config(settings, **{"group.id": f"refold.{pipeline.pipeline}"}))
         # outputs.materialize: Flow's protocol around each batch (refold.connectors.runtime)
         self.materializations = Materializations.from_pipeline(pipeline, executor)
@@ -160,9 +162,32 @@ class BatchProcessor:
 
     def _close_producer(self) -> None:
         if self.producer is not None:
-            with contextlib.suppress(KafkaException):
-                self.producer.flush(5)
+            if self.producer not in self._wedged:
+                with contextlib.suppress(KafkaException):
+                    self.producer.flush(5)
             self.producer = None
+
+    def _bounded(self, what: str, seconds: float, call: Callable[[], None]) -> None:
+        """Run a transactional call that may ignore its own timeout, with a deadline.
+
+        librdkafka's send_offsets_to_transaction can block forever when the group
+        coordinator went away (librdkafka#5456, #5511: found by `make chaos` after a
+        broker restart). Past the deadline the batch counts as failed: the processor
+        re-initialises with a new producer (whose init_transactions fences and aborts
+        the stuck one) and replays the batch. The stuck producer is kept referenced,
+        never destroyed under the thread that still waits in it.
+        """
+        outcome: list[BaseException | None] = []
+        thread = threading.Thread(target=_call_into, args=(call, outcome), name=f"refold-{what}", daemon=True)
+        thread.start()
+        thread.join(seconds)
+        if thread.is_alive():
+            assert self.producer is not None
+            self._wedged.append(self.producer)
+            raise TransactionFailed(f"{what} did not return within {seconds:.0f}s (librdkafka#5456)")
+        error = outcome[0] if outcome else None
+        if error is not None:
+            raise error
 
     def close(self) -> None:
         if self.materializations is not None:
@@ -408,7 +433,9 @@ class BatchProcessor:
             if errors:
                 raise KafkaException(errors[0])
             positions = [TopicPartition(self.topic, p, o) for p, o in sorted(checkpoint.offsets.items())]
-            producer.send_offsets_to_transaction(positions, self._group.consumer_group_metadata(), 60)
+            metadata = self._group.consumer_group_metadata()
+            self._bounded("send_offsets_to_transaction", 90,
+                          lambda: producer.send_offsets_to_transaction(positions, metadata, 60))
             producer.commit_transaction(120)
         except KafkaException as exc:
             self._fail(exc)
@@ -431,6 +458,15 @@ class BatchProcessor:
             except KafkaException as abort_exc:
                 log.warning("abort failed too: %s", describe_kafka_error(abort_exc))
         raise TransactionFailed(describe_kafka_error(exc)) from exc
+
+
+def _call_into(call: Callable[[], None], outcome: list[BaseException | None]) -> None:
+    try:
+        call()
+    except BaseException as exc:  # handed to the waiting thread
+        outcome.append(exc)
+    else:
+        outcome.append(None)
 
 
 _stalled = False

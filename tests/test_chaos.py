@@ -24,5 +24,6 @@ def test_small_chaos_run_finds_no_anomaly(tmp_path: Path) -> None:
     assert result.anomalies == [], "\n".join(result.anomalies + said)
     assert result.faults == {"kill9": 1, "kill9_in_commit": 1, "broker_restart": 1}
     assert result.engine_exits["killed"] >= 2
+    assert result.stalls == 0, "an engine stopped making progress"
     assert result.view_records > 0 and result.delta_records > 0
     assert result.events == 2_000
