@@ -35,6 +35,8 @@ demo: setup jars
 chaos: setup jars
 	$(PY) -m bench.chaos
 
+# Refold vs the limit pipe, Spark and Flink; e.g. BENCH_ARGS="--events 50000 --keys 5000 --contenders limit,refold".
+# The first run makes .refold/flink-venv (PyFlink) and resolves Flink's Kafka connector jar.
 bench: setup jars
 	$(PY) -m bench.run $(BENCH_ARGS)
 

@@ -1,32 +1,57 @@
-"""`make bench`: exactly-once Refold against Spark's at-least-once Kafka sink, one run.
+"""`make bench`: Refold against the limit pipe, Spark and Apache Flink, in one run.
 
-Both contenders run the identical Spark pipeline (same source topic, same
-reduction, same micro-batch size) in the same Spark session on the same broker;
-only the commit differs. Machines here are noisy: read the ratio, not the seconds.
+One seeded changelog is produced to one topic on the local broker; then each chosen
+contender reads that identical topic and ends when its output is committed:
+
+- limit:  consume → produce with a transactional producer, no reduction (`bench.limit`);
+- spark:  the Refold pipeline with Spark's built-in Kafka sink, at least once (`bench.baseline`);
+- refold: `refold run`, exactly once, view + delta outputs;
+- flink:  PyFlink SQL, the same per-key reduction, `upsert-kafka` exactly once (`bench.flink`).
+
+Spark and Refold run in this process, in one Spark session; the limit and Flink run
+as their own processes. Peak RSS is of each contender's process tree (for Spark and
+Refold: this process and its JVM). Machines here are noisy: read the ratios, not
+the seconds.
 
     python -m bench.run [--events 1000000] [--keys 100000] [--retract 0.2]
+                        [--contenders limit,spark,refold,flink]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from bench.baseline import SparkSinkProcessor
-from refold.config import Pipeline, parse_pipeline
+from bench.procs import PeakRss
+from refold.changelog import Op
+from refold.config import Pipeline, ViewSpec, parse_pipeline
 from refold.job import run_pipeline, spark_session
+from refold.kafkaio import TopicSpec, ensure_topics
 from refold.produce import produce
+from refold.reference import merge_partitions, reference_changelog
 from refold.testing import Workload, generate
+from refold.views import SourceEvent
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "bench"
+CONTENDERS = ("limit", "spark", "refold", "flink")
+TITLES = {
+    "limit": "limit: consume → produce, transactional",
+    "spark": "Spark, built-in Kafka sink (at least once)",
+    "refold": "Refold (exactly once)",
+    "flink": "Apache Flink SQL, upsert-kafka exactly once",
+}
 
 
 def pipeline(name: str, source: str, bootstrap: str, batch: int) -> Pipeline:
@@ -53,12 +78,48 @@ def pipeline(name: str, source: str, bootstrap: str, batch: int) -> Pipeline:
 
 
 def timed_run(p: Pipeline, bootstrap: str, spark: Any, events: int, factory: Any = None) -> dict[str, Any]:
-    progress = run_pipeline(p, bootstrap, until_idle=5.0, spark=spark, quiet=True, processor_factory=factory)
+    with PeakRss() as peak:
+        progress = run_pipeline(p, bootstrap, until_idle=5.0, spark=spark, quiet=True, processor_factory=factory)
     assert progress.last_commit is not None, "no batch committed"
     seconds = progress.last_commit - progress.started
     if progress.events != events:
         raise SystemExit(f"{p.pipeline}: reduced {progress.events} events, expected {events}")
-    return {"seconds": seconds, "events_per_s": events / seconds, "batches": progress.batches}
+    return {"seconds": seconds, "events_per_s": events / seconds, "batches": progress.batches,
+            "peak_rss_bytes": peak.bytes}
+
+
+def run_limit(bootstrap: str, source: str, output: str, partitions: int, events: int, batch: int) -> dict[str, Any]:
+    """The limit pipe in its own process (bench.limit), with its peak RSS."""
+    ensure_topics({"bootstrap.servers": bootstrap}, [TopicSpec(output, partitions)])
+    command = [sys.executable, "-m", "bench.limit", "--bootstrap", bootstrap, "--source", source,
+               "--output", output, "--per-transaction", str(batch)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent)
+    with PeakRss(process.pid) as peak:
+        out, _ = process.communicate()
+    if process.returncode != 0:
+        raise SystemExit(f"limit: exit {process.returncode}")
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    if result["events"] != events:
+        raise SystemExit(f"limit: copied {result['events']} events, expected {events}")
+    result["peak_rss_bytes"] = peak.bytes
+    return result
+
+
+def expected_view(records: list[dict[str, Any]], spec: ViewSpec) -> dict[str, dict[str, Any]]:
+    """The final view by `refold.reference`, key by key (the reduction is per key, and
+    per key the reference's cost stays small)."""
+    by_key: dict[str, list[SourceEvent]] = defaultdict(list)
+    for index, record in enumerate(records):
+        row = {k: v for k, v in record.items() if k not in ("op", "event_time")}
+        by_key[row["player_name"]].append(SourceEvent(Op.parse(record["op"]), row, (record["event_time"], 0, index)))
+    view: dict[str, dict[str, Any]] = {}
+    for key, events in by_key.items():
+        result = reference_changelog(spec, merge_partitions({0: events}))
+        if result.rejected:
+            raise SystemExit(f"the reference rejected input at key {key}: {result.rejected[:3]}")
+        for (name,), row in result.view.items():
+            view[name] = row
+    return view
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,10 +127,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--retract", type=float, default=0.2)
-    parser.add_argument("--batch", type=int, default=100_000, help="max events per micro-batch")
+    parser.add_argument("--batch", type=int, default=100_000,
+                        help="max events per micro-batch (and per transaction of the limit pipe)")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--contenders", default=",".join(CONTENDERS),
+                        help=f"comma-separated, run in this order: {','.join(CONTENDERS)}")
+    parser.add_argument("--flink-reduction", choices=("multiset", "signed"), default="multiset",
+                        help="multiset: total, games, best (faithful); signed: total, games in one level")
+    parser.add_argument("--flink-parallelism", type=int, default=2)
+    parser.add_argument("--flink-checkpoint-ms", type=int, default=1000)
     args = parser.parse_args(argv)
+    chosen = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    unknown = [c for c in chosen if c not in CONTENDERS]
+    if unknown or not chosen:
+        parser.error(f"--contenders: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(CONTENDERS)}")
 
     from refold.localkafka import ensure_broker
 
@@ -81,37 +153,85 @@ def main(argv: list[str] | None = None) -> int:
     print(f"generating {args.events:,} events over {args.keys:,} keys ({args.retract:.0%} retractions/corrections)…",
           file=sys.stderr)
     workload = Workload(events=args.events, keys=args.keys, retract_share=args.retract, seed=args.seed)
-    lines = [orjson.dumps(r) for r in generate(workload)]
+    records = list(generate(workload))
+    lines = [orjson.dumps(r) for r in records]
     events = len(lines)
     produced = produce(settings, source, lines, ["player_name"], partitions=args.partitions,
                        per_transaction=50_000, prevalidate=False)
     print(f"produced {events:,} events in {produced.seconds:.1f}s ({events / produced.seconds:,.0f}/s)",
           file=sys.stderr)
+    expected: dict[str, dict[str, Any]] = {}
+    if "flink" in chosen:
+        started = time.monotonic()
+        expected = expected_view(records, pipeline("reference", source, bootstrap, args.batch).view)
+        print(f"reference view: {len(expected):,} keys ({time.monotonic() - started:.1f}s)", file=sys.stderr)
+    del records, lines
+    gc.collect()
 
-    spark = spark_session(name="refold-bench")
+    results: dict[str, dict[str, Any]] = {}
+    spark = None
     try:
-        print("running Spark + built-in Kafka sink (at least once)…", file=sys.stderr)
-        baseline = timed_run(pipeline(f"bench-alo-{run_id}", source, bootstrap, args.batch), bootstrap, spark, events,
-                             factory=lambda p, s, sp: SparkSinkProcessor(p, s, sp))
-        print("running Refold (exactly once)…", file=sys.stderr)
-        refold = timed_run(pipeline(f"bench-eos-{run_id}", source, bootstrap, args.batch), bootstrap, spark, events)
-    finally:
-        spark.stop()
+        for name in chosen:
+            print(f"running {TITLES[name]}…", file=sys.stderr, flush=True)
+            if name == "limit":
+                results[name] = run_limit(bootstrap, source, f"{source}.limit", args.partitions, events, args.batch)
+            elif name == "flink":
+                from bench.flink import run_flink
 
-    ratio = refold["events_per_s"] / baseline["events_per_s"]
-    rows = [("Spark, built-in Kafka sink (at least once)", baseline), ("Refold (exactly once)", refold)]
-    print(f"\n{'contender':<44} {'events/s':>12} {'seconds':>9} {'batches':>8}")
-    for name, r in rows:
-        print(f"{name:<44} {r['events_per_s']:>12,.0f} {r['seconds']:>9.1f} {r['batches']:>8}")
-    print(f"\nexactly-once / at-least-once throughput ratio: {ratio:.2f} (target ≥ 0.80)")
+                results[name] = run_flink(
+                    bootstrap, source, f"bench-flink-{run_id}.view", args.partitions, events, expected,
+                    reduction=args.flink_reduction, parallelism=args.flink_parallelism,
+                    checkpoint_ms=args.flink_checkpoint_ms,
+                )
+                print(f"  flink: {results[name]['mismatches']} mismatching keys of {len(expected):,} "
+                      f"(columns {', '.join(results[name]['columns'])}); JVM start "
+                      f"{results[name]['startup_s']:.1f}s not counted; first committed output after "
+                      f"{results[name]['first_output_s']:.1f}s", file=sys.stderr)
+            else:
+                if spark is None:
+                    spark = spark_session(name="refold-bench")
+                if name == "spark":
+                    results[name] = timed_run(pipeline(f"bench-alo-{run_id}", source, bootstrap, args.batch),
+                                              bootstrap, spark, events,
+                                              factory=lambda p, s, sp: SparkSinkProcessor(p, s, sp))
+                else:
+                    results[name] = timed_run(pipeline(f"bench-eos-{run_id}", source, bootstrap, args.batch),
+                                              bootstrap, spark, events)
+    finally:
+        if spark is not None:
+            spark.stop()
+
+    refold = results.get("refold")
+    for r in results.values():
+        r["ratio_to_refold"] = r["events_per_s"] / refold["events_per_s"] if refold else None
+    print(f"\n{events:,} events, {args.keys:,} keys, {args.retract:.0%} retractions/corrections, "
+          f"{args.partitions} partitions, batch {args.batch:,}")
+    print(f"{'contender':<46} {'events/s':>10} {'seconds':>8} {'peak RSS':>10} {'vs Refold':>9}")
+    for name, r in results.items():
+        ratio = f"{r['ratio_to_refold']:.2f}" if r["ratio_to_refold"] else "-"
+        print(f"{TITLES[name]:<46} {r['events_per_s']:>10,.0f} {r['seconds']:>8.1f} "
+              f"{r['peak_rss_bytes'] / 2**20:>7,.0f} MiB {ratio:>9}")
+    if refold:
+        print("(vs Refold: the contender's throughput as a multiple of Refold's)")
+        targets = {"spark": 0.8, "flink": 1.0, "limit": 0.5}
+        for name, target in targets.items():
+            if name in results:
+                mine = 1 / results[name]["ratio_to_refold"]
+                print(f"Refold / {name}: {mine:.2f} (target ≥ {target:.2f}) {'ok' if mine >= target else 'MISSED'}")
+    if "flink" in results and results["flink"]["mismatches"]:
+        print(f"Flink's output differs from the reference at {results['flink']['mismatches']} keys")
+
     RESULTS.mkdir(parents=True, exist_ok=True)
-    result = {
+    common = {
         "run": run_id, "machine": platform.platform(), "cores": os.cpu_count(),
         "events": events, "keys": args.keys, "retract_share": args.retract, "batch": args.batch,
-        "partitions": args.partitions, "spark_at_least_once": baseline, "refold_exactly_once": refold,
-        "ratio": ratio,
+        "partitions": args.partitions, "seed": args.seed,
     }
-    (RESULTS / "eos_vs_spark.json").write_text(json.dumps(result, indent=2) + "\n")
+    (RESULTS / "contenders.json").write_text(json.dumps({**common, "contenders": results}, indent=2) + "\n")
+    if "spark" in results and refold:
+        legacy = {**common, "spark_at_least_once": results["spark"], "refold_exactly_once": refold,
+                  "ratio": refold["events_per_s"] / results["spark"]["events_per_s"]}
+        (RESULTS / "eos_vs_spark.json").write_text(json.dumps(legacy, indent=2) + "\n")
     return 0
 
 

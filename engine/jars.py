@@ -1,9 +1,10 @@
 """JVM dependencies, resolved with Maven from Maven Central into `.refold/jars/<name>/`.
 
-Two pinned sets, each described by a pom beside this module (`jvm/<name>.pom.xml`):
+Three pinned sets, each described by a pom beside this module (`jvm/<name>.pom.xml`):
 
 - `kafka-broker`: a local Apache Kafka broker (`refold.localkafka`);
-- `spark-connectors`: Spark's Kafka source and sink, passed to Spark as `spark.jars`.
+- `spark-connectors`: Spark's Kafka source and sink, passed to Spark as `spark.jars`;
+- `flink-connectors`: Flink's Kafka SQL connector, for the Flink contender of `make bench`.
 
 A set is resolved once. Its folder keeps a stamp with the pom's hash and the jar
 names; a changed pom, or a jar gone missing, makes the set resolve again.
@@ -35,7 +36,7 @@ from pathlib import Path
 from refold.errors import PrerequisiteError
 
 POMS = Path(__file__).resolve().parent / "jvm"
-SETS = ("kafka-broker", "spark-connectors")
+SETS = ("kafka-broker", "spark-connectors", "flink-connectors")  # the last one: `make bench` only
 _STAMP = ".resolved.json"
 _MAVEN_NS = {"m": "http://maven.apache.org/POM/4.0.0"}
 
