@@ -1,8 +1,9 @@
 """The small chaos run of `make test`: faults of several kinds, then EosTestDriver-style checks.
 
 `make chaos` runs the same harness (`bench/chaos.py`) with a million events and
-over a hundred faults; this one keeps to a few so that CI stays quick, and owns
-its broker (a broker restart is one of the faults).
+over a hundred faults; this one keeps to two — kill -9 inside the Kafka commit and
+a hard broker restart (which once left the engine stuck in librdkafka) — so that
+CI stays quick. It owns its broker.
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 
 def test_small_chaos_run_finds_no_anomaly(tmp_path: Path) -> None:
-    cfg = ChaosConfig(events=2_000, keys=150, kills=2, others=1, other_kinds=("broker_restart",), batch=250,
+    cfg = ChaosConfig(events=2_000, keys=150, kills=1, others=1, other_kinds=("broker_restart",), batch=250,
                       seed=3, pipelines=("grouped",), idle=4.0)
     said: list[str] = []
     result = run_chaos(cfg, tmp_path, say=said.append)
     assert result.anomalies == [], "\n".join(result.anomalies + said)
-    assert result.faults == {"kill9": 1, "kill9_in_commit": 1, "broker_restart": 1}
-    assert result.engine_exits["killed"] >= 2
+    assert result.faults == {"kill9_in_commit": 1, "broker_restart": 1}
+    assert result.engine_exits["killed"] >= 1
     assert result.stalls == 0, "an engine stopped making progress"
     assert result.view_records > 0 and result.delta_records > 0
     assert result.events == 2_000
