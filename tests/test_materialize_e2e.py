@@ -1,6 +1,6 @@
-"""End to end: the real engine materializes into SQLite and Parquet, is killed with
-kill -9 between StartCommit and the Kafka commit, restarts: both stores equal the
-reference view, and every delta row is there exactly once."""
+"""End to end: the real engine materializes into SQLite, PostgreSQL and Parquet, is
+killed with kill -9 between StartCommit and the Kafka commit, restarts: every store
+equals the reference view, and every delta row is there exactly once."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from test_crash import COLUMNS, finish, start_engine
 
 from refold.config import load_pipeline
 from refold.connectors.parquet import read_parquet_deltas, read_parquet_view
+from refold.connectors.postgres import read_deltas as read_postgres_deltas
+from refold.connectors.postgres import read_view as read_postgres_view
 from refold.connectors.sqlite import read_sqlite_view
 from refold.produce import produce
 from refold.recovery import load_checkpoint
@@ -25,7 +27,9 @@ from refold.verify import read_source, verify
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 
-def test_kill_9_between_start_commit_and_kafka_commit(bootstrap_servers: str, topic, tmp_path: Path) -> None:
+def test_kill_9_between_start_commit_and_kafka_commit(
+    bootstrap_servers: str, topic, tmp_path: Path, postgres_dsn: str
+) -> None:
     source = topic(partitions=3)
     rows = list(generate(Workload(events=1500, keys=100, seed=41)))
     produce({"bootstrap.servers": bootstrap_servers}, source, [orjson.dumps(r) for r in rows], ["player_name"],
@@ -45,14 +49,15 @@ def test_kill_9_between_start_commit_and_kafka_commit(bootstrap_servers: str, to
             "materialize": [
                 {"driver": "sqlite", "path": str(database), "view": "scores", "delta": "scores_delta"},
                 {"driver": "parquet", "path": str(lake), "view": "scores", "delta": "scores_delta"},
+                {"driver": "postgres", "dsn": postgres_dsn, "view": "scores", "delta": "scores_delta"},
             ],
         },
         "trigger": "200ms",
         "max_batch_events": 250,
         "spark": {"checkpoint_dir": str(tmp_path / "spark"), "conf": {"spark.ui.enabled": "false"}},
     }))
-    # in_txn:3 — both drivers got StartCommit for batch 3 (SQLite committed it; Parquet staged
-    # and referenced it), the Kafka transaction did not commit.
+    # in_txn:3 — every driver got StartCommit for batch 3 (SQLite and PostgreSQL committed
+    # it; Parquet staged and referenced it), the Kafka transaction did not commit.
     code, err = finish(start_engine(path, crash="in_txn:3"))
     assert code == -9, err[-3000:]
     pipeline = load_pipeline(path)
@@ -64,14 +69,16 @@ def test_kill_9_between_start_commit_and_kafka_commit(bootstrap_servers: str, to
     report = verify(pipeline, settings)
     assert report.anomalies == [], "\n".join(report.anomalies)
     checkpoint = load_checkpoint(pipeline, settings)
-    assert checkpoint is not None and set(checkpoint.driver_checkpoints) == {"sqlite", "parquet"}
+    assert checkpoint is not None and set(checkpoint.driver_checkpoints) == {"sqlite", "parquet", "postgres"}
 
     partitions, bad = read_source(pipeline, settings)
     assert bad == 0
     expected = reference_changelog(pipeline.view, merge_partitions(partitions)).view
     assert read_sqlite_view(database, "scores") == expected
     assert read_parquet_view(lake, "scores") == expected
+    assert read_postgres_view(postgres_dsn, "scores") == expected
     sqlite_deltas = [orjson.loads(d) for (d,) in sqlite3.connect(database).execute("SELECT _doc FROM scores_delta")]
     assert fold_deltas(pipeline.view, sqlite_deltas) == expected  # nothing twice, nothing missing
     assert fold_deltas(pipeline.view, read_parquet_deltas(lake, "scores_delta")) == expected
+    assert fold_deltas(pipeline.view, read_postgres_deltas(postgres_dsn, "scores_delta")) == expected
     assert not list((lake / "_staging").rglob("*.parquet"))  # staged work applied or removed
