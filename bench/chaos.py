@@ -54,6 +54,7 @@ from confluent_kafka.admin import OffsetSpec
 
 from refold import localkafka
 from refold.config import Pipeline, load_pipeline
+from refold.errors import UserError
 from refold.job import spark_checkpoint_dir
 from refold.kafkaio import admin_client, consumer_config, partitions_of, producer_config
 from refold.produce import produce
@@ -349,6 +350,21 @@ def final_markers(settings: dict[str, Any], topics: Sequence[str]) -> list[str]:
     return problems
 
 
+def produce_chunk(settings: dict[str, Any], topic: str, rows: Sequence[bytes], partitions: int, say: Any) -> None:
+    """Produce one chunk, retrying while the broker is still coming back from a restart
+    (its transaction coordinator loading): a failed init_transactions wrote nothing."""
+    for attempt in range(1, 6):
+        try:
+            produce(settings, topic, rows, ["player_name"], partitions=partitions,
+                    per_transaction=10_000, prevalidate=False, progress=False)
+            return
+        except UserError as exc:
+            if attempt == 5 or "cannot start a Kafka transaction" not in str(exc):
+                raise
+            say(f"  producing a chunk failed ({exc}); again in 5s")
+            time.sleep(5)
+
+
 def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say: Any = print) -> ChaosResult:
     """Run the whole chaos experiment in `work`; the broker is started (and stopped) here
     unless `bootstrap` names one (then broker restarts are skipped)."""
@@ -378,8 +394,7 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
         say(f"{len(plan)} faults over {len(parts)} chunks; pipelines {', '.join(e.name for e in engines)}; "
             f"logs in {logs}")
         for index, part in enumerate(parts):
-            produce(settings, source, part, ["player_name"], partitions=cfg.partitions,
-                    per_transaction=10_000, prevalidate=False, progress=False)
+            produce_chunk(settings, source, part, cfg.partitions, say)
             if index >= len(plan):
                 continue  # the last chunks come after the last fault
             kind = plan[index]

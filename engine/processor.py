@@ -434,8 +434,8 @@ class BatchProcessor:
                 raise KafkaException(errors[0])
             positions = [TopicPartition(self.topic, p, o) for p, o in sorted(checkpoint.offsets.items())]
             metadata = self._group.consumer_group_metadata()
-            self._bounded("send_offsets_to_transaction", 90,
-                          lambda: producer.send_offsets_to_transaction(positions, metadata, 60))
+            self._bounded("send_offsets_to_transaction", 45,
+                          lambda: producer.send_offsets_to_transaction(positions, metadata, 30))
             producer.commit_transaction(120)
         except KafkaException as exc:
             self._fail(exc)
