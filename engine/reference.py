@@ -91,6 +91,11 @@ class _Model:
     def __init__(self, spec: ViewSpec) -> None:
         self.spec = spec
         self.live: dict[tuple[Any, ...], list[Copy]] = {}
+        # the columns whose values are ordered or counted by value: scalars only
+        self.scalar_columns = (
+            list(spec.top_n.order_by) if spec.top_n is not None
+            else [c.column for c in spec.columns.values() if c.agg in ("min", "max", "set")]
+        )
 
     def group_of(self, row: dict[str, Any]) -> tuple[Any, ...] | None:
         columns = self.spec.top_n.partition_by if self.spec.top_n is not None else self.spec.key
@@ -141,12 +146,7 @@ class _Model:
             problem = key_problem(group)
             if problem is not None:
                 return problem[0]
-            top_n = self.spec.top_n
-            checked = (
-                list(top_n.order_by) if top_n is not None
-                else [c.column for c in self.spec.columns.values() if c.agg in ("min", "max", "set")]
-            )
-            if scalar_problem(event.row, checked) is not None:
+            if scalar_problem(event.row, self.scalar_columns) is not None:
                 return "schema mismatch"
             if self.spec.top_n is None:
                 for column in {c.column for c in self.spec.columns.values() if c.agg in ("sum", "avg")}:

@@ -180,6 +180,27 @@ def key_problem(parts: tuple[Any, ...]) -> tuple[str, str] | None:
     return None
 
 
+def checked_key(
+    row: dict[str, Any], columns: Sequence[str], what: str, scalar_columns: Sequence[str], index: int
+) -> tuple[Any, ...]:
+    """The key of `row` over `columns`; Rejected (at `index` of its unit) when a key column
+    is missing or null, not a scalar or too large, or one of `scalar_columns` holds a list
+    or an object."""
+    try:
+        key = tuple(row[c] for c in columns)
+    except KeyError as exc:
+        raise Rejected("null key", index, f"{what} column {exc.args[0]!r} is missing") from None
+    if None in key:
+        raise Rejected("null key", index)
+    problem = key_problem(key)
+    if problem is not None:
+        raise Rejected(problem[0], index, problem[1])
+    detail = scalar_problem(row, scalar_columns)
+    if detail is not None:
+        raise Rejected("schema mismatch", index, detail)
+    return key
+
+
 def scalar_problem(row: dict[str, Any], columns: Sequence[str]) -> str | None:
     """The detail when one of `columns` (ordered or counted by value) is a list or an object."""
     for column in columns:
@@ -313,18 +334,7 @@ class GroupedReducer:
         prepared = []
         for index, event in enumerate(unit):
             row = event.row
-            try:
-                key = tuple(row[c] for c in self.key_columns)
-            except KeyError as exc:
-                raise Rejected("null key", index, f"key column {exc.args[0]!r} is missing") from None
-            if None in key:
-                raise Rejected("null key", index)
-            problem = key_problem(key)
-            if problem is not None:
-                raise Rejected(problem[0], index, problem[1])
-            detail = scalar_problem(row, self.plan.multiset_columns)
-            if detail is not None:
-                raise Rejected("schema mismatch", index, detail)
+            key = checked_key(row, self.key_columns, "key", self.plan.multiset_columns, index)
             for column in self.plan.sum_columns:
                 value = row.get(column)
                 if value is not None and not is_number(value):
@@ -634,18 +644,7 @@ class TopNReducer:
     def apply(self, unit: Sequence[SourceEvent]) -> list[ViewChange]:
         prepared = []
         for index, event in enumerate(unit):
-            try:
-                group = tuple(event.row[c] for c in self.partition_by)
-            except KeyError as exc:
-                raise Rejected("null key", index, f"partition column {exc.args[0]!r} is missing") from None
-            if None in group:
-                raise Rejected("null key", index)
-            problem = key_problem(group)
-            if problem is not None:
-                raise Rejected(problem[0], index, problem[1])
-            detail = scalar_problem(event.row, self.order_columns)
-            if detail is not None:
-                raise Rejected("schema mismatch", index, detail)
+            group = checked_key(event.row, self.partition_by, "partition", self.order_columns, index)
             prepared.append((event, group, fingerprint(event.row)))
         pending: dict[tuple[tuple[Any, ...], bytes], int] = {}
         for index, (event, group, fp) in enumerate(prepared):
