@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -59,8 +59,7 @@ class TransactionFailed(RefoldError):
     """A transaction did not commit; the batch must be run again from Kafka's state."""
 
 
-@dataclass(frozen=True, slots=True)
-class InputRecord:
+class InputRecord(NamedTuple):
     partition: int
     offset: int
     key: bytes | None
@@ -348,7 +347,9 @@ class BatchProcessor:
             self._dead_letter(out, record, event.reason, event.detail)
             return None
         event_time = event.event_time if event.event_time is not None else record.timestamp
-        return SourceEvent(event.op, dict(event.row), (event_time, record.partition, record.offset))
+        row = event.row  # decoders make a fresh dict per event; other mappings are copied
+        return SourceEvent(event.op, row if type(row) is dict else dict(row),
+                           (event_time, record.partition, record.offset))
 
     def _dead_letter(self, out: _Outgoing, record: InputRecord, reason: str, detail: str | None) -> None:
         if self.pipeline.strict:

@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import fastavro
 import orjson
-from sortedcontainers import SortedDict, SortedList
+from sortedcontainers import SortedKeyList, SortedList
 
 from refold.changelog import Op, canonical_row
 from refold.config import ColumnSpec, ViewSpec
@@ -37,17 +36,17 @@ Tag = tuple[int, int, int]  # (event_time, partition, offset)
 Number = int | Fraction
 
 
-@dataclass(frozen=True, slots=True)
-class SourceEvent:
-    """One decoded input event with the tag that orders it."""
+class SourceEvent(NamedTuple):
+    """One decoded input event with the tag that orders it (a named tuple: one is
+    made per input event, and a tuple is several times cheaper to make than a
+    frozen dataclass)."""
 
     op: Op
     row: dict[str, Any]
     tag: Tag
 
 
-@dataclass(frozen=True, slots=True)
-class ViewChange:
+class ViewChange(NamedTuple):
     """One record of the view changelog: an op, the output key and the view row."""
 
     op: Op
@@ -263,6 +262,50 @@ class _Row:
         self.vals = vals  # the kept columns' values; only when a reduction needs them
 
 
+class _Multiset:
+    """One column's live values and their copies, in `value_order` (min, max, set).
+
+    Most keys hold one distinct value, so the sorted index of the values is made only
+    when a second one arrives: a sorted container costs more to make than to use."""
+
+    __slots__ = ("counts", "ordered")
+
+    def __init__(self) -> None:
+        self.counts: dict[Any, int] = {}
+        self.ordered: SortedKeyList | None = None
+
+    def change(self, value: Any, copies: int) -> None:
+        counts = self.counts
+        count = counts.get(value, 0) + copies
+        if count:
+            if value not in counts:
+                if self.ordered is not None:
+                    self.ordered.add(value)
+                elif counts:
+                    self.ordered = SortedKeyList(counts, key=value_order)
+                    self.ordered.add(value)
+            counts[value] = count
+        else:
+            del counts[value]
+            if self.ordered is not None:
+                self.ordered.remove(value)
+
+    def __bool__(self) -> bool:
+        return bool(self.counts)
+
+    def values(self) -> Iterable[Any]:
+        """The distinct values, smallest first."""
+        return self.ordered if self.ordered is not None else self.counts
+
+    def extreme(self, last: bool) -> Any:
+        """The smallest (or, when `last`, the largest) value; None when empty."""
+        if not self.counts:
+            return None
+        if self.ordered is not None:
+            return self.ordered[-1 if last else 0]
+        return next(iter(self.counts))
+
+
 class _Key:
     __slots__ = ("floats", "multisets", "nonnull", "order", "rows", "sums", "total", "view")
 
@@ -272,7 +315,7 @@ class _Key:
         self.sums: dict[str, Number] = dict.fromkeys(plan.sum_columns, 0)
         self.floats: dict[str, int] = dict.fromkeys(plan.sum_columns, 0)
         self.nonnull: dict[str, int] = dict.fromkeys(plan.nonnull_columns, 0)
-        self.multisets: list[SortedDict] = [SortedDict(value_order) for _ in plan.multiset_columns]
+        self.multisets: list[_Multiset] = [_Multiset() for _ in plan.multiset_columns]
         self.order: SortedList | None = SortedList() if plan.needs_tags else None
         self.view: dict[str, Any] | None = None
 
@@ -315,6 +358,69 @@ class _Plan:
         self.kept_index = {c: i for i, c in enumerate(self.kept)}
         self.multiset_index = [self.kept_index[c] for c in multisets]
         self.needs_tags = bool(tagged)
+        self.readers = [(name, self._reader(spec)) for name, spec in columns.items()]
+        self.delta_readers = [(name, self._delta_reader(spec)) for name, spec in columns.items()]
+
+    def _reader(self, spec: ColumnSpec) -> Callable[[_Key], Any]:
+        """How one view column is read off a key's running values (made once per view:
+        the view row is rebuilt for every unit that touches its key)."""
+        agg, column = spec.agg, spec.column
+        if agg == "sum":
+            return lambda state: exact(state.sums[column], state.floats[column])
+        if agg == "count":
+            if column == "*":
+                return lambda state: state.total
+            return lambda state: state.nonnull[column]
+        if agg == "avg":
+            def average(state: _Key) -> float | None:
+                n = state.nonnull[column]
+                return float(Fraction(state.sums[column]) / n) if n else None
+            return average
+        if agg in ("min", "max", "set"):
+            slot = self.multiset_columns.index(column)
+            if agg == "set":
+                return lambda state: [[v, state.multisets[slot].counts[v]] for v in state.multisets[slot].values()]
+            last = agg == "max"
+            return lambda state: state.multisets[slot].extreme(last)
+        # first / last / last_write_wins: the value of the earliest or latest live copy
+        end = 0 if agg == "first" else -1
+        index = self.kept_index[column]
+
+        def by_tag(state: _Key) -> Any:
+            assert state.order is not None
+            vals = state.rows[state.order[end][1]].vals
+            assert vals is not None
+            return vals[index]
+        return by_tag
+
+    def _delta_reader(self, spec: ColumnSpec) -> Callable[[_Delta], Any]:
+        """How one column of a delta row is read off a key's batch contributions."""
+        agg, column = spec.agg, spec.column
+        if agg == "sum":
+            return lambda delta: exact(delta.sums[column], delta.floats[column])
+        if agg == "count":
+            if column == "*":
+                return lambda delta: delta.count
+            return lambda delta: delta.nonnull[column]
+        if agg == "avg":
+            return lambda delta: {"sum": exact(delta.sums[column], delta.floats[column]),
+                                  "count": delta.nonnull[column]}
+        if agg in ("min", "max", "set"):
+            slot = self.multiset_columns.index(column)
+
+            def value_changes(delta: _Delta) -> list[list[Any]]:
+                changes = delta.multisets[slot]
+                items = sorted(changes.items(), key=_value_order) if len(changes) > 1 else changes.items()
+                return [[v, d] for v, d in items if d]
+            return value_changes
+        tag_slot = self.tag_columns.index(column)
+
+        def contributions(delta: _Delta) -> list[list[Any]]:
+            contribs = delta.contribs[tag_slot]
+            if len(contribs) > 1:
+                contribs = sorted(contribs, key=_contribution_order)
+            return [[list(tag), value, d] for tag, value, d in contribs]
+        return contributions
 
 
 class GroupedReducer:
@@ -443,12 +549,7 @@ class GroupedReducer:
             value = row_vals[index]
             if value is None:
                 continue
-            multiset = state.multisets[slot]
-            count = multiset.get(value, 0) + sign
-            if count:
-                multiset[value] = count
-            else:
-                del multiset[value]
+            state.multisets[slot].change(value, sign)
             changes = delta.multisets[slot]
             changes[value] = changes.get(value, 0) + sign
         if state.order is not None:
@@ -460,62 +561,22 @@ class GroupedReducer:
                 delta.contribs[slot].append((tag, row_vals[plan.kept_index[column]], sign))
 
     def _view_row(self, key: tuple[Any, ...], state: _Key) -> dict[str, Any]:
-        plan = self.plan
         row: dict[str, Any] = dict(zip(self.key_columns, key, strict=True))
-        for name, spec in plan.columns.items():
-            agg, column = spec.agg, spec.column
-            if agg == "sum":
-                row[name] = exact(state.sums[column], state.floats[column])
-            elif agg == "count":
-                row[name] = state.total if column == "*" else state.nonnull[column]
-            elif agg == "avg":
-                n = state.nonnull[column]
-                row[name] = float(Fraction(state.sums[column]) / n) if n else None
-            elif agg in ("min", "max", "set"):
-                multiset = state.multisets[plan.multiset_columns.index(column)]
-                if agg == "set":
-                    row[name] = [[v, c] for v, c in multiset.items()]
-                elif not multiset:
-                    row[name] = None
-                else:
-                    row[name] = multiset.keys()[0 if agg == "min" else -1]
-            else:  # first / last / last_write_wins
-                assert state.order is not None
-                _tag, fp = state.order[0 if agg == "first" else -1]
-                vals = state.rows[fp].vals
-                assert vals is not None
-                row[name] = vals[plan.kept_index[column]]
+        for name, read in self.plan.readers:
+            row[name] = read(state)
         return row
 
     # batch boundaries ----------------------------------------------------------------------
 
     def take_deltas(self) -> list[dict[str, Any]]:
-        plan = self.plan
+        readers = self.plan.delta_readers
         out = []
         for key in sorted(self._deltas, key=key_bytes):
             delta = self._deltas[key]
             row: dict[str, Any] = dict(zip(self.key_columns, key, strict=True))
             row["_count"] = delta.count
-            for name, spec in plan.columns.items():
-                agg, column = spec.agg, spec.column
-                if agg == "sum":
-                    row[name] = exact(delta.sums[column], delta.floats[column])
-                elif agg == "count":
-                    row[name] = delta.count if column == "*" else delta.nonnull[column]
-                elif agg == "avg":
-                    row[name] = {
-                        "sum": exact(delta.sums[column], delta.floats[column]),
-                        "count": delta.nonnull[column],
-                    }
-                elif agg in ("min", "max", "set"):
-                    changes = delta.multisets[plan.multiset_columns.index(column)]
-                    row[name] = [[v, d] for v, d in sorted(changes.items(), key=_value_order) if d]
-                else:
-                    contribs = delta.contribs[plan.tag_columns.index(column)]
-                    row[name] = [
-                        [list(tag), value, d]
-                        for tag, value, d in sorted(contribs, key=lambda c: (c[0], orjson.dumps(c[1]), c[2]))
-                    ]
+            for name, read in readers:
+                row[name] = read(delta)
             out.append(row)
         self._deltas = {}
         return out
@@ -568,8 +629,7 @@ class GroupedReducer:
             if vals is not None:
                 for slot, index in enumerate(plan.multiset_index):
                     if vals[index] is not None:
-                        multiset = state.multisets[slot]
-                        multiset[vals[index]] = multiset.get(vals[index], 0) + entry.count
+                        state.multisets[slot].change(vals[index], entry.count)
             if state.order is not None and entry.tags is not None:
                 for tag in entry.tags:
                     state.order.add((tag, fp))
@@ -585,6 +645,11 @@ class GroupedReducer:
 
 def _value_order(item: tuple[Any, int]) -> tuple[int, Any]:
     return value_order(item[0])
+
+
+def _contribution_order(contribution: tuple[Tag, Any, int]) -> tuple[Tag, bytes, int]:
+    tag, value, d = contribution
+    return tag, orjson.dumps(value), d
 
 
 # Top-N views ---------------------------------------------------------------------------
