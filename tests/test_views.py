@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import io
+from pathlib import Path
 from typing import Any
 
+import fastavro
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -12,7 +16,14 @@ from refold.changelog import Op
 from refold.config import ViewSpec
 from refold.reference import fold_changelog, fold_deltas, reference_changelog, reference_deltas
 from refold.verify import same
-from refold.views import Rejected, SourceEvent, compact_changes, make_reducer
+from refold.views import (
+    Rejected,
+    SourceEvent,
+    compact_changes,
+    decode_state,
+    encode_state,
+    make_reducer,
+)
 
 GROUPED = ViewSpec.model_validate(
     {
@@ -199,3 +210,48 @@ def test_exact_float_sums() -> None:
     reducer.apply([E("-R", 7, k="a", v=0.3)])
     reducer.apply([E("+A", 8, k="a", v=2)])
     assert reducer.view()[("a",)]["s"] == 2 and type(reducer.view()[("a",)]["s"]) is int
+
+
+_STATE_SCHEMA = fastavro.parse_schema(
+    orjson.loads((Path(__file__).resolve().parent.parent / "schemas" / "avro" / "state.avsc").read_bytes())
+)
+_LONGS = st.integers(-(2**63), 2**63 - 1)
+_TEXT = st.text(st.characters(exclude_categories=("Cs",)))  # JSON has no lone surrogates
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    kind=st.sampled_from(["KEY_SUMMARY", "LIVE_ROW"]),
+    key=st.lists(st.one_of(_TEXT, _LONGS, st.booleans()), min_size=1, max_size=3),
+    count=_LONGS,
+    values=st.one_of(st.none(), st.lists(st.one_of(_LONGS, _TEXT, st.none()))),
+    tags=st.lists(st.tuples(_LONGS, st.integers(-(2**31), 2**31 - 1), _LONGS), max_size=70),
+)
+def test_state_records_are_the_bytes_fastavro_writes(kind, key, count, values, tags) -> None:
+    """encode_state writes Avro by hand for speed: it must be exactly fastavro's encoding."""
+    record = {
+        "kind": kind,
+        "key": orjson.dumps(key).decode(),
+        "count": count,
+        "values": None if values is None else orjson.dumps(values).decode(),
+        "tags": [{"event_time": t[0], "partition": t[1], "offset": t[2]} for t in tags],
+    }
+    buffer = io.BytesIO()
+    fastavro.schemaless_writer(buffer, _STATE_SCHEMA, record)
+    data = encode_state(kind, tuple(key), count, values, tags)
+    assert data == buffer.getvalue()
+    assert decode_state(data) == {"kind": kind, "key": tuple(key), "count": count, "values": values, "tags": tags}
+    read = fastavro.schemaless_reader(io.BytesIO(data), _STATE_SCHEMA, None)
+    assert read == record
+
+
+def test_a_state_record_in_blocks_with_sizes_and_bad_bytes() -> None:
+    """Other Avro writers may cut the tags array into blocks with byte sizes; bad bytes are a ValueError."""
+    good = encode_state("LIVE_ROW", ("k",), 2, None, [(5, 0, 1), (6, 0, 2)])
+    assert decode_state(good)["tags"] == [(5, 0, 1), (6, 0, 2)]
+    head = good[: good.index(b"\x04\x0a")]  # the array: one block of two tags
+    blocked = head + b"\x01\x06\x0a\x00\x02" + b"\x01\x06\x0c\x00\x04" + b"\x00"  # two blocks of -1 (6 bytes)
+    assert decode_state(blocked)["tags"] == [(5, 0, 1), (6, 0, 2)]
+    for bad in (good[:-1], good + b"\x00", b"\x08" + good[1:], b""):
+        with pytest.raises(ValueError):
+            decode_state(bad)
