@@ -15,13 +15,14 @@ in-memory state away, re-initialises from Kafka and runs the batch again.
 from __future__ import annotations
 
 import contextlib
+import gc
 import heapq
 import logging
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
@@ -132,7 +133,10 @@ class BatchProcessor:
                             f"{describe_kafka_error(exc)}") from exc
         self.producer = producer
         started = time.monotonic()
-        recovered = recover(self.pipeline, self.settings)
+        with collector_paused():
+            recovered = recover(self.pipeline, self.settings)
+            self.reducer = make_reducer(self.pipeline.view)
+            self.reducer.restore(recovered.state)
         self.checkpoint = recovered.checkpoint or Checkpoint(
             pipeline=self.pipeline.pipeline,
             writer=self.pipeline.writer,
@@ -146,8 +150,6 @@ class BatchProcessor:
             committed_at=0,
             driver_checkpoints={},
         )
-        self.reducer = make_reducer(self.pipeline.view)
-        self.reducer.restore(recovered.state)
         if self.materializations is not None:
             self.materializations.open(self.checkpoint)
         log.info(
@@ -202,14 +204,15 @@ class BatchProcessor:
 
     def process(self, records: Sequence[InputRecord]) -> BatchStats | None:
         """Reduce and commit one batch. Returns None when every record was already committed."""
-        for attempt in range(1, 4):
-            try:
-                return self._process_once(records)
-            except TransactionFailed as exc:
-                self.aborts += 1
-                log.warning("batch transaction failed (attempt %d): %s; re-initialising from Kafka", attempt, exc)
-                self._start()
-        raise RefoldError("the batch's transaction failed three times; giving up")
+        with collector_paused():
+            for attempt in range(1, 4):
+                try:
+                    return self._process_once(records)
+                except TransactionFailed as exc:
+                    self.aborts += 1
+                    log.warning("batch transaction failed (attempt %d): %s; re-initialising from Kafka", attempt, exc)
+                    self._start()
+            raise RefoldError("the batch's transaction failed three times; giving up")
 
     def _process_once(self, records: Sequence[InputRecord]) -> BatchStats | None:
         started = time.monotonic()
@@ -459,6 +462,28 @@ class BatchProcessor:
             except KafkaException as abort_exc:
                 log.warning("abort failed too: %s", describe_kafka_error(abort_exc))
         raise TransactionFailed(describe_kafka_error(exc)) from exc
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a batch (or a restore) allocates.
+
+    A batch makes a few objects per event, most of them state that lives on; with the
+    collector on, its collections rescan that growing state again and again (measured:
+    ~35 % of a batch's CPU at 20k keys). Reference counting still frees everything
+    that is not in a cycle. Afterwards one young-generation collection finds the
+    batch's cyclic garbage, and `gc.freeze` moves the survivors out of the collector's
+    sight (they are still freed by reference counting when dropped)."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.collect(0)
+        gc.freeze()
 
 
 def _call_into(call: Callable[[], None], outcome: list[BaseException | None]) -> None:
