@@ -49,14 +49,18 @@ from typing import Any
 
 import orjson
 import yaml
-from confluent_kafka import Consumer, IsolationLevel, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import OffsetSpec
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from refold import localkafka
 from refold.config import Pipeline, load_pipeline
 from refold.errors import UserError
 from refold.job import spark_checkpoint_dir
-from refold.kafkaio import admin_client, consumer_config, partitions_of, producer_config
+from refold.kafkaio import (
+    consumer_config,
+    open_transactions,
+    partitions_of,
+    producer_config,
+)
 from refold.produce import produce
 from refold.recovery import load_checkpoint
 from refold.testing import Workload, generate
@@ -292,32 +296,6 @@ def inject(kind: str, target: Engine, rng: random.Random, home: Path, say: Any) 
         )
     else:
         raise ValueError(kind)
-
-
-def open_transactions(settings: dict[str, Any], topics: Sequence[str], timeout: float = 90.0) -> list[str]:
-    """Partitions whose last stable offset stays below the high watermark (a hanging
-    transaction) for `timeout` seconds."""
-    admin = admin_client(settings)
-    hanging: list[str] = []
-    for topic in topics:
-        for partition in partitions_of(settings, topic):
-            tp = TopicPartition(topic, partition)
-            deadline = time.monotonic() + timeout
-            while True:
-                high = _latest(admin, tp, IsolationLevel.READ_UNCOMMITTED)
-                stable = _latest(admin, tp, IsolationLevel.READ_COMMITTED)
-                if stable >= high:
-                    break
-                if time.monotonic() > deadline:
-                    hanging.append(f"{topic}[{partition}]: last stable offset {stable} < high watermark {high}")
-                    break
-                time.sleep(2)
-    return hanging
-
-
-def _latest(admin: Any, tp: TopicPartition, isolation: IsolationLevel) -> int:
-    futures = admin.list_offsets({tp: OffsetSpec.latest()}, isolation_level=isolation, request_timeout=30)
-    return int(futures[tp].result().offset)
 
 
 def final_markers(settings: dict[str, Any], topics: Sequence[str]) -> list[str]:

@@ -8,20 +8,21 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
+    IsolationLevel,
     KafkaError,
     KafkaException,
     Message,
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
 
 from refold.errors import KafkaAuthError, PrerequisiteError, UserError
 
@@ -280,9 +281,50 @@ def _high_watermark(consumer: Consumer, tp: TopicPartition, timeout: float) -> i
             return int(high)
         except KafkaException as exc:
             err = exc.args[0]
-            if not (isinstance(err, KafkaError) and err.retriable()) or time.monotonic() > deadline:
+            electing = isinstance(err, KafkaError) and (err.retriable() or err.code() in _LEADER_MOVING)
+            if not electing or time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+# librdkafka does not mark these retriable, but on a just-created topic they only mean
+# its leader is not settled yet (seen on a busy broker: NOT_LEADER_FOR_PARTITION).
+_LEADER_MOVING = frozenset({
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+})
+
+
+def open_transactions(settings: Mapping[str, Any], topics: Sequence[str], timeout: float = 90.0) -> list[str]:
+    """Partitions whose last stable offset stays below the high watermark (a hanging
+    transaction) for `timeout` seconds; waits for the others to settle.
+
+    A committed transaction's markers are written after `commit_transaction` returns,
+    so a `read_committed` reader right after a commit (another process's, or a test's)
+    may not see it yet: wait here first. (A new producer's `init_transactions` waits
+    for its predecessor's markers, so the engine's own recovery needs no wait.)"""
+    admin = admin_client(settings)
+    hanging: list[str] = []
+    for topic in topics:
+        for partition in partitions_of(settings, topic):
+            tp = TopicPartition(topic, partition)
+            deadline = time.monotonic() + timeout
+            while True:
+                high = _latest(admin, tp, IsolationLevel.READ_UNCOMMITTED)
+                stable = _latest(admin, tp, IsolationLevel.READ_COMMITTED)
+                if stable >= high:
+                    break
+                if time.monotonic() > deadline:
+                    hanging.append(f"{topic}[{partition}]: last stable offset {stable} < high watermark {high}")
+                    break
+                time.sleep(0.2)
+    return hanging
+
+
+def _latest(admin: Any, tp: TopicPartition, isolation: IsolationLevel) -> int:
+    futures = admin.list_offsets({tp: OffsetSpec.latest()}, isolation_level=isolation, request_timeout=30)
+    return int(futures[tp].result().offset)
 
 
 def delivery_failures() -> tuple[list[KafkaError], Any]:
