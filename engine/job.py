@@ -100,6 +100,7 @@ class Progress:
         self.started = time.monotonic()
         self.last_data = self.started
         self.last_commit: float | None = None
+        self.left = self.started  # when the last foreachBatch call returned
         self.batches = 0
         self.events = 0
         self.failure: BaseException | None = None
@@ -147,9 +148,11 @@ def run_pipeline(
     lock = threading.Lock()
 
     def on_batch(frame: Any, batch_id: int) -> None:
+        entered = time.monotonic()
         table = frame.toArrow()
         if table.num_rows == 0:
             return
+        fetched = time.monotonic()
         columns = table.to_pydict()
         records = [
             InputRecord(p, o, k, v, int(ts.timestamp() * 1000) if ts is not None else 0)
@@ -164,6 +167,9 @@ def run_pipeline(
             except BaseException as exc:
                 progress.failure = exc
                 raise
+        log.debug("spark batch %d: %d records; %.2fs in Spark before it, %.2fs to fetch, %.2fs to process",
+                  batch_id, table.num_rows, entered - progress.left, fetched - entered, time.monotonic() - fetched)
+        progress.left = time.monotonic()
         if stats is not None:
             progress.committed(stats)
             monitor.committed(stats, processor.aborts)
