@@ -5,7 +5,8 @@ PY     := $(VENV)/bin/python
 REFOLD := $(VENV)/bin/refold
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup jars test unit lint demo chaos bench kafka-start kafka-stop clean
+.PHONY: setup jars test unit lint demo chaos bench bench-contenders bench-latency bench-scaling bench-plots \
+	kafka-start kafka-stop clean
 
 setup: $(STAMP)
 
@@ -35,10 +36,24 @@ demo: setup jars
 chaos: setup jars
 	$(PY) -m bench.chaos
 
-# Refold vs the limit pipe, Spark and Flink; e.g. BENCH_ARGS="--events 50000 --keys 5000 --contenders limit,refold".
-# The first run makes .refold/flink-venv (PyFlink) and resolves Flink's Kafka connector jar.
-bench: setup jars
+# `make bench`: every benchmark in one go (about an hour at the defaults), then the plots.
+# Parts: bench-contenders (Refold vs the limit pipe, Spark and Flink; BENCH_ARGS, e.g.
+# "--events 50000 --keys 5000 --contenders limit,refold"), bench-latency (at half the
+# peak bench-contenders measured; LATENCY_ARGS), bench-scaling (keys, retractions,
+# recovery; SCALING_ARGS), bench-plots. The first Flink run makes .refold/flink-venv.
+bench: bench-contenders bench-latency bench-scaling bench-plots
+
+bench-contenders: setup jars
 	$(PY) -m bench.run $(BENCH_ARGS)
+
+bench-latency: setup jars
+	$(PY) -m bench.latency $(LATENCY_ARGS)
+
+bench-scaling: setup jars
+	$(PY) -m bench.scaling $(SCALING_ARGS)
+
+bench-plots: setup
+	$(PY) -m bench.plots
 
 kafka-start: setup jars
 	$(REFOLD) kafka start

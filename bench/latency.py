@@ -1,0 +1,372 @@
+"""End-to-end latency of Refold at a fixed, sub-maximal input rate: p50/p90/p99.
+
+One process holds everything, so every time below is read from one monotonic clock:
+
+- the engine: `refold.job.run_pipeline` in a background thread of this process (one
+  Spark session, started before the clock matters), on `bench.run.pipeline`'s grouped
+  view (view + delta outputs) with trigger `--trigger`, over a fresh source topic;
+- a producer thread: plain (non-transactional) `+A` events at `--rate` events/s,
+  paced in 20 ms slices, each with a fresh `player_name`, so each event yields
+  exactly one view record (`+A`) under its own Kafka key; the send time of an
+  event is the moment it is handed to the Kafka client. It starts with the engine
+  and sends until the measured window (below) is over;
+- a reader thread: a `read_committed` consumer of the view topic (all partitions,
+  from the beginning, fetch.wait.max.ms 10); the receive time of a key is the
+  moment the first view record with that key is polled.
+
+Latency of an event = receive time of its key - send time. The warm-up is skipped:
+every event sent before the first view record appeared (the backlog that built up
+while the streaming query started, 20-40 s on a busy 2-core machine) or in the
+`--warmup` seconds after it (default 10 s: the first batches, with Python workers
+still cold, catch up on that backlog) is left out of the figures, not out of the
+checks. The measured window is the `--seconds` after the warm-up: about
+rate * seconds events. When every event's view record has been seen (or `--drain`
+seconds after the producer stopped), the engine is left to stop by itself once idle.
+
+It prints one line of figures and writes a JSON file (default docs/bench/latency.json):
+count, p50, p90, p99, max (seconds), the trigger, the rate, p99/trigger, and the
+latency at every half percent (for `bench.plots`). The lead runs it at half the peak
+rate that `make bench` measured: the default reads it from docs/bench/contenders.json.
+
+    python -m bench.latency [--rate EVENTS_PER_S] [--seconds 60] [--trigger 1s] [--warmup 10] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+
+from bench.run import RESULTS, pipeline
+from refold.config import Pipeline, parse_duration
+from refold.job import engine_topics, run_pipeline, spark_session
+from refold.kafkaio import (
+    TopicSpec,
+    consumer_config,
+    delivery_failures,
+    ensure_topics,
+    partitions_of,
+    producer_config,
+)
+from refold.produce import key_bytes
+from refold.recovery import load_checkpoint
+
+SLICE = 0.02  # the producer's pacing step, seconds
+KEY = ["player_name"]
+CDF_STEPS = 200  # the JSON's latency distribution: one value per half percent
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def run_info() -> dict[str, Any]:
+    """The fields every bench JSON starts with: when, where, how busy the machine was."""
+    return {
+        "run": time.strftime("%Y%m%d%H%M%S"),
+        "machine": platform.platform(),
+        "cores": os.cpu_count(),
+        "load_average_1m": os.getloadavg()[0],
+    }
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    say(f"wrote {path}")
+
+
+def append_event(key: str, score: int, event_time_ms: int) -> bytes:
+    """One `+A` changelog event of the bench's row shape (`refold.testing`'s columns)."""
+    row = {"op": "+A", "event_time": event_time_ms, "player_name": key, "score": score,
+           "bonus": None, "team": ("red", "blue", "green")[score % 3]}
+    return orjson.dumps(row)
+
+
+def prepare_topics(settings: dict[str, Any], p: Pipeline, partitions: int, timeout: float = 60.0) -> None:
+    """Create the pipeline's topics now and wait until their partitions answer offset
+    requests: a topic just created may answer NOT_LEADER_FOR_PARTITION for a while,
+    which `refold.kafkaio.read_to_end` does not retry, and the engine reads
+    P.checkpoints that way as it starts."""
+    ensure_topics(settings, engine_topics(p, max(p.partitions, partitions)))
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            load_checkpoint(p, settings)
+            return
+        except KafkaException as exc:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{p.checkpoints_topic}: no leader {timeout:g}s after its creation: {exc}") from exc
+            time.sleep(0.5)
+
+
+def duration(text: str) -> float:
+    """argparse type for `--trigger`: '1s', '500ms' (refold's duration syntax)."""
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the trigger must be longer than 0")
+    return seconds
+
+
+@dataclass
+class Timeline:
+    """Send and receive times (time.monotonic) by Kafka message key."""
+
+    sent: dict[bytes, float] = field(default_factory=dict)
+    received: dict[bytes, float] = field(default_factory=dict)
+    first_seen: float | None = None  # the first view record
+    duplicates: int = 0  # view records for a key already seen (there should be none)
+
+    def window_over(self, warmup: float, seconds: float) -> bool:
+        """Whether `seconds` have passed after the warm-up."""
+        first = self.first_seen
+        return first is not None and time.monotonic() >= first + warmup + seconds
+
+    def all_seen(self) -> bool:
+        return len(self.received) >= len(self.sent) and all(k in self.received for k in self.sent)
+
+
+class Worker(threading.Thread):
+    """A daemon thread that keeps its target's result or exception."""
+
+    def __init__(self, name: str, target: Callable[[], Any]) -> None:
+        super().__init__(name=name, daemon=True)
+        self._target_fn = target
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self._target_fn()
+        except BaseException as exc:  # reported by the main thread
+            self.error = exc
+
+
+def send_paced(settings: dict[str, Any], topic: str, rate: float, timeline: Timeline,
+               done: Callable[[], bool], limit: float) -> int:
+    """Send `rate` events/s, each with a fresh key, until `done()`; record each send time.
+    Fails after `limit` seconds (the engine never showed a view record)."""
+    producer = Producer(producer_config(settings, **{"linger.ms": 1}))
+    errors, on_delivery = delivery_failures()
+    prefix = uuid.uuid4().hex[:8]
+    started = time.monotonic()
+    sent = 0
+    while not done():
+        elapsed = time.monotonic() - started
+        if elapsed >= limit:
+            raise RuntimeError(f"no end of the measured window after {limit:g}s of sending "
+                               f"({len(timeline.received):,} view records seen)")
+        while sent < int(rate * elapsed) + 1:
+            key = f"lat-{prefix}-{sent:09d}"
+            value = append_event(key, sent % 1000, int(time.time() * 1000))
+            message_key = key_bytes(KEY, (key,))
+            timeline.sent[message_key] = time.monotonic()
+            producer.produce(topic, value, message_key, on_delivery=on_delivery)
+            sent += 1
+        producer.poll(0)
+        next_slice = (int((time.monotonic() - started) / SLICE) + 1) * SLICE
+        time.sleep(max(0.0, started + next_slice - time.monotonic()))
+    remaining = producer.flush(60)
+    if errors or remaining:
+        raise RuntimeError(f"the producer failed: {errors[0].str() if errors else f'{remaining} records unsent'}")
+    return sent
+
+
+def watch_view(settings: dict[str, Any], topic: str, timeline: Timeline, stop: threading.Event) -> None:
+    """Note when each view key is first seen by a read_committed reader, until `stop`."""
+    conf = consumer_config(settings, **{"group.id": f"bench-latency-{uuid.uuid4()}", "fetch.wait.max.ms": 10,
+                                        "enable.partition.eof": False})
+    consumer = Consumer(conf)
+    try:
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions_of(settings, topic)])
+        while not stop.is_set():
+            for msg in consumer.consume(num_messages=1000, timeout=0.05):
+                now = time.monotonic()
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise RuntimeError(f"reading {topic}: {err.str()}")
+                key = msg.key() or b""
+                if key in timeline.received:
+                    timeline.duplicates += 1
+                else:
+                    timeline.received[key] = now
+                    if timeline.first_seen is None:
+                        timeline.first_seen = now
+    finally:
+        consumer.close()
+
+
+def wait_for_views(timeline: Timeline, workers: list[Worker], deadline: float) -> None:
+    """Until every sent key was seen, a worker failed, or the deadline passed."""
+    last_report = time.monotonic()
+    while time.monotonic() < deadline and not timeline.all_seen():
+        if any(w.error is not None or not w.is_alive() for w in workers):
+            return
+        if time.monotonic() - last_report >= 10:
+            last_report = time.monotonic()
+            say(f"  {len(timeline.received):,} of {len(timeline.sent):,} events seen in the view")
+        time.sleep(0.2)
+
+
+def percentile_table(latencies: list[float]) -> dict[str, float]:
+    cuts = statistics.quantiles(latencies, n=100, method="inclusive") if len(latencies) > 1 else latencies * 99
+    return {"p50_s": cuts[49], "p90_s": cuts[89], "p99_s": cuts[98], "max_s": max(latencies),
+            "mean_s": statistics.fmean(latencies)}
+
+
+def cdf(latencies: list[float]) -> list[float]:
+    """The latency at quantiles 0, 0.5 %, …, 100 % (nearest rank)."""
+    ordered = sorted(latencies)
+    last = len(ordered) - 1
+    return [ordered[round(last * i / CDF_STEPS)] for i in range(CDF_STEPS + 1)]
+
+
+def figures(timeline: Timeline, warmup: float) -> dict[str, Any]:
+    """The latency figures of the events sent after the warm-up."""
+    if not timeline.received:
+        raise SystemExit("latency: no view record was seen at all; nothing to measure")
+    assert timeline.first_seen is not None
+    cut = timeline.first_seen + warmup
+    measured = [timeline.received[k] - t for k, t in timeline.sent.items() if t >= cut and k in timeline.received]
+    missing = sum(1 for k in timeline.sent if k not in timeline.received)
+    skipped = sum(1 for t in timeline.sent.values() if t < cut)
+    if not measured:
+        raise SystemExit(f"latency: no event was sent after the warm-up (first view record + {warmup:g}s; "
+                         f"{skipped:,} events before it)")
+    return {"count": len(measured), "warmup_skipped": skipped, "missing": missing,
+            "duplicates": timeline.duplicates, **percentile_table(measured), "cdf_s": cdf(measured)}
+
+
+def latency_pipeline(run_id: str, source: str, bootstrap: str, trigger: str, batch: int) -> Pipeline:
+    """`make bench`'s grouped pipeline, with this run's trigger."""
+    return pipeline(f"bench-latency-{run_id}", source, bootstrap, batch).model_copy(update={"trigger": trigger})
+
+
+def measure(args: argparse.Namespace, bootstrap: str, spark: Any, run_id: str) -> dict[str, Any]:
+    settings = {"bootstrap.servers": bootstrap}
+    source = f"bench-latency-{run_id}"
+    ensure_topics(settings, [TopicSpec(source, args.partitions)])
+    p = latency_pipeline(run_id, source, bootstrap, args.trigger, args.batch)
+    prepare_topics(settings, p, args.partitions)  # and the reader can assign the view topic
+    assert p.outputs.view is not None
+    view_topic = p.outputs.view.topic
+    timeline = Timeline()
+    stop = threading.Event()
+    idle = max(5.0, 3 * p.trigger_seconds)
+    reader = Worker("bench-view-reader", lambda: watch_view(settings, view_topic, timeline, stop))
+    engine = Worker("bench-engine", lambda: run_pipeline(p, bootstrap, until_idle=idle, spark=spark, quiet=True))
+    limit = args.start_timeout + args.warmup + args.seconds
+    producer = Worker("bench-producer", lambda: send_paced(
+        settings, source, args.rate, timeline, lambda: timeline.window_over(args.warmup, args.seconds), limit))
+    reader.start()
+    engine.start()
+    producer.start()  # from now on data is always available: the engine cannot go idle early
+    say(f"sending {args.rate:,.0f} events/s to {source} until {args.seconds:g}s after the warm-up "
+        f"(first view record + {args.warmup:g}s); trigger {args.trigger}")
+    producer.join()
+    if producer.error is not None:
+        stop.set()
+        raise SystemExit(f"latency: {producer.error}")
+    say(f"sent {producer.result:,} events; waiting for their view records (at most {args.drain:g}s)")
+    wait_for_views(timeline, [reader, engine], time.monotonic() + args.drain)
+    stop.set()
+    reader.join(30)
+    engine.join(idle + 120)
+    for worker in (reader, engine):
+        if worker.error is not None:
+            raise SystemExit(f"latency: the {worker.name} failed: {worker.error}")
+    if engine.is_alive():
+        raise SystemExit("latency: the engine did not stop after going idle")
+    result = figures(timeline, args.warmup)
+    result["engine_events"] = engine.result.events
+    result["engine_batches"] = engine.result.batches
+    result["sent"] = producer.result
+    return result
+
+
+def half_peak(contenders: Path, fallback: float = 1000.0) -> float:
+    """Half of Refold's throughput in the last `make bench` run (bench.run's JSON)."""
+    try:
+        peak = float(json.loads(contenders.read_text())["contenders"]["refold"]["events_per_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        print(f"no Refold figure in {contenders}; sending {fallback:,.0f} events/s", file=sys.stderr)
+        return fallback
+    print(f"Refold's peak in {contenders.name}: {peak:,.0f} events/s; sending half", file=sys.stderr)
+    return round(peak / 2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rate", type=float, default=None,
+                        help="events/s sent (default: half of Refold's events/s in docs/bench/contenders.json, "
+                             "the peak `make bench` measured; 1000 when there is none)")
+    parser.add_argument("--seconds", type=float, default=60.0,
+                        help="the measured window after the warm-up, seconds (default 60)")
+    parser.add_argument("--trigger", default="1s", help="the pipeline's trigger interval (default 1s)")
+    parser.add_argument("--warmup", type=float, default=10.0,
+                        help="seconds after the first view record whose events are not counted (default 10)")
+    parser.add_argument("--drain", type=float, default=120.0,
+                        help="seconds to wait for the last view records after sending ends (default 120)")
+    parser.add_argument("--start-timeout", type=float, default=300.0,
+                        help="seconds the engine may take to show its first view record (default 300)")
+    parser.add_argument("--partitions", type=int, default=4, help="source partitions (default 4)")
+    parser.add_argument("--batch", type=int, default=100_000, help="max events per micro-batch (default 100000)")
+    parser.add_argument("--json", type=Path, default=RESULTS / "latency.json", help="where to write the figures")
+    args = parser.parse_args(argv)
+    try:
+        trigger_s = duration(args.trigger)
+    except argparse.ArgumentTypeError as exc:
+        parser.error(f"--trigger: {exc}")
+    if args.rate is None:
+        args.rate = half_peak(RESULTS / "contenders.json")
+    if args.rate <= 0 or args.seconds <= 0:
+        parser.error("--rate and --seconds must be positive")
+
+    from refold.localkafka import ensure_broker
+
+    bootstrap = ensure_broker(None, start_local=True)
+    info = run_info()
+    spark = spark_session(name="refold-latency")
+    try:
+        result = measure(args, bootstrap, spark, info["run"])
+    finally:
+        spark.stop()
+    result.update(rate=args.rate, seconds=args.seconds, trigger=args.trigger, trigger_s=trigger_s,
+                  p99_over_trigger=result["p99_s"] / trigger_s, warmup_s=args.warmup,
+                  partitions=args.partitions, batch=args.batch)
+    write_json(args.json, {**info, **result})
+    print(f"latency: rate={args.rate:,.0f}/s for {args.seconds:g}s trigger={args.trigger} "
+          f"count={result['count']:,} p50={result['p50_s']:.3f}s p90={result['p90_s']:.3f}s "
+          f"p99={result['p99_s']:.3f}s max={result['max_s']:.3f}s p99/trigger={result['p99_over_trigger']:.2f} "
+          f"(warm-up skipped {result['warmup_skipped']:,}; missing {result['missing']}; "
+          f"duplicates {result['duplicates']})")
+    return 1 if result["missing"] or result["duplicates"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

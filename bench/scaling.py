@@ -1,0 +1,385 @@
+"""Scaling curves and recovery time of Refold: key space, retraction share, restart.
+
+Three parts (`--parts`, default all):
+
+- keys: for each key-space size in `--keys`, a seeded changelog of `--events` events
+  (`refold.testing.Workload` over that many keys, 20 % retractions/corrections) is
+  produced to a fresh topic and Refold runs over it (`bench.run.pipeline`, timed by
+  `bench.run.timed_run`, in one Spark session shared by every point): events/s,
+  seconds, batches, peak RSS of this process and its JVM, and the number of distinct
+  keys the workload touched. With a fixed event count a large key space is only
+  partly touched (300k events reach at most 300k of 10M keys; the generator also
+  sends 20 % of its appends to the hottest 1 % of keys), so the state grows with
+  the touched keys, not with `--keys`: read the curve against `touched_keys`.
+- retract: the same at `--retract-keys` keys (default 100k), one point per share
+  of retractions/corrections in `--retract`.
+- recovery: `--recovery-keys` keys, each with one `+A` event (so every key is live
+  and the state holds them all), are produced and reduced by `refold run` as a
+  subprocess (the pipeline's YAML is written to the work folder; the process is
+  run and killed by `bench.chaos.Engine`). Once everything is committed it is
+  killed with SIGKILL, `--chunk` new events are produced, and it is restarted:
+  the figure is the seconds from the restart (process start, so the JVM start and
+  Spark's are in it) to the first new committed batch (a checkpoint with a higher
+  batch number in `P.checkpoints`, read with read_committed and polled by
+  `bench.chaos.Engine` about every 1-2 s). Twice: with the Spark checkpoint
+  directory kept, and with it deleted (the offsets come from Kafka; the state comes
+  back from `P.state` either way). When the engine finds a kept directory
+  disagreeing with Kafka's offsets it discards it, and recovery.json says so
+  (`spark_checkpoint_discarded`). From the engine's JSON log: the records restored
+  and the restore's seconds ("recovered … N state records (Xs)"), and when recovery
+  ended and when the streaming query ran, counted from the restart.
+
+A warm-up run (`--warmup-events`, not reported) first gives the shared Spark
+session its Python workers and JIT, so the first point does not carry them. Peak
+RSS is of a process whose JVM heap only grows: later points inherit the earlier
+peaks. Machines here are noisy: read the shape, not the seconds.
+
+Writes `scaling.json` (keys and retraction curves, the parts that ran) and
+`recovery.json` into `--json-dir`; progress goes to stderr, a table per part to stdout.
+
+    python -m bench.scaling [--keys 10000,100000,1000000,10000000] [--retract 0,0.2,0.5]
+                            [--events 300000] [--recovery-keys 1000000]
+                            [--parts keys,retract,recovery] [--json-dir docs/bench]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+from confluent_kafka import KafkaException
+
+from bench.chaos import ChaosResult, Engine
+from bench.latency import append_event, prepare_topics, run_info, say, write_json
+from bench.run import RESULTS, pipeline, timed_run
+from refold.config import Pipeline
+from refold.job import spark_checkpoint_dir, spark_session
+from refold.produce import produce
+from refold.recovery import load_checkpoint
+from refold.testing import Workload, generate
+
+PARTS = ("keys", "retract", "recovery")
+RECOVERY_TARGET_S = 60.0
+RECOVERED = re.compile(r"(\d+) state records \((\d+(?:\.\d+)?)s\)")
+DISCARDED = "disagrees with Kafka's committed offsets"
+TOUCHED_NOTE = ("every point has the same event count, so a large key space is only partly touched "
+                "(touched_keys); state size follows touched_keys, not keys")
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    bootstrap: str
+    run_id: str
+    events: int
+    batch: int
+    partitions: int
+    seed: int
+
+    @property
+    def kafka(self) -> dict[str, Any]:
+        return {"bootstrap.servers": self.bootstrap}
+
+
+def numbers(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
+    """argparse type: a comma-separated list of `kind`."""
+
+    def parse(text: str) -> list[Any]:
+        try:
+            values = [kind(part) for part in text.split(",") if part.strip()]
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from exc
+        if not values:
+            raise argparse.ArgumentTypeError("give at least one value")
+        return values
+
+    return parse
+
+
+def produce_lines(s: Settings, topic: str, lines: list[bytes]) -> None:
+    started = time.monotonic()
+    produce(s.kafka, topic, lines, ["player_name"], partitions=s.partitions, per_transaction=50_000,
+            prevalidate=False, progress=False)
+    seconds = time.monotonic() - started
+    say(f"  produced {len(lines):,} events to {topic} in {seconds:.1f}s")
+
+
+def workload_lines(workload: Workload) -> tuple[list[bytes], int]:
+    """The workload's events as JSON lines, and how many distinct keys they touch."""
+    keys: set[str] = set()
+    lines = []
+    for record in generate(workload):
+        keys.add(record[workload.key_column])
+        lines.append(orjson.dumps(record))
+    return lines, len(keys)
+
+
+# The throughput curves ---------------------------------------------------------------
+
+
+def throughput_point(s: Settings, spark: Any, keys: int, retract: float, tag: str) -> dict[str, Any]:
+    """Refold over a fresh topic of `s.events` events at `keys` keys and `retract` share."""
+    name = f"bench-scaling-{s.run_id}-{tag}"
+    say(f"{tag}: {s.events:,} events over {keys:,} keys, {retract:.0%} retractions/corrections")
+    lines, touched = workload_lines(Workload(events=s.events, keys=keys, retract_share=retract, seed=s.seed))
+    produce_lines(s, name, lines)
+    p = pipeline(name, name, s.bootstrap, s.batch)
+    prepare_topics(s.kafka, p, s.partitions)
+    result = timed_run(p, s.bootstrap, spark, len(lines))
+    say(f"  {result['events_per_s']:,.0f} events/s over {touched:,} touched keys "
+        f"({result['seconds']:.1f}s, peak RSS {result['peak_rss_bytes'] / 2**20:,.0f} MiB)")
+    return {"keys": keys, "retract_share": retract, "events": len(lines), "touched_keys": touched, **result}
+
+
+def print_curve(title: str, points: list[dict[str, Any]]) -> None:
+    print(f"\n{title}")
+    print(f"{'keys':>12} {'touched':>10} {'retract':>8} {'events/s':>10} {'seconds':>8} {'batches':>8} {'peak RSS':>10}")
+    for p in points:
+        print(f"{p['keys']:>12,} {p['touched_keys']:>10,} {p['retract_share']:>8.0%} {p['events_per_s']:>10,.0f} "
+              f"{p['seconds']:>8.1f} {p['batches']:>8} {p['peak_rss_bytes'] / 2**20:>6,.0f} MiB")
+
+
+def curves(s: Settings, args: argparse.Namespace) -> dict[str, Any]:
+    """The keys and retraction curves the chosen parts ask for, in one Spark session."""
+    out: dict[str, Any] = {}
+    spark = spark_session(name="refold-scaling")
+    try:
+        if args.warmup_events:
+            warm = Settings(s.bootstrap, s.run_id, args.warmup_events, s.batch, s.partitions, s.seed)
+            say("warm-up run (not reported):")
+            throughput_point(warm, spark, 1_000, 0.2, "warmup")
+        if "keys" in args.parts:
+            points = [throughput_point(s, spark, k, 0.2, f"k{k}") for k in args.keys]
+            out["keys_curve"] = {"retract_share": 0.2, "points": points}
+        if "retract" in args.parts:
+            points = [throughput_point(s, spark, args.retract_keys, r, f"r{round(r * 100)}") for r in args.retract]
+            out["retract_curve"] = {"keys": args.retract_keys, "points": points}
+    finally:
+        spark.stop()
+    if "keys_curve" in out:
+        print_curve(f"throughput vs key space ({s.events:,} events each, 20% retractions/corrections; "
+                    "a fixed event count touches only part of a large key space)", out["keys_curve"]["points"])
+    if "retract_curve" in out:
+        print_curve(f"throughput vs retraction share ({s.events:,} events each, {args.retract_keys:,} keys)",
+                    out["retract_curve"]["points"])
+    return out
+
+
+# Recovery ----------------------------------------------------------------------------
+
+
+def live_keys(keys: int, seed: int) -> list[bytes]:
+    """One `+A` per key over exactly `keys` keys, named as `refold.testing` names them."""
+    rng = random.Random(seed)
+    start = 1_700_000_000_000
+    return [append_event(f"k{i:07d}", rng.randint(0, 1000), start + i) for i in range(keys)]
+
+
+def write_yaml(p: Pipeline, folder: Path) -> Path:
+    path = folder / f"{p.pipeline}.yaml"
+    path.write_text(yaml.safe_dump(p.model_dump(mode="json", by_alias=True, exclude_unset=True), sort_keys=False))
+    return path
+
+
+def wait_for_records(engine: Engine, settings: dict[str, Any], total: int, timeout: float) -> float:
+    """Until the engine's checkpoint counts `total` events read; the seconds it took."""
+    started = last_report = time.monotonic()
+    done = 0
+    while True:
+        done = committed_events(engine, settings, done)
+        now = time.monotonic()
+        if done >= total:
+            return now - started
+        if engine.proc is None or engine.proc.poll() is not None:
+            raise SystemExit(f"recovery: `refold run` exited after {done:,} of {total:,} events "
+                             f"(log: {engine_log(engine)})")
+        if now - started > timeout:
+            raise SystemExit(f"recovery: {done:,} of {total:,} events committed after {timeout:g}s "
+                             f"(log: {engine_log(engine)})")
+        if now - last_report >= 15:
+            last_report = now
+            say(f"  {done:,} of {total:,} events committed ({now - started:.0f}s)")
+        time.sleep(1.0)
+
+
+def committed_events(engine: Engine, settings: dict[str, Any], before: int) -> int:
+    """The events the engine's last checkpoint counts as read (`before` while Kafka
+    cannot say, e.g. just after the topics were created)."""
+    try:
+        checkpoint = load_checkpoint(engine.pipeline, settings)
+    except KafkaException:
+        return before
+    return checkpoint.records_in if checkpoint else 0
+
+
+def engine_log(engine: Engine) -> Path:
+    """The stderr log of the engine's latest run (bench.chaos.Engine names them so)."""
+    return engine.log_dir / f"{engine.name}.{engine.runs:04d}.log"
+
+
+def log_messages(log: Path) -> list[tuple[float, str]]:
+    """(epoch seconds, message) of the engine's JSON log lines (`refold run` logs JSON
+    lines when stderr is not a terminal); Spark's own lines are skipped."""
+    out = []
+    text = log.read_text(errors="replace") if log.exists() else ""
+    for line in text.splitlines():
+        if not line.startswith("{"):
+            continue
+        try:
+            entry = orjson.loads(line)
+            out.append((datetime.fromisoformat(entry["time"]).timestamp(), str(entry["message"])))
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            continue
+    return out
+
+
+def restore_figures(log: Path, restarted: float) -> dict[str, Any]:
+    """From the engine's log: the state records restored and the restore's seconds
+    ("recovered … N state records (Xs)"), when recovery ended and when the query ran
+    (seconds after `restarted`, an epoch time), and whether the Spark checkpoint
+    directory was discarded."""
+    figures: dict[str, Any] = {"state_records": None, "state_restore_s": None, "recovered_after_s": None,
+                               "query_running_after_s": None, "spark_checkpoint_discarded": False}
+    for at, message in log_messages(log):
+        found = RECOVERED.search(message) if message.startswith("recovered") else None
+        if found:
+            figures.update(state_records=int(found.group(1)), state_restore_s=float(found.group(2)),
+                           recovered_after_s=at - restarted)
+        elif message.startswith("pipeline ") and " running: " in message:
+            figures["query_running_after_s"] = at - restarted
+        elif DISCARDED in message:
+            figures["spark_checkpoint_discarded"] = True
+    return {**figures, "log": str(log)}
+
+
+def restart(engine: Engine, s: Settings, chunk: int, keys: int, keep: bool, seed: int) -> dict[str, Any]:
+    """Kill -9, new events, restart; seconds to the first new committed batch."""
+    settle = max(2.0, 5 * engine.pipeline.trigger_seconds)
+    time.sleep(settle)  # let Spark record the last batch in its own commit log
+    engine.kill()
+    spark_dir = spark_checkpoint_dir(engine.pipeline)
+    if not keep:
+        shutil.rmtree(spark_dir, ignore_errors=True)
+    present = spark_dir.is_dir()
+    lines, _touched = workload_lines(Workload(events=chunk, keys=keys, retract_share=0.0, seed=seed))
+    produce_lines(s, engine.pipeline.source.topic, lines)
+    since = engine.committed_batch()
+    started, restarted = time.monotonic(), time.time()
+    engine.ensure_running()
+    if not engine.wait_for_progress(since, timeout=900):
+        raise SystemExit(f"recovery: no new batch committed within 900s of the restart (log: {engine_log(engine)})")
+    seconds = time.monotonic() - started
+    say(f"  first new batch {seconds:.1f}s after the restart "
+        f"({'with' if keep else 'without'} the Spark checkpoint directory)")
+    return {"seconds": seconds, "spark_checkpoint_present": present, "new_events": len(lines),
+            "batch_before": since, **restore_figures(engine_log(engine), restarted)}
+
+
+def recovery(s: Settings, keys: int, chunk: int, work: Path) -> dict[str, Any]:
+    name = f"bench-recovery-{s.run_id}"
+    say(f"recovery: {keys:,} live keys, then kill -9 and {chunk:,} new events, twice; work folder {work}")
+    initial = live_keys(keys, s.seed)
+    produce_lines(s, name, initial)
+    p = pipeline(name, name, s.bootstrap, s.batch)
+    prepare_topics(s.kafka, p, s.partitions)
+    engine = Engine(write_yaml(p, work), work / "logs", ChaosResult(), idle=3600.0)
+    engine.log_dir.mkdir(parents=True, exist_ok=True)
+    total = len(initial)
+    try:
+        engine.ensure_running()
+        build_s = wait_for_records(engine, s.kafka, total, timeout=7200)
+        say(f"  the state of {keys:,} keys is committed ({build_s:.0f}s from the first start)")
+        runs: dict[str, Any] = {}
+        for label, keep in (("with_spark_checkpoint", True), ("without_spark_checkpoint", False)):
+            runs[label] = restart(engine, s, chunk, keys, keep, s.seed + len(runs) + 1)
+            total += runs[label]["new_events"]
+            wait_for_records(engine, s.kafka, total, timeout=1800)
+    finally:
+        engine.kill()
+    return {"keys": keys, "initial_events": len(initial), "initial_build_s": build_s, "chunk": chunk,
+            "batch": s.batch, "partitions": s.partitions, "trigger": p.trigger, "target_s": RECOVERY_TARGET_S,
+            "pipeline": name, "runs": runs}
+
+
+def print_recovery(result: dict[str, Any]) -> None:
+    print(f"\nrecovery after kill -9 ({result['keys']:,} live keys, {result['chunk']:,} new events; "
+          f"target ≤ {result['target_s']:.0f}s)")
+    print(f"{'run':<26} {'1st batch':>10} {'recovered':>10} {'query up':>9} {'state records':>14} "
+          f"{'restore':>8} {'Spark dir':>10}")
+    for label, r in result["runs"].items():
+        spark_dir = "discarded" if r["spark_checkpoint_discarded"] else ("kept" if r["spark_checkpoint_present"]
+                                                                          else "deleted")
+        print(f"{label:<26} {r['seconds']:>9.1f}s {seconds(r['recovered_after_s']):>10} "
+              f"{seconds(r['query_running_after_s']):>9} {optional(r['state_records']):>14} "
+              f"{seconds(r['state_restore_s']):>8} {spark_dir:>10}")
+    print("(seconds after the restart: to the first new committed batch, to the end of the engine's recovery "
+          "(JVM and Spark start included), to the streaming query running; restore: reading P.checkpoints and "
+          "P.state and rebuilding the reducer; Spark dir discarded: the engine found it disagreeing with Kafka's offsets)")
+
+
+def seconds(value: float | None) -> str:
+    return "?" if value is None else f"{value:.1f}s"
+
+
+def optional(value: int | None) -> str:
+    return "?" if value is None else f"{value:,}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--keys", type=numbers(int), default=[10_000, 100_000, 1_000_000, 10_000_000],
+                        help="key-space sizes of the keys curve, comma-separated")
+    parser.add_argument("--retract", type=numbers(float), default=[0.0, 0.2, 0.5],
+                        help="retraction/correction shares of the retraction curve, comma-separated")
+    parser.add_argument("--retract-keys", type=int, default=100_000, help="key space of the retraction curve")
+    parser.add_argument("--events", type=int, default=300_000, help="events per curve point")
+    parser.add_argument("--warmup-events", type=int, default=20_000,
+                        help="events of an unreported first run that warms the Spark session (0: none)")
+    parser.add_argument("--recovery-keys", type=int, default=1_000_000, help="live keys in the recovered state")
+    parser.add_argument("--chunk", type=int, default=1_000, help="new events produced before each restart")
+    parser.add_argument("--parts", type=numbers(str), default=list(PARTS), help=f"which parts: {','.join(PARTS)}")
+    parser.add_argument("--batch", type=int, default=100_000, help="max events per micro-batch")
+    parser.add_argument("--partitions", type=int, default=4, help="source partitions")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json-dir", type=Path, default=RESULTS, help="where scaling.json and recovery.json go")
+    parser.add_argument("--work", type=Path, default=None,
+                        help="recovery's working folder: pipeline YAML, engine logs (default: a temporary one)")
+    args = parser.parse_args(argv)
+    unknown = [p for p in args.parts if p not in PARTS]
+    if unknown:
+        parser.error(f"--parts: unknown {', '.join(unknown)}; known: {', '.join(PARTS)}")
+    if any(k < 1 for k in args.keys) or any(not 0 <= r < 1 for r in args.retract):
+        parser.error("--keys must be positive and --retract shares in [0, 1)")
+
+    from refold.localkafka import ensure_broker
+
+    info = run_info()
+    s = Settings(ensure_broker(None, start_local=True), info["run"], args.events, args.batch, args.partitions,
+                 args.seed)
+    common = {**info, "events": args.events, "batch": args.batch, "partitions": args.partitions, "seed": args.seed,
+              "warmup_events": args.warmup_events, "note": TOUCHED_NOTE}
+    if {"keys", "retract"} & set(args.parts):
+        figures = curves(s, args)
+        write_json(args.json_dir / "scaling.json", {**common, **figures})
+    if "recovery" in args.parts:
+        work = args.work or Path(tempfile.mkdtemp(prefix="refold-recovery-"))
+        work.mkdir(parents=True, exist_ok=True)
+        result = recovery(s, args.recovery_keys, args.chunk, work)
+        print_recovery(result)
+        write_json(args.json_dir / "recovery.json", {**info, **result})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
