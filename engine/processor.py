@@ -499,13 +499,18 @@ _stalled = False
 
 
 def _test_stall() -> None:
-    """Chaos hook: REFOLD_TEST_STALL_IN_TXN_SECONDS keeps the first transaction open that long."""
+    """Chaos hook: REFOLD_TEST_STALL_IN_TXN_SECONDS keeps the first transaction open that
+    long, or, with REFOLD_TEST_STALL_UNTIL=<path>, until that file exists (at most that long)."""
     global _stalled
     seconds = os.environ.get("REFOLD_TEST_STALL_IN_TXN_SECONDS")
     if seconds and not _stalled:
         _stalled = True
-        log.warning("test hook: stalling %ss inside the transaction", seconds)
-        time.sleep(float(seconds))
+        release = os.environ.get("REFOLD_TEST_STALL_UNTIL")
+        log.warning("test hook: stalling %ss inside the transaction%s", seconds,
+                    f" or until {release} exists" if release else "")
+        deadline = time.monotonic() + float(seconds)
+        while time.monotonic() < deadline and not (release and os.path.exists(release)):
+            time.sleep(0.1)
 
 
 def _crash_point(where: str, batch: int) -> None:

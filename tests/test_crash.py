@@ -67,6 +67,13 @@ def finish(proc: subprocess.Popen[bytes], timeout: float = 300) -> tuple[int, st
     return proc.returncode, (err or b"").decode(errors="replace")
 
 
+def wait_for_line(proc: subprocess.Popen[bytes], log: Path, text: bytes, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in log.read_bytes():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)
+
+
 @pytest.fixture
 def loaded_source(bootstrap_servers: str, topic) -> tuple[str, int]:
     source = topic(partitions=3)
@@ -114,19 +121,21 @@ def test_kill_9_then_restart_without_spark_checkpoint(bootstrap_servers, loaded_
 def test_two_engines_at_once_one_is_fenced(bootstrap_servers, loaded_source, tmp_path) -> None:
     source, events = loaded_source
     path = write_pipeline(tmp_path, source, bootstrap_servers)
-    # The first engine stalls inside its first transaction; the second one starts meanwhile
-    # and fences it. The first must stop with a clear message, never commit.
-    log = tmp_path / "first.log"
-    with log.open("wb") as first_err:
-        first = start_engine(path, extra_env={"REFOLD_TEST_STALL_IN_TXN_SECONDS": "20"}, stderr=first_err)
-        deadline = time.monotonic() + 120
-        while b"stalling" not in log.read_bytes():
-            assert first.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
-        second = start_engine(path, idle=5.0)
-        code2, err2 = finish(second)
+    # The first engine stalls inside its first transaction until the second one has started
+    # (its init_transactions fences the first). The first must stop with a clear message,
+    # never commit. The stall ends on a file, not a clock: a loaded machine may take
+    # longer than any fixed stall to start the second engine's Spark.
+    log, log2, release = tmp_path / "first.log", tmp_path / "second.log", tmp_path / "release"
+    with log.open("wb") as first_err, log2.open("wb") as second_err:
+        first = start_engine(path, stderr=first_err, extra_env={
+            "REFOLD_TEST_STALL_IN_TXN_SECONDS": "240", "REFOLD_TEST_STALL_UNTIL": str(release)})
+        wait_for_line(first, log, b"stalling")
+        second = start_engine(path, idle=5.0, stderr=second_err)
+        wait_for_line(second, log2, b"recovered")  # logged after init_transactions
+        release.touch()
+        code2, _ = finish(second)
         code1, _ = finish(first)
-    err1 = log.read_text()
+    err1, err2 = log.read_text(), log2.read_text()
     assert code2 == 0, err2[-3000:]
     assert code1 != 0 and "fenced" in err1, err1[-3000:]
     assert_exact(load_pipeline(path), bootstrap_servers, events)
