@@ -382,10 +382,10 @@ class _Key:
 
 
 class _Delta:
-    __slots__ = ("contribs", "count", "floats", "multisets", "nonnull", "sums")
+    __slots__ = ("contribs", "floats", "multisets", "nonnull", "sums", "total")
 
     def __init__(self, plan: _Plan) -> None:
-        self.count = 0
+        self.total = 0  # copies added minus copies removed in the batch
         self.sums: dict[str, Number] = dict.fromkeys(plan.sum_columns, 0)
         self.floats: dict[str, int] = dict.fromkeys(plan.sum_columns, 0)
         self.nonnull: dict[str, int] = dict.fromkeys(plan.nonnull_columns, 0)
@@ -426,12 +426,9 @@ class _Plan:
         """How one view column is read off a key's running values (made once per view:
         the view row is rebuilt for every unit that touches its key)."""
         agg, column = spec.agg, spec.column
-        if agg == "sum":
-            return lambda state: exact(state.sums[column], state.floats[column])
-        if agg == "count":
-            if column == "*":
-                return lambda state: state.total
-            return lambda state: state.nonnull[column]
+        running = _running_reader(agg, column)
+        if running is not None:
+            return running
         if agg == "avg":
             def average(state: _Key) -> float | None:
                 n = state.nonnull[column]
@@ -457,12 +454,9 @@ class _Plan:
     def _delta_reader(self, spec: ColumnSpec) -> Callable[[_Delta], Any]:
         """How one column of a delta row is read off a key's batch contributions."""
         agg, column = spec.agg, spec.column
-        if agg == "sum":
-            return lambda delta: exact(delta.sums[column], delta.floats[column])
-        if agg == "count":
-            if column == "*":
-                return lambda delta: delta.count
-            return lambda delta: delta.nonnull[column]
+        running = _running_reader(agg, column)
+        if running is not None:
+            return running
         if agg == "avg":
             return lambda delta: {"sum": exact(delta.sums[column], delta.floats[column]),
                                   "count": delta.nonnull[column]}
@@ -482,6 +476,18 @@ class _Plan:
                 contribs = sorted(contribs, key=_contribution_order)
             return [[list(tag), value, d] for tag, value, d in contribs]
         return contributions
+
+
+def _running_reader(agg: str, column: str) -> Callable[[Any], Any] | None:
+    """`sum` and `count` read alike off a key's running values (`_Key`) and off a batch's
+    contributions to it (`_Delta`): both keep `sums`, `floats`, `nonnull` and `total`."""
+    if agg == "sum":
+        return lambda running: exact(running.sums[column], running.floats[column])
+    if agg == "count":
+        if column == "*":
+            return lambda running: running.total
+        return lambda running: running.nonnull[column]
+    return None
 
 
 class GroupedReducer:
@@ -583,7 +589,7 @@ class GroupedReducer:
         delta = self._deltas.get(key)
         if delta is None:
             delta = self._deltas[key] = _Delta(plan)
-        delta.count += sign
+        delta.total += sign
         row_vals = entry.vals
         for column in plan.sum_columns:
             value = values.get(column)
@@ -635,7 +641,7 @@ class GroupedReducer:
         for key in sorted(self._deltas, key=key_bytes):
             delta = self._deltas[key]
             row: dict[str, Any] = dict(zip(self.key_columns, key, strict=True))
-            row["_count"] = delta.count
+            row["_count"] = delta.total
             for name, read in readers:
                 row[name] = read(delta)
             out.append(row)
