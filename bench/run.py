@@ -122,6 +122,36 @@ def expected_view(records: list[dict[str, Any]], spec: ViewSpec) -> dict[str, di
     return view
 
 
+def run_contender(name: str, args: argparse.Namespace, bootstrap: str, source: str, run_id: str, events: int,
+                   expected: dict[str, dict[str, Any]], spark: Any, results: dict[str, dict[str, Any]]) -> Any:
+    """Run one contender into `results`; returns the Spark session (made on first need)."""
+    if name == "limit":
+        results[name] = run_limit(bootstrap, source, f"{source}.limit", args.partitions, events, args.batch)
+    elif name == "flink":
+        from bench.flink import run_flink
+
+        results[name] = run_flink(
+            bootstrap, source, f"bench-flink-{run_id}.view", args.partitions, events, expected,
+            reduction=args.flink_reduction, parallelism=args.flink_parallelism,
+            checkpoint_ms=args.flink_checkpoint_ms,
+        )
+        print(f"  flink: {results[name]['mismatches']} mismatching keys of {len(expected):,} "
+              f"(columns {', '.join(results[name]['columns'])}); JVM start "
+              f"{results[name]['startup_s']:.1f}s not counted; first committed output after "
+              f"{results[name]['first_output_s']:.1f}s", file=sys.stderr)
+    else:
+        if spark is None:
+            spark = spark_session(name="refold-bench")
+        if name == "spark":
+            results[name] = timed_run(pipeline(f"bench-alo-{run_id}", source, bootstrap, args.batch),
+                                      bootstrap, spark, events,
+                                      factory=lambda p, s, sp: SparkSinkProcessor(p, s, sp))
+        else:
+            results[name] = timed_run(pipeline(f"bench-eos-{run_id}", source, bootstrap, args.batch),
+                                      bootstrap, spark, events)
+    return spark
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=1_000_000)
@@ -169,34 +199,16 @@ def main(argv: list[str] | None = None) -> int:
     gc.collect()
 
     results: dict[str, dict[str, Any]] = {}
+    failed: dict[str, str] = {}
     spark = None
     try:
         for name in chosen:
             print(f"running {TITLES[name]}…", file=sys.stderr, flush=True)
-            if name == "limit":
-                results[name] = run_limit(bootstrap, source, f"{source}.limit", args.partitions, events, args.batch)
-            elif name == "flink":
-                from bench.flink import run_flink
-
-                results[name] = run_flink(
-                    bootstrap, source, f"bench-flink-{run_id}.view", args.partitions, events, expected,
-                    reduction=args.flink_reduction, parallelism=args.flink_parallelism,
-                    checkpoint_ms=args.flink_checkpoint_ms,
-                )
-                print(f"  flink: {results[name]['mismatches']} mismatching keys of {len(expected):,} "
-                      f"(columns {', '.join(results[name]['columns'])}); JVM start "
-                      f"{results[name]['startup_s']:.1f}s not counted; first committed output after "
-                      f"{results[name]['first_output_s']:.1f}s", file=sys.stderr)
-            else:
-                if spark is None:
-                    spark = spark_session(name="refold-bench")
-                if name == "spark":
-                    results[name] = timed_run(pipeline(f"bench-alo-{run_id}", source, bootstrap, args.batch),
-                                              bootstrap, spark, events,
-                                              factory=lambda p, s, sp: SparkSinkProcessor(p, s, sp))
-                else:
-                    results[name] = timed_run(pipeline(f"bench-eos-{run_id}", source, bootstrap, args.batch),
-                                              bootstrap, spark, events)
+            try:
+                spark = run_contender(name, args, bootstrap, source, run_id, events, expected, spark, results)
+            except (SystemExit, Exception) as exc:  # one contender failing keeps the others' figures
+                failed[name] = str(exc) or type(exc).__name__
+                print(f"  {name} failed: {failed[name]}", file=sys.stderr)
     finally:
         if spark is not None:
             spark.stop()
@@ -218,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
             if name in results:
                 mine = 1 / results[name]["ratio_to_refold"]
                 print(f"Refold / {name}: {mine:.2f} (target ≥ {target:.2f}) {'ok' if mine >= target else 'MISSED'}")
+    for name, reason in failed.items():
+        print(f"{TITLES[name]}: FAILED ({reason})")
     if "flink" in results and results["flink"]["mismatches"]:
         print(f"Flink's output differs from the reference at {results['flink']['mismatches']} keys")
 
@@ -227,12 +241,12 @@ def main(argv: list[str] | None = None) -> int:
         "events": events, "keys": args.keys, "retract_share": args.retract, "batch": args.batch,
         "partitions": args.partitions, "seed": args.seed,
     }
-    (RESULTS / "contenders.json").write_text(json.dumps({**common, "contenders": results}, indent=2) + "\n")
+    (RESULTS / "contenders.json").write_text(json.dumps({**common, "contenders": results, "failed": failed}, indent=2) + "\n")
     if "spark" in results and refold:
         legacy = {**common, "spark_at_least_once": results["spark"], "refold_exactly_once": refold,
                   "ratio": refold["events_per_s"] / results["spark"]["events_per_s"]}
         (RESULTS / "eos_vs_spark.json").write_text(json.dumps(legacy, indent=2) + "\n")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
