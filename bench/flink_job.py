@@ -62,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
         "parallelism.default": str(args.parallelism),
         "execution.checkpointing.interval": f"{args.checkpoint_ms}ms",
         "execution.checkpointing.mode": "EXACTLY_ONCE",
+        # Checkpoints to files: the default (the JobManager's memory) refuses a state over
+        # 5 MB, which the multiset reduction passes at ~30k keys (then every checkpoint
+        # fails and the job restarts for ever).
+        "execution.checkpointing.storage": "filesystem",
+        "execution.checkpointing.dir": f"file:///tmp/refold-bench/flink-checkpoints/{args.run_id}",
         # Group aggregation buffers input per key for a moment, like Refold's batches.
         "table.exec.mini-batch.enabled": "true",
         "table.exec.mini-batch.allow-latency": "200ms",
