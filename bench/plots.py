@@ -167,7 +167,8 @@ def plot_recovery(data: dict[str, Any], out: Path) -> None:
     ax.axhline(data["target_s"], color="red", linestyle="--", label=f"target {data['target_s']:.0f} s")
     ax.set_ylabel("seconds from restart after kill -9")
     ax.margins(y=0.25)
-    ax.legend(fontsize=7, loc="upper left")
+    # below the plot: inside it, the legend covered the bars' notes
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
     ax.set_title(f"Recovery: {data['keys']:,} live keys, {data['chunk']:,} new events after the kill",
                  fontsize=10)
     caption(fig, data)
