@@ -52,7 +52,6 @@ from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
     KafkaError,
-    KafkaException,
     Producer,
     TopicPartition,
 )
@@ -69,7 +68,6 @@ from refold.kafkaio import (
     producer_config,
 )
 from refold.produce import key_bytes
-from refold.recovery import load_checkpoint
 
 SLICE = 0.02  # the producer's pacing step, seconds
 KEY = ["player_name"]
@@ -103,21 +101,11 @@ def append_event(key: str, score: int, event_time_ms: int) -> bytes:
     return orjson.dumps(row)
 
 
-def prepare_topics(settings: dict[str, Any], p: Pipeline, partitions: int, timeout: float = 60.0) -> None:
-    """Create the pipeline's topics now and wait until their partitions answer offset
-    requests: a topic just created may answer NOT_LEADER_FOR_PARTITION for a while,
-    which `refold.kafkaio.read_to_end` does not retry, and the engine reads
-    P.checkpoints that way as it starts."""
+def prepare_topics(settings: dict[str, Any], p: Pipeline, partitions: int) -> None:
+    """Create the pipeline's topics before the engine starts, so that a reader can assign
+    its view topic at once. (A just-created topic may answer NOT_LEADER_FOR_PARTITION
+    for a while; `refold.kafkaio` rides that out as the engine starts.)"""
     ensure_topics(settings, engine_topics(p, max(p.partitions, partitions)))
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            load_checkpoint(p, settings)
-            return
-        except KafkaException as exc:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"{p.checkpoints_topic}: no leader {timeout:g}s after its creation: {exc}") from exc
-            time.sleep(0.5)
 
 
 def duration(text: str) -> float:
