@@ -145,34 +145,7 @@ def run_pipeline(
     checkpoint_dir = spark_checkpoint_dir(pipeline)
     checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
     reconcile_spark_checkpoint(checkpoint_dir, topic, processor.offsets)
-    lock = threading.Lock()
-
-    def on_batch(frame: Any, batch_id: int) -> None:
-        entered = time.monotonic()
-        table = frame.toArrow()
-        if table.num_rows == 0:
-            return
-        fetched = time.monotonic()
-        columns = table.to_pydict()
-        records = [
-            InputRecord(p, o, k, v, int(ts.timestamp() * 1000) if ts is not None else 0)
-            for p, o, k, v, ts in zip(
-                columns["partition"], columns["offset"], columns["key"], columns["value"], columns["timestamp"],
-                strict=True,
-            )
-        ]
-        with lock:
-            try:
-                stats = processor.process(records)
-            except BaseException as exc:
-                progress.failure = exc
-                raise
-        log.debug("spark batch %d: %d records; %.2fs in Spark before it, %.2fs to fetch, %.2fs to process",
-                  batch_id, table.num_rows, entered - progress.left, fetched - entered, time.monotonic() - fetched)
-        progress.left = time.monotonic()
-        if stats is not None:
-            progress.committed(stats)
-            monitor.committed(stats, processor.aborts)
+    on_batch = _BatchCallback(processor, progress, monitor)
 
     reader = (
         spark.readStream.format("kafka")
@@ -205,10 +178,11 @@ def run_pipeline(
     except KeyboardInterrupt:
         log.info("interrupted; stopping after the current batch")
     finally:
-        with lock:  # never stop in the middle of a transaction
+        with on_batch.lock:  # never stop in the middle of a transaction
             query.stop()
         processor.close()
         monitor.close()
+        on_batch.release()
         if own_spark:
             spark.stop()
     if progress.failure is not None:
@@ -220,6 +194,55 @@ def run_pipeline(
     if query_error is not None:
         raise RefoldError(f"the streaming query failed: {query_error}")
     return progress
+
+
+class _BatchCallback:
+    """foreachBatch's function: a batch's rows to the processor, its stats to progress and monitor.
+
+    py4j keeps it referenced after the query stops; `release()` lets go of the processor
+    (and its reducer's state), or a process that runs one pipeline after another (the
+    tests, bench.scaling) would keep every finished pipeline's state.
+    """
+
+    def __init__(self, processor: BatchProcessor, progress: Progress, monitor: Monitor) -> None:
+        self.processor: BatchProcessor | None = processor
+        self.progress = progress
+        self.monitor: Monitor | None = monitor
+        self.lock = threading.Lock()
+
+    def release(self) -> None:
+        self.processor = self.monitor = None
+
+    def __call__(self, frame: Any, batch_id: int) -> None:
+        entered = time.monotonic()
+        table = frame.toArrow()
+        if table.num_rows == 0:
+            return
+        fetched = time.monotonic()
+        columns = table.to_pydict()
+        records = [
+            InputRecord(p, o, k, v, int(ts.timestamp() * 1000) if ts is not None else 0)
+            for p, o, k, v, ts in zip(
+                columns["partition"], columns["offset"], columns["key"], columns["value"], columns["timestamp"],
+                strict=True,
+            )
+        ]
+        progress = self.progress
+        with self.lock:
+            processor, monitor = self.processor, self.monitor
+            if processor is None or monitor is None:
+                raise RefoldError("a batch arrived after the engine stopped")
+            try:
+                stats = processor.process(records)
+            except BaseException as exc:
+                progress.failure = exc
+                raise
+        log.debug("spark batch %d: %d records; %.2fs in Spark before it, %.2fs to fetch, %.2fs to process",
+                  batch_id, table.num_rows, entered - progress.left, fetched - entered, time.monotonic() - fetched)
+        progress.left = time.monotonic()
+        if stats is not None:
+            progress.committed(stats)
+            monitor.committed(stats, processor.aborts)
 
 
 def _idle(query: Any, progress: Progress, seconds: float) -> bool:

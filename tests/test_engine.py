@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import shutil
 import uuid
 from typing import Any
@@ -13,6 +14,7 @@ from refold.config import Pipeline, parse_pipeline
 from refold.errors import RecordError
 from refold.job import run_pipeline, spark_checkpoint_dir, spark_session
 from refold.kafkaio import read_to_end
+from refold.processor import BatchProcessor
 from refold.produce import produce
 from refold.records import decode_dead_letter
 from refold.recovery import load_checkpoint
@@ -164,6 +166,9 @@ def test_restart_continues_exactly_once(bootstrap_servers, topic, tmp_path, spar
     run(pipeline, bootstrap_servers, spark)  # no Spark checkpoint: state from P.state
     report = assert_verified(pipeline, settings)
     assert report.events == len(rows)
+    # a finished run leaves nothing behind (py4j keeps its foreachBatch callback)
+    gc.collect()
+    assert not [o for o in gc.get_objects() if isinstance(o, BatchProcessor)]
 
 
 def test_bad_records_go_to_the_dead_letter_topic(bootstrap_servers, topic, tmp_path, spark) -> None:
