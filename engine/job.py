@@ -144,7 +144,7 @@ def run_pipeline(
     monitor.start(processor)
     checkpoint_dir = spark_checkpoint_dir(pipeline)
     checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
-    reconcile_spark_checkpoint(checkpoint_dir, topic, processor.offsets)
+    reconcile_spark_checkpoint(checkpoint_dir, topic, processor.offsets, settings)
     on_batch = _BatchCallback(processor, progress, monitor)
 
     reader = (

@@ -272,6 +272,43 @@ def read_to_end(
         consumer.close()
 
 
+def next_visible_offsets(
+    settings: Mapping[str, Any], topic: str, starts: Mapping[int, int], timeout: float = 30.0
+) -> dict[int, int]:
+    """Per partition, where a read_committed reader starting at `starts[p]` gets its first
+    record: that record's offset, or the partition's end when only transaction markers and
+    aborted records follow. (So `next_visible_offsets(...)[p] >= o` means no committed
+    record lies in `[starts[p], o)`.)"""
+    if not starts:
+        return {}
+    consumer = Consumer(consumer_config(settings))
+    found: dict[int, int] = {}
+    try:
+        consumer.assign([TopicPartition(topic, p, o) for p, o in starts.items()])
+        deadline = time.monotonic() + timeout
+        while len(found) < len(starts):
+            if time.monotonic() > deadline:
+                raise PrerequisiteError(f"reading {topic!r} partitions {sorted(set(starts) - set(found))} "
+                                        f"took over {timeout:.0f}s (an open transaction?)")
+            for msg in consumer.consume(num_messages=len(starts), timeout=0.5):
+                partition, err = msg.partition(), msg.error()
+                if partition is None or partition in found:
+                    continue
+                if err is None:
+                    found[partition] = int(msg.offset() or 0)
+                    consumer.pause([TopicPartition(topic, partition)])
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    # at the end the position has moved past the markers
+                    (tp,) = consumer.position([TopicPartition(topic, partition)])
+                    found[partition] = max(tp.offset, starts[partition])
+                    consumer.pause([TopicPartition(topic, partition)])
+                elif err.code() not in READER_IGNORES:
+                    raise KafkaException(err)
+    finally:
+        consumer.close()
+    return found
+
+
 def _high_watermark(consumer: Consumer, tp: TopicPartition, timeout: float) -> int:
     """The high watermark, retrying while a new topic's leader is still being elected."""
     deadline = time.monotonic() + timeout

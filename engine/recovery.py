@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from refold.config import Pipeline
-from refold.kafkaio import read_to_end
+from refold.kafkaio import next_visible_offsets, read_to_end
 from refold.records import Checkpoint, decode_checkpoint
 
 log = logging.getLogger(__name__)
@@ -102,11 +102,16 @@ def spark_committed_offsets(directory: Path, topic: str) -> dict[int, int] | Non
     return None
 
 
-def reconcile_spark_checkpoint(directory: Path, topic: str, kafka_offsets: Mapping[int, int]) -> bool:
-    """Keep Spark's checkpoint only when its committed offsets equal Kafka's.
+def reconcile_spark_checkpoint(
+    directory: Path, topic: str, kafka_offsets: Mapping[int, int], settings: Mapping[str, Any]
+) -> bool:
+    """Keep Spark's checkpoint only when its committed offsets agree with Kafka's.
 
-    Returns True when the directory was kept. Anything else (missing, behind,
-    ahead, unreadable) wipes it: the query then starts from Kafka's offsets.
+    They agree when, per partition, they are equal or only transaction markers and
+    aborted records lie between them: Spark's end offsets count the source's last
+    marker, Refold's stop after the last record it reduced. Returns True when the
+    directory was kept. Anything else (missing, behind, ahead past a record,
+    unreadable) wipes it: the query then starts from Kafka's offsets.
     """
     if not directory.exists():
         return False
@@ -115,12 +120,7 @@ def reconcile_spark_checkpoint(directory: Path, topic: str, kafka_offsets: Mappi
     except (OSError, ValueError) as exc:
         log.warning("Spark checkpoint %s is unreadable (%s); starting from Kafka's offsets", directory, exc)
         spark = None
-    # A partition Kafka has no offset for was never read: Spark must be at its start.
-    agree = (
-        spark is not None
-        and all(spark.get(p) == o for p, o in kafka_offsets.items())
-        and all(kafka_offsets.get(p, 0) == o for p, o in spark.items())
-    )
+    agree = spark is not None and _same_records(spark, kafka_offsets, topic, settings)
     if not agree:
         if spark is not None or any(directory.iterdir()):
             log.warning(
@@ -132,3 +132,18 @@ def reconcile_spark_checkpoint(directory: Path, topic: str, kafka_offsets: Mappi
             )
         shutil.rmtree(directory)
     return agree
+
+
+def _same_records(spark: Mapping[int, int], kafka: Mapping[int, int], topic: str, settings: Mapping[str, Any]) -> bool:
+    """No committed record lies between Spark's and Kafka's offset on any partition.
+
+    (A partition Kafka has no offset for was never read: Spark must be at its start.)"""
+    ahead: dict[int, int] = {}
+    for partition in set(spark) | set(kafka):
+        ours, theirs = kafka.get(partition, 0), spark.get(partition)
+        if theirs is None or theirs < ours:
+            return False
+        if theirs > ours:
+            ahead[partition] = ours
+    visible = next_visible_offsets(settings, topic, ahead)
+    return all(visible[p] >= spark[p] for p in ahead)
