@@ -99,10 +99,16 @@ class ThreadExecutor:
 class SparkExecutor:
     """Writers on Spark executors: one Spark partition per part."""
 
-    def __init__(self, spark_context: Any) -> None:
+    def __init__(self, spark_context: Any = None) -> None:
+        self.sc = spark_context
+
+    def attach(self, spark_context: Any) -> None:
+        """The Spark context, when it was still starting as this executor was made."""
         self.sc = spark_context
 
     def prepare(self, writer: SinkWriter, txn: TxnInfo, parts: Sequence[tuple[int, list[Store]]]) -> list[CommitInfo]:
+        if self.sc is None:
+            raise RuntimeError("SparkExecutor.prepare before Spark's context was attached")
         def run(_index: int, items: Any) -> list[CommitInfo]:
             return [writer.prepare(txn, part, stores) for part, stores in items]
 

@@ -9,12 +9,14 @@ directory is kept only while it agrees with them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -133,12 +135,15 @@ def run_pipeline(
         raise UserError(f"source.topic: {exc}") from exc
     ensure_topics(settings, engine_topics(pipeline, max(pipeline.partitions, len(partitions))))
     own_spark = spark is None
-    if own_spark:
-        spark = spark_session(pipeline.spark.master, pipeline.spark.conf, f"refold-{pipeline.pipeline}")
-    if processor_factory is None:
-        processor = BatchProcessor(pipeline, settings, SparkExecutor(spark.sparkContext))
+    if own_spark and processor_factory is None:
+        spark, processor = _start_together(pipeline, settings)
     else:
-        processor = processor_factory(pipeline, settings, spark)
+        if own_spark:
+            spark = spark_session(pipeline.spark.master, pipeline.spark.conf, f"refold-{pipeline.pipeline}")
+        if processor_factory is None:
+            processor = BatchProcessor(pipeline, settings, SparkExecutor(spark.sparkContext))
+        else:
+            processor = processor_factory(pipeline, settings, spark)
     progress = Progress(pipeline, quiet)
     monitor = Monitor(pipeline, settings, metrics_port=metrics_port, quiet=quiet)
     monitor.start(processor)
@@ -194,6 +199,29 @@ def run_pipeline(
     if query_error is not None:
         raise RefoldError(f"the streaming query failed: {query_error}")
     return progress
+
+
+def _start_together(pipeline: Pipeline, settings: dict[str, Any]) -> tuple[Any, BatchProcessor]:
+    """Spark's session and the processor, started side by side: the JVM comes up (seconds,
+    mostly outside Python) while the processor fences older instances and restores its
+    state from Kafka (seconds to a minute, in Python). Recovery takes the longer of the
+    two, not their sum."""
+    executor = SparkExecutor()
+    with ThreadPoolExecutor(1, thread_name_prefix="refold-spark-start") as pool:
+        starting = pool.submit(spark_session, pipeline.spark.master, pipeline.spark.conf, f"refold-{pipeline.pipeline}")
+        try:
+            processor = BatchProcessor(pipeline, settings, executor)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                starting.result().stop()
+            raise
+        try:
+            spark = starting.result()
+        except BaseException:
+            processor.close()
+            raise
+    executor.attach(spark.sparkContext)
+    return spark, processor
 
 
 class _BatchCallback:
