@@ -224,8 +224,9 @@ def read_to_end(
     start: Mapping[int, int] | None = None,
 ) -> Iterator[Message]:
     """Every committed record of `topic` from the beginning (or `start` offsets) to its
-    current end (the last stable offset: read_committed), partition by partition in
-    offset order within each partition.
+    current end (the last stable offset: read_committed), in offset order within each
+    partition. Partitions interleave (wherever a fetch ends): a reader that needs one
+    partition's records together must group them by `msg.partition()`.
     """
     partitions = partitions_of(settings, topic)
     consumer = Consumer(consumer_config(settings))

@@ -71,14 +71,19 @@ def output_key(pipeline: Pipeline, row: Mapping[str, Any]) -> tuple[Any, ...]:
 
 
 def read_view_changes(pipeline: Pipeline, settings: Mapping[str, Any]) -> list[ViewChange]:
-    """The committed view changelog (form `changelog` or `retract`) as ViewChanges."""
+    """The committed view changelog (form `changelog` or `retract`) as ViewChanges,
+    partition after partition, each in offset order.
+
+    Not in the order the reader returns them: it interleaves partitions wherever a
+    fetch ends, which can put another partition's record between a `-C` and its `+C`
+    (adjacent within their own partition: the order the contract promises)."""
     assert pipeline.outputs.view is not None
-    changes = []
+    partitions: dict[int, list[ViewChange]] = {}
     for msg in read_to_end(settings, pipeline.outputs.view.topic):
         record = orjson.loads(msg.value() or b"null")
         op = Op.parse(record.pop("op"))
-        changes.append(ViewChange(op, output_key(pipeline, record), record))
-    return changes
+        partitions.setdefault(msg.partition() or 0, []).append(ViewChange(op, output_key(pipeline, record), record))
+    return [change for partition in sorted(partitions) for change in partitions[partition]]
 
 
 def read_upsert_view(pipeline: Pipeline, settings: Mapping[str, Any]) -> dict[bytes, dict[str, Any]]:
