@@ -446,11 +446,14 @@ class BatchProcessor:
 
     def _fail(self, exc: KafkaException) -> None:
         err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        if err is not None and err.code() == KafkaError._FATAL:
+            err = self._fatal_cause(err)
         open_ms = (time.monotonic() - self._txn_started) * 1000
         # The coordinator aborts a transaction that outlives transaction.timeout.ms by
         # bumping the epoch, which the client reports as a fence. Only a fence inside
         # the timeout is another instance taking over; after it, re-initialise and replay.
         if err is not None and err.code() in _FENCED_CODES and open_ms < self._timeout_ms:
+            self.producer = None  # fenced for good: nothing of it to flush or abort
             raise FencedError(
                 f"fenced: another instance of pipeline {self.pipeline.pipeline!r} took over "
                 f"transactional id {self.pipeline.transactional_id!r}; this one stops"
@@ -462,6 +465,17 @@ class BatchProcessor:
             except KafkaException as abort_exc:
                 log.warning("abort failed too: %s", describe_kafka_error(abort_exc))
         raise TransactionFailed(describe_kafka_error(exc)) from exc
+
+    def _fatal_cause(self, err: KafkaError) -> KafkaError:
+        """Why the producer is in a fatal state: `produce()` says only `_FATAL` (a zombie
+        fenced while it sends; found by `make chaos`), the transactional API names the cause."""
+        if self.producer is not None:
+            try:
+                self.producer.abort_transaction(5)
+            except KafkaException as exc:
+                if exc.args and isinstance(exc.args[0], KafkaError):
+                    return exc.args[0]
+        return err
 
 
 @contextlib.contextmanager

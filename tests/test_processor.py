@@ -5,12 +5,14 @@ from __future__ import annotations
 import time
 import uuid
 
+import orjson
 import pytest
 
 from refold.config import parse_pipeline
 from refold.job import engine_topics
 from refold.kafkaio import ensure_topics
-from refold.processor import BatchProcessor, TransactionFailed
+from refold.processor import BatchProcessor, FencedError, InputRecord, TransactionFailed
+from refold.recovery import load_checkpoint
 
 pytestmark = pytest.mark.kafka
 
@@ -38,3 +40,37 @@ def test_a_call_past_its_deadline_fails_the_transaction_and_keeps_the_producer(b
         processor._bounded("x", 5, lambda: None)
     finally:
         processor.close()
+
+
+def test_a_zombie_fenced_while_it_sends_stops_and_leaves_the_new_instance_alone(bootstrap_servers, topic) -> None:
+    # Found by `make chaos`: fenced in the middle of a batch, produce() reports only
+    # _FATAL; the zombie took that for a failed transaction, re-initialised, and so
+    # fenced the instance that had replaced it.
+    settings = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=1)
+    name = f"pz{uuid.uuid4().hex[:8]}"
+    pipeline = parse_pipeline({"pipeline": name, "kafka": settings, "source": {"topic": source, "format": "jsonl"},
+                               "view": {"key": ["k"], "columns": {"n": {"count": "*"}}},
+                               "outputs": {"view": {"topic": f"{name}.view"}}})
+    ensure_topics(settings, engine_topics(pipeline, 1))
+
+    def batch(start: int, size: int) -> list[InputRecord]:
+        return [InputRecord(0, o, b'{"k": "a"}', orjson.dumps({"op": "+A", "k": "a", "i": o}), 0)
+                for o in range(start, start + size)]
+
+    zombie = BatchProcessor(pipeline, settings)
+    successor = None
+    try:
+        assert zombie.process(batch(0, 10)) is not None
+        successor = BatchProcessor(pipeline, settings)  # init_transactions fences the zombie
+        with pytest.raises(FencedError, match="another instance"):
+            zombie.process(batch(10, 500))
+        assert zombie.aborts == 0  # not taken for a failed transaction and retried
+        stats = successor.process(batch(10, 20))  # still the owner: it commits
+        assert stats is not None and stats.records_in == 20
+        checkpoint = load_checkpoint(pipeline, settings)
+        assert checkpoint is not None and checkpoint.records_in == 30
+    finally:
+        zombie.close()
+        if successor is not None:
+            successor.close()
