@@ -10,6 +10,7 @@ directory is kept only while it agrees with them.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import sys
@@ -54,6 +55,7 @@ def engine_topics(pipeline: Pipeline, partitions: int) -> list[TopicSpec]:
 
 def spark_session(master: str = "local[2]", conf: dict[str, str] | None = None, name: str = "refold") -> Any:
     """A local-friendly Spark session with Spark's Kafka connector on the classpath."""
+    _limit_malloc_arenas()  # before py4j's threads exist
     from pyspark.sql import SparkSession
 
     from refold.jars import spark_jars
@@ -125,6 +127,7 @@ def run_pipeline(
     metrics_port: int | None = None,
 ) -> Progress:
     """Run the engine until stopped (or until idle for `until_idle` seconds)."""
+    _limit_malloc_arenas()
     # --bootstrap-servers, else REFOLD_BOOTSTRAP_SERVERS, else the pipeline's kafka:, else local
     settings = pipeline.kafka_settings(bootstrap)
     java_settings = java_client_settings(settings)  # for Spark's source; fails before Spark starts
@@ -199,6 +202,24 @@ def run_pipeline(
     if query_error is not None:
         raise RefoldError(f"the streaming query failed: {query_error}")
     return progress
+
+
+def _limit_malloc_arenas(arenas: int = 2) -> None:
+    """Two glibc malloc arenas instead of 8 per core (what `MALLOC_ARENA_MAX=2` does).
+
+    Batches arrive on py4j's callback threads, and glibc gives threads arenas of their
+    own: state freed in one arena was not reused by the next batch's thread, so the
+    heap kept growing (measured, four 60k-key pipelines in one process: RSS 775 → 1,872
+    MiB with the default, 781 → 802 MiB with two arenas set before Spark starts). Called
+    before py4j's threads exist: an arena a thread already has stays. No effect off glibc."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_ARENA_MAX, arenas)
+    except (OSError, AttributeError):
+        pass
+
+
+_M_ARENA_MAX = -8  # glibc's malloc.h
 
 
 def _start_together(pipeline: Pipeline, settings: dict[str, Any]) -> tuple[Any, BatchProcessor]:
