@@ -137,7 +137,7 @@ def reconcile_spark_checkpoint(
 def _same_records(spark: Mapping[int, int], kafka: Mapping[int, int], topic: str, settings: Mapping[str, Any]) -> bool:
     """No committed record lies between Spark's and Kafka's offset on any partition.
 
-    (A partition Kafka has no offset for was never read: Spark must be at its start.)"""
+    (A partition Kafka has no offset for was never read: its offset there counts as 0.)"""
     ahead: dict[int, int] = {}
     for partition in set(spark) | set(kafka):
         ours, theirs = kafka.get(partition, 0), spark.get(partition)
