@@ -158,7 +158,10 @@ class Engine:
         return self.pipeline.pipeline
 
     def start(self, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("REFOLD_TEST_")}
+        # The pipeline file names the harness's broker; a REFOLD_BOOTSTRAP_SERVERS around
+        # (the test session sets one for its own broker) would win over it.
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("REFOLD_TEST_") and k != "REFOLD_BOOTSTRAP_SERVERS"}
         env.update(extra_env or {})
         self.runs += 1
         self.result.engine_starts += 1

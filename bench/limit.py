@@ -35,7 +35,8 @@ def run_limit(settings: dict[str, Any], source: str, output: str, per_transactio
     partitions = partitions_of(settings, source)
     consumer = Consumer(consumer_config(settings, **{"group.id": f"bench-limit-{uuid.uuid4()}"}))
     consumer.assign([TopicPartition(source, p, 0) for p in partitions])  # from the beginning
-    producer = Producer(producer_config(settings, **{"transactional.id": f"bench-limit-{uuid.uuid4()}"}))
+    producer = Producer(producer_config(settings, **{"transactional.id": f"bench-limit-{uuid.uuid4()}",
+                                                     "delivery.report.only.error": True}))  # as the engine
     producer.init_transactions(30)
     errors, on_delivery = delivery_failures()
     open_partitions = set(partitions)

@@ -5,8 +5,8 @@ Three parts (`--parts`, default all):
 - keys: for each key-space size in `--keys`, a seeded changelog of `--events` events
   (`refold.testing.Workload` over that many keys, 20 % retractions/corrections) is
   produced to a fresh topic and Refold runs over it (`bench.run.pipeline`, timed by
-  `bench.run.timed_run`, in one Spark session shared by every point): events/s,
-  seconds, batches, peak RSS of this process and its JVM, and the number of distinct
+  `bench.run.timed_run`, each point in a process of its own with its own Spark
+  session): events/s, seconds, batches, peak RSS of that process and its JVM, and the number of distinct
   keys the workload touched. With a fixed event count a large key space is only
   partly touched (300k events reach at most 300k of 10M keys; the generator also
   sends 20 % of its appends to the hottest 1 % of keys), so the state grows with
@@ -29,10 +29,10 @@ Three parts (`--parts`, default all):
   and the restore's seconds ("recovered … N state records (Xs)"), and when recovery
   ended and when the streaming query ran, counted from the restart.
 
-A warm-up run (`--warmup-events`, not reported) first gives the shared Spark
-session its Python workers and JIT, so the first point does not carry them. Peak
-RSS is of a process whose JVM heap only grows: later points inherit the earlier
-peaks. Machines here are noisy: read the shape, not the seconds.
+Each point's process first makes a warm-up run (`--warmup-events`, not reported) that
+gives its Spark session its Python workers and JIT; its peak RSS is of that process
+alone (until the fifth session all points shared one process, and the column was
+cumulative). Machines here are noisy: read the shape, not the seconds.
 
 Writes `scaling.json` (keys and retraction curves, the parts that ran) and
 `recovery.json` into `--json-dir`; progress goes to stderr, a table per part to stdout.
@@ -48,6 +48,7 @@ import argparse
 import random
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -151,22 +152,15 @@ def print_curve(title: str, points: list[dict[str, Any]]) -> None:
 
 
 def curves(s: Settings, args: argparse.Namespace) -> dict[str, Any]:
-    """The keys and retraction curves the chosen parts ask for, in one Spark session."""
+    """The keys and retraction curves the chosen parts ask for, each point in a process
+    of its own (its own Spark session and warm-up), so its peak RSS is its own."""
     out: dict[str, Any] = {}
-    spark = spark_session(name="refold-scaling")
-    try:
-        if args.warmup_events:
-            warm = Settings(s.bootstrap, s.run_id, args.warmup_events, s.batch, s.partitions, s.seed)
-            say("warm-up run (not reported):")
-            throughput_point(warm, spark, 1_000, 0.2, "warmup")
-        if "keys" in args.parts:
-            points = [throughput_point(s, spark, k, 0.2, f"k{k}") for k in args.keys]
-            out["keys_curve"] = {"retract_share": 0.2, "points": points}
-        if "retract" in args.parts:
-            points = [throughput_point(s, spark, args.retract_keys, r, f"r{round(r * 100)}") for r in args.retract]
-            out["retract_curve"] = {"keys": args.retract_keys, "points": points}
-    finally:
-        spark.stop()
+    if "keys" in args.parts:
+        points = [point_process(s, args, k, 0.2, f"k{k}") for k in args.keys]
+        out["keys_curve"] = {"retract_share": 0.2, "points": points}
+    if "retract" in args.parts:
+        points = [point_process(s, args, args.retract_keys, r, f"r{round(r * 100)}") for r in args.retract]
+        out["retract_curve"] = {"keys": args.retract_keys, "points": points}
     if "keys_curve" in out:
         print_curve(f"throughput vs key space ({s.events:,} events each, 20% retractions/corrections; "
                     "a fixed event count touches only part of a large key space)", out["keys_curve"]["points"])
@@ -174,6 +168,37 @@ def curves(s: Settings, args: argparse.Namespace) -> dict[str, Any]:
         print_curve(f"throughput vs retraction share ({s.events:,} events each, {args.retract_keys:,} keys)",
                     out["retract_curve"]["points"])
     return out
+
+
+def point_process(s: Settings, args: argparse.Namespace, keys: int, retract: float, tag: str) -> dict[str, Any]:
+    """One curve point in a fresh `python -m bench.scaling --point …` process."""
+    with tempfile.TemporaryDirectory(prefix="refold-scaling-point-") as folder:
+        result = Path(folder) / "point.json"
+        command = [sys.executable, "-m", "bench.scaling", "--point", f"{tag},{keys},{retract}",
+                   "--point-json", str(result), "--run-id", s.run_id, "--bootstrap", s.bootstrap,
+                   "--events", str(s.events), "--batch", str(s.batch), "--partitions", str(s.partitions),
+                   "--seed", str(s.seed), "--warmup-events", str(args.warmup_events)]
+        done = subprocess.run(command, cwd=Path(__file__).resolve().parent.parent, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"scaling point {tag}: exit {done.returncode}")
+        point: dict[str, Any] = orjson.loads(result.read_bytes())
+        return point
+
+
+def one_point(s: Settings, args: argparse.Namespace) -> None:
+    """`--point TAG,KEYS,RETRACT`: a warm-up run (not reported), then the point; its
+    figures go to `--point-json`."""
+    tag, keys, retract = args.point.split(",")
+    spark = spark_session(name=f"refold-scaling-{tag}")
+    try:
+        if args.warmup_events:
+            warm = Settings(s.bootstrap, s.run_id, args.warmup_events, s.batch, s.partitions, s.seed)
+            say("warm-up run (not reported):")
+            throughput_point(warm, spark, 1_000, 0.2, f"warmup-{tag}")
+        point = throughput_point(s, spark, int(keys), float(retract), tag)
+    finally:
+        spark.stop()
+    args.point_json.write_bytes(orjson.dumps(point))
 
 
 # Recovery ----------------------------------------------------------------------------
@@ -353,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=4, help="source partitions")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json-dir", type=Path, default=RESULTS, help="where scaling.json and recovery.json go")
+    parser.add_argument("--point", default=None, help=argparse.SUPPRESS)  # TAG,KEYS,RETRACT: one point (internal)
+    parser.add_argument("--point-json", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--run-id", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--bootstrap", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path, default=None,
                         help="recovery's working folder: pipeline YAML, engine logs (default: a temporary one)")
     args = parser.parse_args(argv)
@@ -365,8 +394,11 @@ def main(argv: list[str] | None = None) -> int:
     from refold.localkafka import ensure_broker
 
     info = run_info()
-    s = Settings(ensure_broker(None, start_local=True), info["run"], args.events, args.batch, args.partitions,
-                 args.seed)
+    s = Settings(ensure_broker(args.bootstrap, start_local=True), args.run_id or info["run"], args.events, args.batch,
+                 args.partitions, args.seed)
+    if args.point:
+        one_point(s, args)
+        return 0
     common = {**info, "events": args.events, "batch": args.batch, "partitions": args.partitions, "seed": args.seed,
               "warmup_events": args.warmup_events, "note": TOUCHED_NOTE}
     if {"keys", "retract"} & set(args.parts):

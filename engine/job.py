@@ -125,8 +125,13 @@ def run_pipeline(
     quiet: bool = False,
     processor_factory: Callable[[Pipeline, dict[str, Any], Any], BatchProcessor] | None = None,
     metrics_port: int | None = None,
+    overlap: bool = True,
 ) -> Progress:
-    """Run the engine until stopped (or until idle for `until_idle` seconds)."""
+    """Run the engine until stopped (or until idle for `until_idle` seconds).
+
+    `overlap=False` makes Spark wait for each batch's commit before it fetches the next
+    (Spark's own foreachBatch contract, which an at-least-once writer relies on: the
+    bench's Spark baseline); Refold's exactly-once does not need it."""
     _limit_malloc_arenas()
     # --bootstrap-servers, else REFOLD_BOOTSTRAP_SERVERS, else the pipeline's kafka:, else local
     settings = pipeline.kafka_settings(bootstrap)
@@ -153,7 +158,7 @@ def run_pipeline(
     checkpoint_dir = spark_checkpoint_dir(pipeline)
     checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
     reconcile_spark_checkpoint(checkpoint_dir, topic, processor.offsets, settings)
-    on_batch = _BatchCallback(processor, progress, monitor)
+    on_batch = _BatchCallback(processor, progress, monitor, overlap=overlap)
 
     reader = (
         spark.readStream.format("kafka")
@@ -166,7 +171,7 @@ def run_pipeline(
     )
     for key, value in java_settings.items():
         reader = reader.option(f"kafka.{key}", value)
-    frame = reader.load().selectExpr("partition", "offset", "key", "value", "timestamp")
+    frame = reader.load().selectExpr("partition", "offset", "key", "value", "unix_millis(timestamp) AS ts")
     query = (
         frame.writeStream.foreachBatch(on_batch)
         .trigger(processingTime=f"{int(pipeline.trigger_seconds * 1000)} milliseconds")
@@ -181,13 +186,15 @@ def run_pipeline(
                 query.awaitTermination(0.25)
             except Exception:  # the query died: its cause is in progress.failure or query.exception()
                 break
-            if until_idle is not None and _idle(query, progress, until_idle):
+            if progress.failure is not None:
+                break
+            if until_idle is not None and on_batch.idle and _idle(query, progress, until_idle):
                 break
     except KeyboardInterrupt:
         log.info("interrupted; stopping after the current batch")
     finally:
-        with on_batch.lock:  # never stop in the middle of a transaction
-            query.stop()
+        query.stop()  # Spark's side; the worker is not Spark's and is never stopped mid-transaction
+        on_batch.close()
         processor.close()
         monitor.close()
         on_batch.release()
@@ -246,51 +253,116 @@ def _start_together(pipeline: Pipeline, settings: dict[str, Any]) -> tuple[Any, 
 
 
 class _BatchCallback:
-    """foreachBatch's function: a batch's rows to the processor, its stats to progress and monitor.
+    """foreachBatch's function: Spark's thread fetches a batch and hands it over; the
+    processor reduces and commits batches one after the other on a thread of its own.
 
-    py4j keeps it referenced after the query stops; `release()` lets go of the processor
-    (and its reducer's state), or a process that runs one pipeline after another (the
-    tests, bench.scaling) would keep every finished pipeline's state.
+    So Spark plans and fetches batch N+1 (mostly in the JVM) while batch N is reduced
+    and committed (in Python): a batch costs the longer of the two, not their sum. One
+    batch waits at most while one is processed. Exactly-once does not depend on it:
+    Kafka's committed offsets are the truth, and Spark's checkpoint, which may now be a
+    batch ahead of them after a crash, is kept only when it agrees
+    (`reconcile_spark_checkpoint`).
+
+    py4j keeps the callback referenced after the query stops; `release()` lets go of
+    the processor (and its reducer's state), or a process that runs one pipeline after
+    another (the tests, bench.scaling) would keep every finished pipeline's state.
     """
 
-    def __init__(self, processor: BatchProcessor, progress: Progress, monitor: Monitor) -> None:
+    def __init__(self, processor: BatchProcessor, progress: Progress, monitor: Monitor, *, overlap: bool = True) -> None:
         self.processor: BatchProcessor | None = processor
+        self.overlap = overlap
         self.progress = progress
         self.monitor: Monitor | None = monitor
-        self.lock = threading.Lock()
+        self._turn = threading.Condition()
+        self._waiting: list[InputRecord] | None = None  # handed over, not taken yet
+        self._busy = False  # the worker is reducing or committing a batch
+        self._closing = False
+        self._worker = threading.Thread(target=self._work, name="refold-batches", daemon=True)
+        self._worker.start()
+
+    @property
+    def idle(self) -> bool:
+        """No batch handed over and not yet committed."""
+        with self._turn:
+            return self._waiting is None and not self._busy
+
+    def close(self) -> None:
+        """Commit what was handed over, then end the worker (its processor's calls are bounded)."""
+        with self._turn:
+            self._closing = True
+            self._turn.notify_all()
+        self._worker.join()
 
     def release(self) -> None:
         self.processor = self.monitor = None
 
     def __call__(self, frame: Any, batch_id: int) -> None:
         entered = time.monotonic()
+        self._raise_if_failed()
         table = frame.toArrow()
         if table.num_rows == 0:
             return
         fetched = time.monotonic()
         columns = table.to_pydict()
         records = [
-            InputRecord(p, o, k, v, int(ts.timestamp() * 1000) if ts is not None else 0)
+            InputRecord(p, o, k, v, ts if ts is not None else 0)
             for p, o, k, v, ts in zip(
-                columns["partition"], columns["offset"], columns["key"], columns["value"], columns["timestamp"],
+                columns["partition"], columns["offset"], columns["key"], columns["value"], columns["ts"],
                 strict=True,
             )
         ]
-        progress = self.progress
-        with self.lock:
-            processor, monitor = self.processor, self.monitor
-            if processor is None or monitor is None:
+        with self._turn:
+            while self._waiting is not None and self.progress.failure is None and not self._closing:
+                self._turn.wait(0.5)
+            self._raise_if_failed()
+            if self._closing:
                 raise RefoldError("a batch arrived after the engine stopped")
+            self._waiting = records
+            self._turn.notify_all()
+            while not self.overlap and (self._waiting is not None or self._busy):
+                self._turn.wait()  # the worker always ends a batch with busy = False
+        if not self.overlap:
+            self._raise_if_failed()
+        handed = time.monotonic()
+        log.debug("spark batch %d: %d records; %.2fs in Spark before it, %.2fs to fetch, %.2fs waiting for "
+                  "the batch before it", batch_id, table.num_rows, entered - self.progress.left,
+                  fetched - entered, handed - fetched)
+        self.progress.left = handed
+
+    def _raise_if_failed(self) -> None:
+        if self.progress.failure is not None:
+            raise RefoldError(f"the engine stopped after a failed batch: {self.progress.failure}")
+
+    def _work(self) -> None:
+        while True:
+            with self._turn:
+                while self._waiting is None and not self._closing:
+                    self._turn.wait()
+                if self._waiting is None:
+                    return  # closing, and everything handed over is committed
+                records, self._waiting = self._waiting, None
+                self._busy = True
+                self._turn.notify_all()
             try:
-                stats = processor.process(records)
-            except BaseException as exc:
-                progress.failure = exc
-                raise
-        log.debug("spark batch %d: %d records; %.2fs in Spark before it, %.2fs to fetch, %.2fs to process",
-                  batch_id, table.num_rows, entered - progress.left, fetched - entered, time.monotonic() - fetched)
-        progress.left = time.monotonic()
+                self._process(records)
+            except BaseException as exc:  # run_pipeline raises it
+                self.progress.failure = exc
+                return
+            finally:
+                with self._turn:
+                    self._busy = False
+                    self._turn.notify_all()
+
+    def _process(self, records: list[InputRecord]) -> None:
+        processor, monitor = self.processor, self.monitor
+        if processor is None or monitor is None:
+            raise RefoldError("a batch arrived after the engine stopped")
+        started = time.monotonic()
+        stats = processor.process(records)
+        log.debug("processed %d records in %.2fs", len(records), time.monotonic() - started)
+        self.progress.last_data = time.monotonic()
         if stats is not None:
-            progress.committed(stats)
+            self.progress.committed(stats)
             monitor.committed(stats, processor.aborts)
 
 

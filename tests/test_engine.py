@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import gc
 import shutil
+import threading
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import pytest
 
 from refold.config import Pipeline, parse_pipeline
-from refold.errors import RecordError
-from refold.job import run_pipeline, spark_checkpoint_dir, spark_session
+from refold.errors import RecordError, RefoldError
+from refold.job import Progress, _BatchCallback, run_pipeline, spark_checkpoint_dir, spark_session
 from refold.kafkaio import read_to_end
 from refold.processor import BatchProcessor
 from refold.produce import produce
@@ -228,3 +229,77 @@ def test_strict_mode_fails_naming_the_record(bootstrap_servers, topic, tmp_path,
     assert f"{source}[0]@1" in str(failure.value)
     settings = {"bootstrap.servers": bootstrap_servers}
     assert load_checkpoint(pipeline, settings) is None  # nothing of the failed batch committed
+
+
+class GatedProcessor:
+    """Stands in for the BatchProcessor in the handoff tests: each batch waits for the
+    test's go-ahead (so the order of events is forced, not timed), or fails."""
+
+    aborts = 0
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        self.seen: list[int] = []
+        self.started = threading.Semaphore(0)
+        self.go = threading.Semaphore(0)
+        self.fail_at = fail_at
+
+    def process(self, records: list[Any]) -> None:
+        self.started.release()
+        assert self.go.acquire(timeout=60)
+        self.seen.append(records[0].offset)
+        if records[0].offset == self.fail_at:
+            raise RefoldError("this batch fails")
+        return None
+
+
+def batch_frame(spark: Any, offset: int) -> Any:
+    return spark.createDataFrame([(0, offset, b"k", b"v", 1)], "partition int, offset long, key binary, value binary, ts long")
+
+
+def test_spark_hands_over_the_next_batch_while_one_is_processed(spark) -> None:
+    processor = GatedProcessor()
+    callback = _BatchCallback(cast(Any, processor), Progress(cast(Any, None), quiet=True), cast(Any, object()))
+    callback(batch_frame(spark, 0), 0)
+    assert processor.started.acquire(timeout=60)  # batch 0 is being processed ...
+    callback(batch_frame(spark, 1), 1)  # ... and batch 1 is fetched and handed over meanwhile
+    third = threading.Thread(target=callback, args=(batch_frame(spark, 2), 2))
+    third.start()
+    third.join(1.0)
+    assert third.is_alive(), "a second batch waited beside the one in the works"
+    processor.go.release()  # batch 0 done: batch 1 starts, batch 2 is taken in
+    third.join(60)
+    assert not third.is_alive()
+    assert not callback.idle
+    processor.go.release()
+    processor.go.release()
+    callback.close()  # commits what was handed over before it returns
+    assert processor.seen == [0, 1, 2]
+    assert callback.idle
+
+
+def test_a_failed_batch_stops_the_next_handover(spark) -> None:
+    processor = GatedProcessor(fail_at=0)
+    progress = Progress(cast(Any, None), quiet=True)
+    callback = _BatchCallback(cast(Any, processor), progress, cast(Any, object()))
+    callback(batch_frame(spark, 0), 0)
+    processor.go.release()
+    callback.close()
+    assert isinstance(progress.failure, RefoldError)
+    with pytest.raises(RefoldError, match="stopped after a failed batch: this batch fails"):
+        callback(batch_frame(spark, 1), 1)
+    assert processor.seen == [0]
+
+
+def test_without_overlap_spark_waits_for_each_batch(spark) -> None:
+    processor = GatedProcessor()
+    callback = _BatchCallback(cast(Any, processor), Progress(cast(Any, None), quiet=True), cast(Any, object()),
+                              overlap=False)
+    call = threading.Thread(target=callback, args=(batch_frame(spark, 0), 0))
+    call.start()
+    assert processor.started.acquire(timeout=60)
+    call.join(1.0)
+    assert call.is_alive(), "Spark went on before the batch was committed"
+    processor.go.release()
+    call.join(60)
+    assert not call.is_alive() and processor.seen == [0] and callback.idle
+    callback.close()
