@@ -74,3 +74,31 @@ def test_a_zombie_fenced_while_it_sends_stops_and_leaves_the_new_instance_alone(
         zombie.close()
         if successor is not None:
             successor.close()
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_the_collector_freezes_survivors_and_reclaims_their_cycles_at_a_full_collection(monkeypatch) -> None:
+    import gc
+    import weakref
+
+    from refold import processor as module
+
+    made_during = None
+    with module.collector_paused():
+        assert not gc.isenabled()
+        made_during = _Cycle()
+    assert gc.isenabled()
+    assert gc.get_freeze_count() > 0  # what survived the batch is out of the collector's sight
+    gone = weakref.ref(made_during)
+    del made_during
+    gc.collect()
+    assert gone() is not None, "a frozen cycle is not collected by an ordinary collection"
+    monkeypatch.setattr(module, "FULL_COLLECTION_SECONDS", 0.0)
+    with module.collector_paused():
+        pass
+    assert gone() is None, "the periodic full collection reclaims it"
+    gc.unfreeze()
