@@ -385,8 +385,11 @@ class BatchProcessor:
             else:
                 timed = ((c, ts) for unit_changes, ts in changes for c in unit_changes)
             form = spec.form
+            key_json: dict[tuple[Any, ...], bytes] = {}  # a key's changes in a batch share its bytes
             for change, ts in timed:
-                key = change.key_json()
+                key = key_json.get(change.key)
+                if key is None:
+                    key = key_json[change.key] = change.key_json()
                 if form == "upsert":
                     if change.op is Op.CORRECT_FROM:
                         continue
@@ -446,6 +449,14 @@ class BatchProcessor:
             producer.commit_transaction(120)
         except KafkaException as exc:
             self._fail(exc)
+        except SystemError as exc:
+            # A fatal error (a fence while records are in flight) is raised inside flush()
+            # while the client goes on calling the failed records' delivery callbacks, so
+            # flush() ends in a SystemError caused by it (confluent-kafka-python#865, still
+            # in 2.16: its error_cb raises fatal errors whatever callback is set).
+            if isinstance(exc.__cause__, KafkaException):
+                self._fail(exc.__cause__)
+            raise
 
     def _fail(self, exc: KafkaException) -> None:
         err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None

@@ -33,6 +33,9 @@ Tag = tuple[int, int, int]  # (event_time, partition, offset)
 Number = int | Fraction
 
 
+_ADDING = frozenset((Op.APPEND, Op.CORRECT_TO))  # `Op.adds`, without a property call
+
+
 class SourceEvent(NamedTuple):
     """One decoded input event with the tag that orders it (a named tuple: one is
     made per input event, and a tuple is several times cheaper to make than a
@@ -215,8 +218,14 @@ def encode_state(kind: str, key: tuple[Any, ...], count: int, values: Any, tags:
     fastavro's `schemaless_writer` costs ~10 µs a call here against ~3 µs for this;
     `tests/test_views.py` holds the bytes equal to fastavro's, and `decode_state`'s
     reading equal to fastavro's, for random records."""
+    return _encode_state(kind, key_bytes(key), count, values, tags)
+
+
+def _encode_state(kind: str, key_json: bytes, count: int, values: Any, tags: Sequence[Tag]) -> bytes:
+    """`encode_state` with the key already as its JSON list (`key_bytes`): a batch's
+    state records of one key share it with their record keys."""
     out = bytearray(_KIND_BYTES[kind])
-    _string(out, orjson.dumps(list(key)))
+    _string(out, key_json)
     _long(out, count)
     if values is None:
         out.append(0)  # union branch 0: null
@@ -301,12 +310,15 @@ def _read_long(data: bytes, pos: int) -> tuple[int, int]:
     return (n >> 1) ^ -(n & 1), pos
 
 
-def _row_key(key: tuple[Any, ...], fp: bytes) -> bytes:
-    return orjson.dumps([list(key), fp.hex()])
+def _row_key(key_json: bytes, fp: bytes) -> bytes:
+    """The `P.state` record key of a live row: `[key, fp hex]` as JSON (`key_json` is
+    `key_bytes(key)`; orjson writes no spaces, so this is `orjson.dumps([list(key), fp.hex()])`)."""
+    return b"[" + key_json + b',"' + fp.hex().encode() + b'"]'
 
 
-def _summary_key(key: tuple[Any, ...]) -> bytes:
-    return orjson.dumps([list(key)])
+def _summary_key(key_json: bytes) -> bytes:
+    """The `P.state` record key of a key's summary: `[key]` as JSON."""
+    return b"[" + key_json + b"]"
 
 
 # Grouped views -----------------------------------------------------------------------
@@ -504,6 +516,8 @@ class GroupedReducer:
     # apply ------------------------------------------------------------------------------
 
     def apply(self, unit: Sequence[SourceEvent]) -> list[ViewChange]:
+        if len(unit) == 1:
+            return self._apply_event(unit[0])
         prepared = []
         for index, event in enumerate(unit):
             row = event.row
@@ -533,6 +547,32 @@ class GroupedReducer:
                 new = state.view = self._view_row(key, state)
             changes.extend(diff_changes(before[key], new, key, self.key_columns))
         return changes
+
+    def _apply_event(self, event: SourceEvent) -> list[ViewChange]:
+        """`apply` of a unit of one event (most units): one key, so no pending counts
+        and no ordering of keys."""
+        row = event.row
+        key = checked_key(row, self.key_columns, "key", self.plan.multiset_columns, 0)
+        for column in self.plan.sum_columns:
+            value = row.get(column)
+            if value is not None and not is_number(value):
+                raise Rejected("schema mismatch", 0, f"{column!r} is not a number")
+        fp = fingerprint(row)
+        state = self.keys.get(key)
+        if event.op in _ADDING:
+            before = state.view if state is not None else None
+            self._add(key, fp, event)
+            state = self.keys[key]
+        else:
+            if state is None or fp not in state.rows:  # a live row has at least one copy
+                raise Rejected("not live", 0)
+            before = state.view
+            self._remove(key, fp, event)
+        if state.total == 0:
+            del self.keys[key]
+            return diff_changes(before, None, key, self.key_columns)
+        new = state.view = self._view_row(key, state)
+        return diff_changes(before, new, key, self.key_columns)
 
     def _check_live(self, prepared: list[tuple[SourceEvent, tuple[Any, ...], bytes]]) -> None:
         pending: dict[tuple[tuple[Any, ...], bytes], int] = {}
@@ -650,24 +690,27 @@ class GroupedReducer:
 
     def take_state_changes(self) -> list[tuple[bytes, bytes | None]]:
         records: list[tuple[bytes, bytes | None]] = []
+        key_json: dict[tuple[Any, ...], bytes] = {}  # every dirty row's key is a dirty key
         for key in self._dirty_keys:
+            kj = key_json[key] = key_bytes(key)
             state = self.keys.get(key)
             if state is None:
-                records.append((_summary_key(key), None))
+                records.append((_summary_key(kj), None))
                 continue
             summary = {
                 "s": {c: [str(state.sums[c]), state.floats[c]] for c in self.plan.sum_columns},
                 "nn": state.nonnull,
             }
-            records.append((_summary_key(key), encode_state("KEY_SUMMARY", key, state.total, summary, ())))
+            records.append((_summary_key(kj), _encode_state("KEY_SUMMARY", kj, state.total, summary, ())))
         for key, fp in self._dirty_rows:
+            kj = key_json[key]
             state = self.keys.get(key)
             entry = state.rows.get(fp) if state is not None else None
             if entry is None:
-                records.append((_row_key(key, fp), None))
+                records.append((_row_key(kj, fp), None))
             else:
                 values = None if entry.vals is None else list(entry.vals)
-                records.append((_row_key(key, fp), encode_state("LIVE_ROW", key, entry.count, values, entry.tags or ())))
+                records.append((_row_key(kj, fp), _encode_state("LIVE_ROW", kj, entry.count, values, entry.tags or ())))
         self._dirty_keys = set()
         self._dirty_rows = set()
         records.sort(key=lambda r: r[0])
@@ -839,11 +882,12 @@ class TopNReducer:
         for group, fp in self._dirty:
             state = self.groups.get(group)
             found = state.rows.get(fp) if state is not None else None
+            kj = key_bytes(group)
             if found is None:
-                records.append((_row_key(group, fp), None))
+                records.append((_row_key(kj, fp), None))
             else:
                 row, tags = found
-                records.append((_row_key(group, fp), encode_state("LIVE_ROW", group, len(tags), row, tags)))
+                records.append((_row_key(kj, fp), _encode_state("LIVE_ROW", kj, len(tags), row, tags)))
         self._dirty = set()
         records.sort(key=lambda r: r[0])
         return records
