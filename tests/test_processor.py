@@ -91,7 +91,10 @@ def test_the_collector_freezes_survivors_and_reclaims_their_cycles_at_a_full_col
     with module.collector_paused():
         assert not gc.isenabled()
         made_during = _Cycle()
+        died_during = weakref.ref(_Cycle())  # garbage made by the batch itself
     assert gc.isenabled()
+    gc.collect()
+    assert died_during() is not None, "no collection after a batch: its cycles wait for the full one"
     assert gc.get_freeze_count() > 0  # what survived the batch is out of the collector's sight
     gone = weakref.ref(made_during)
     del made_during
@@ -101,4 +104,5 @@ def test_the_collector_freezes_survivors_and_reclaims_their_cycles_at_a_full_col
     with module.collector_paused():
         pass
     assert gone() is None, "the periodic full collection reclaims it"
+    assert died_during() is None
     gc.unfreeze()
