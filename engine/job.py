@@ -148,39 +148,50 @@ def run_pipeline(
     else:
         if own_spark:
             spark = spark_session(pipeline.spark.master, pipeline.spark.conf, f"refold-{pipeline.pipeline}")
-        if processor_factory is None:
-            processor = BatchProcessor(pipeline, settings, SparkExecutor(spark.sparkContext))
-        else:
-            processor = processor_factory(pipeline, settings, spark)
+        try:
+            if processor_factory is None:
+                processor = BatchProcessor(pipeline, settings, SparkExecutor(spark.sparkContext))
+            else:
+                processor = processor_factory(pipeline, settings, spark)
+        except BaseException:
+            if own_spark:
+                spark.stop()
+            raise
     progress = Progress(pipeline, quiet)
-    monitor = Monitor(pipeline, settings, metrics_port=metrics_port, quiet=quiet)
-    monitor.start(processor)
-    checkpoint_dir = spark_checkpoint_dir(pipeline)
-    checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
-    reconcile_spark_checkpoint(checkpoint_dir, topic, processor.offsets, settings)
-    on_batch = _BatchCallback(processor, progress, monitor, overlap=overlap)
-
-    reader = (
-        spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", settings["bootstrap.servers"])
-        .option("subscribe", topic)
-        .option("startingOffsets", starting_offsets(topic, partitions, processor.offsets))
-        .option("kafka.isolation.level", "read_committed")
-        .option("maxOffsetsPerTrigger", str(pipeline.max_batch_events))
-        .option("failOnDataLoss", "false")
-    )
-    for key, value in java_settings.items():
-        reader = reader.option(f"kafka.{key}", value)
-    frame = reader.load().selectExpr("partition", "offset", "key", "value", "unix_millis(timestamp) AS ts")
-    query = (
-        frame.writeStream.foreachBatch(on_batch)
-        .trigger(processingTime=f"{int(pipeline.trigger_seconds * 1000)} milliseconds")
-        .option("checkpointLocation", str(checkpoint_dir))
-        .queryName(f"refold-{pipeline.pipeline}")
-        .start()
-    )
-    log.info("pipeline %s running: %s → view/delta (Spark checkpoint %s)", pipeline.pipeline, topic, checkpoint_dir)
+    monitor: Monitor | None = None
+    on_batch: _BatchCallback | None = None
+    query: Any = None
+    # Whatever fails from here on (a metrics port in use, a bad Spark option, the query's
+    # start), the batch worker, the processor's producer, the monitor and our Spark end.
     try:
+        monitor = Monitor(pipeline, settings, metrics_port=metrics_port, quiet=quiet)
+        monitor.start(processor)
+        checkpoint_dir = spark_checkpoint_dir(pipeline)
+        checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
+        reconcile_spark_checkpoint(checkpoint_dir, topic, processor.offsets, settings)
+        on_batch = _BatchCallback(processor, progress, monitor, overlap=overlap)
+
+        reader = (
+            spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", settings["bootstrap.servers"])
+            .option("subscribe", topic)
+            .option("startingOffsets", starting_offsets(topic, partitions, processor.offsets))
+            .option("kafka.isolation.level", "read_committed")
+            .option("maxOffsetsPerTrigger", str(pipeline.max_batch_events))
+            .option("failOnDataLoss", "false")
+        )
+        for key, value in java_settings.items():
+            reader = reader.option(f"kafka.{key}", value)
+        frame = reader.load().selectExpr("partition", "offset", "key", "value", "unix_millis(timestamp) AS ts")
+        query = (
+            frame.writeStream.foreachBatch(on_batch)
+            .trigger(processingTime=f"{int(pipeline.trigger_seconds * 1000)} milliseconds")
+            .option("checkpointLocation", str(checkpoint_dir))
+            .queryName(f"refold-{pipeline.pipeline}")
+            .start()
+        )
+        log.info("pipeline %s running: %s → view/delta (Spark checkpoint %s)",
+                 pipeline.pipeline, topic, checkpoint_dir)
         while query.isActive:
             try:
                 query.awaitTermination(0.25)
@@ -193,11 +204,15 @@ def run_pipeline(
     except KeyboardInterrupt:
         log.info("interrupted; stopping after the current batch")
     finally:
-        query.stop()  # Spark's side; the worker is not Spark's and is never stopped mid-transaction
-        on_batch.close()
+        if query is not None:
+            query.stop()  # Spark's side; the worker is not Spark's and is never stopped mid-transaction
+        if on_batch is not None:
+            on_batch.close()
         processor.close()
-        monitor.close()
-        on_batch.release()
+        if monitor is not None:
+            monitor.close()
+        if on_batch is not None:
+            on_batch.release()
         if own_spark:
             spark.stop()
     if progress.failure is not None:
@@ -205,7 +220,7 @@ def run_pipeline(
         if isinstance(failure, RefoldError):
             raise failure
         raise RefoldError(f"the engine failed: {failure}") from failure
-    query_error = query.exception()
+    query_error = query.exception() if query is not None else None
     if query_error is not None:
         raise RefoldError(f"the streaming query failed: {query_error}")
     return progress

@@ -303,3 +303,42 @@ def test_without_overlap_spark_waits_for_each_batch(spark) -> None:
     call.join(60)
     assert not call.is_alive() and processor.seen == [0] and callback.idle
     callback.close()
+
+
+def test_a_failed_start_leaves_no_worker_and_closes_the_processor(bootstrap_servers, topic, tmp_path, spark,
+                                                                  monkeypatch) -> None:
+    # Whatever fails between the processor's start and the query's, the processor's
+    # producer is closed and no batch worker is left waiting.
+    from refold import job
+
+    settings = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=1)
+    produce_rows(settings, source, list(generate(Workload(events=20, keys=5, seed=3))))
+    made: list[BatchProcessor] = []
+
+    def factory(p: Pipeline, s: dict[str, Any], _spark: Any) -> BatchProcessor:
+        made.append(BatchProcessor(p, s))
+        return made[-1]
+
+    def start(pipeline: Pipeline) -> Exception:
+        with pytest.raises(Exception) as failure:  # each case raises its own kind
+            run_pipeline(pipeline, bootstrap_servers, until_idle=2.0, spark=spark, quiet=True,
+                         processor_factory=factory)
+        assert made[-1].producer is None, "the processor's producer is closed"
+        assert not [t for t in threading.enumerate() if t.name == "refold-batches" and t.is_alive()]
+        return failure.value
+
+    # Spark's checkpoint location is a file
+    pipeline = pipeline_for(source, {"key": ["player_name"], "columns": {"n": {"count": "*"}}}, tmp=tmp_path)
+    spark_checkpoint_dir(pipeline).parent.mkdir(parents=True, exist_ok=True)
+    spark_checkpoint_dir(pipeline).write_text("not a directory")
+    assert isinstance(start(pipeline), NotADirectoryError)
+
+    # the query's definition fails after the batch worker started
+    def refuse(*_args: Any) -> str:
+        raise RuntimeError("injected: no starting offsets")
+
+    monkeypatch.setattr(job, "starting_offsets", refuse)
+    pipeline = pipeline_for(source, {"key": ["player_name"], "columns": {"n": {"count": "*"}}}, tmp=tmp_path)
+    assert "injected" in str(start(pipeline))
+    assert len(made) == 2
