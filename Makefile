@@ -36,7 +36,7 @@ demo: setup jars
 chaos: setup jars
 	$(PY) -m bench.chaos
 
-# `make bench`: every benchmark in one go (about an hour at the defaults), then the plots.
+# `make bench`: every benchmark in one go (~30 minutes at the defaults on 2 cores), then the plots.
 # Parts: bench-contenders (Refold vs the limit pipe, Spark and Flink; BENCH_ARGS, e.g.
 # "--events 50000 --keys 5000 --contenders limit,refold"), bench-latency (at half the
 # peak bench-contenders measured; LATENCY_ARGS), bench-scaling (keys, retractions,
