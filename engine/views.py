@@ -33,9 +33,6 @@ Tag = tuple[int, int, int]  # (event_time, partition, offset)
 Number = int | Fraction
 
 
-_ADDING = frozenset((Op.APPEND, Op.CORRECT_TO))  # `Op.adds`, without a property call
-
-
 class SourceEvent(NamedTuple):
     """One decoded input event with the tag that orders it (a named tuple: one is
     made per input event, and a tuple is several times cheaper to make than a
@@ -518,15 +515,7 @@ class GroupedReducer:
     def apply(self, unit: Sequence[SourceEvent]) -> list[ViewChange]:
         if len(unit) == 1:
             return self._apply_event(unit[0])
-        prepared = []
-        for index, event in enumerate(unit):
-            row = event.row
-            key = checked_key(row, self.key_columns, "key", self.plan.multiset_columns, index)
-            for column in self.plan.sum_columns:
-                value = row.get(column)
-                if value is not None and not is_number(value):
-                    raise Rejected("schema mismatch", index, f"{column!r} is not a number")
-            prepared.append((event, key, fingerprint(row)))
+        prepared = [(event, *self._checked(event, index)) for index, event in enumerate(unit)]
         self._check_live(prepared)
         before: dict[tuple[Any, ...], dict[str, Any] | None] = {}
         for event, key, fp in prepared:
@@ -539,39 +528,44 @@ class GroupedReducer:
                 self._remove(key, fp, event)
         changes: list[ViewChange] = []
         for key in sorted(before, key=key_bytes) if len(before) > 1 else before:
-            state = self.keys[key]
-            if state.total == 0:
-                del self.keys[key]
-                new = None
-            else:
-                new = state.view = self._view_row(key, state)
-            changes.extend(diff_changes(before[key], new, key, self.key_columns))
+            changes.extend(self._settle(key, before[key]))
         return changes
 
     def _apply_event(self, event: SourceEvent) -> list[ViewChange]:
         """`apply` of a unit of one event (most units): one key, so no pending counts
         and no ordering of keys."""
-        row = event.row
-        key = checked_key(row, self.key_columns, "key", self.plan.multiset_columns, 0)
-        for column in self.plan.sum_columns:
-            value = row.get(column)
-            if value is not None and not is_number(value):
-                raise Rejected("schema mismatch", 0, f"{column!r} is not a number")
-        fp = fingerprint(row)
+        key, fp = self._checked(event, 0)
         state = self.keys.get(key)
-        if event.op in _ADDING:
+        if event.op.adds:
             before = state.view if state is not None else None
             self._add(key, fp, event)
-            state = self.keys[key]
         else:
             if state is None or fp not in state.rows:  # a live row has at least one copy
                 raise Rejected("not live", 0)
             before = state.view
             self._remove(key, fp, event)
+        return self._settle(key, before)
+
+    def _checked(self, event: SourceEvent, index: int) -> tuple[tuple[Any, ...], bytes]:
+        """The event's view key and row fingerprint; Rejected (at `index` of its unit) when
+        its key is unusable or a summed column holds something that is not a number."""
+        row = event.row
+        key = checked_key(row, self.key_columns, "key", self.plan.multiset_columns, index)
+        for column in self.plan.sum_columns:
+            value = row.get(column)
+            if value is not None and not is_number(value):
+                raise Rejected("schema mismatch", index, f"{column!r} is not a number")
+        return key, fingerprint(row)
+
+    def _settle(self, key: tuple[Any, ...], before: dict[str, Any] | None) -> list[ViewChange]:
+        """After a unit: the key's new view row (or its end when no live row is left) and
+        its view records against `before`."""
+        state = self.keys[key]
         if state.total == 0:
             del self.keys[key]
-            return diff_changes(before, None, key, self.key_columns)
-        new = state.view = self._view_row(key, state)
+            new = None
+        else:
+            new = state.view = self._view_row(key, state)
         return diff_changes(before, new, key, self.key_columns)
 
     def _check_live(self, prepared: list[tuple[SourceEvent, tuple[Any, ...], bytes]]) -> None:
