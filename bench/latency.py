@@ -165,9 +165,9 @@ def send_paced(settings: dict[str, Any], topic: str, rate: float, timeline: Time
     prefix = uuid.uuid4().hex[:8]
     started = time.monotonic()
     probe = f"lat-{prefix}-probe"
-    timeline.sent[key_bytes(KEY, (probe,))] = started
-    producer.produce(topic, append_event(probe, 0, int(time.time() * 1000)), key_bytes(KEY, (probe,)),
-                     on_delivery=on_delivery)
+    probe_key = key_bytes(KEY, (probe,))
+    timeline.sent[probe_key] = started
+    producer.produce(topic, append_event(probe, 0, int(time.time() * 1000)), probe_key, on_delivery=on_delivery)
     producer.flush(30)
     while timeline.first_seen is None:
         if time.monotonic() - started >= limit:
