@@ -31,7 +31,7 @@ test: setup jars lint
 	$(PY) -m pytest tests -q --durations=15
 
 demo: setup jars
-	$(PY) -m refold.demo
+	$(PY) -m refold.dev.demo
 
 chaos: setup jars
 	$(PY) -m bench.chaos

@@ -11,9 +11,9 @@ from typing import Any
 import pyarrow as pa
 
 from refold.config import Pipeline
-from refold.processor import BatchProcessor, _Outgoing
-from refold.records import Checkpoint
-from refold.views import make_reducer
+from refold.recovery.records import Checkpoint
+from refold.reduce.views import make_reducer
+from refold.runtime.processor import BatchProcessor, _Outgoing
 
 
 class SparkSinkProcessor(BatchProcessor):

@@ -18,7 +18,7 @@ random moment, chosen from a seeded plan:
 At the end every engine runs until idle, and the harness checks like Kafka's
 EosTestDriver: every output read with read_committed; the view changelog record
 by record against the reference reducer; deltas reduced to the view; no
-duplicates, no losses (`refold.verify`); every output partition free of open
+duplicates, no losses (`refold.ops.verify`); every output partition free of open
 transactions (last stable offset = high watermark) and accepting a final
 transactional marker that a read_committed consumer sees. One line of figures
 ends the run; the exit status is non-zero when an anomaly was found.
@@ -51,20 +51,20 @@ import orjson
 import yaml
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from refold import localkafka
+from refold.cli.produce import produce
 from refold.config import Pipeline, load_pipeline
+from refold.dev import localkafka
+from refold.dev.testing import Workload, generate
 from refold.errors import UserError
-from refold.job import spark_checkpoint_dir
-from refold.kafkaio import (
+from refold.kafka.io import (
     consumer_config,
     open_transactions,
     partitions_of,
     producer_config,
 )
-from refold.produce import produce
-from refold.recovery import load_checkpoint
-from refold.testing import Workload, generate
-from refold.verify import verify
+from refold.ops.verify import verify
+from refold.recovery.restore import load_checkpoint
+from refold.spark.job import spark_checkpoint_dir
 
 FAULTS = ("kill9", "kill9_in_commit", "broker_restart", "spark_dir_lost", "zombie", "txn_timeout")
 GROUPED = {
@@ -167,7 +167,7 @@ class Engine:
         self.result.engine_starts += 1
         log = (self.log_dir / f"{self.name}.{self.runs:04d}.log").open("wb")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "refold.cli", "run", str(self.path), "--until-idle", str(self.idle)],
+            [sys.executable, "-m", "refold.cli.main", "run", str(self.path), "--until-idle", str(self.idle)],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=log,
@@ -451,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
                       others=args.others, batch=args.batch, seed=args.seed)
     work = args.work or Path(tempfile.mkdtemp(prefix="refold-chaos-"))
     work.mkdir(parents=True, exist_ok=True)
-    from refold.jars import jars_home
+    from refold.environment import jars_home
 
     os.environ.setdefault("REFOLD_JARS", str(jars_home()))  # keep the jar cache, move the rest
     os.environ["REFOLD_HOME"] = str(work / "refold-home")

@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from refold.changelog import Op
 from refold.config import parse_pipeline
 from refold.connectors.runtime import Materializations, ThreadExecutor
-from refold.records import Checkpoint
-from refold.views import ViewChange
+from refold.model.changelog import Op
+from refold.recovery.records import Checkpoint
+from refold.reduce.views import ViewChange
 
 KEY = ("player_name",)
 

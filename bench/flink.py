@@ -3,7 +3,7 @@
 PyFlink conflicts with PySpark (pyarrow, pandas, protobuf pins), so it lives in its
 own virtualenv, `<home>/flink-venv` (`.refold/flink-venv` in a checkout), made on
 first use with the pinned `apache-flink` below; a stamp file records the version.
-Flink's Kafka SQL connector is the `flink-connectors` jar set (`refold.jars`,
+Flink's Kafka SQL connector is the `flink-connectors` jar set (`refold.spark.jars`,
 `engine/jvm/flink-connectors.pom.xml`): connector 5.0.0-2.2 is the release for
 Flink 2.2.
 
@@ -35,8 +35,9 @@ import orjson
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from bench.procs import PeakRss
-from refold.jars import project_home, resolve
-from refold.kafkaio import TopicSpec, consumer_config, ensure_topics, partitions_of
+from refold.environment import home as project_home
+from refold.kafka.io import TopicSpec, consumer_config, ensure_topics, partitions_of
+from refold.spark.jars import resolve
 
 FLINK_VERSION = "2.2.1"  # apache-flink on PyPI; the connector jar set must match it
 JOB = Path(__file__).resolve().parent / "flink_job.py"

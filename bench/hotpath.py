@@ -2,7 +2,7 @@
 
 Spark only fetches records; the engine's time goes into the batch processor on the
 driver (decode, pair, merge, reduce, render, state records). This runs exactly that
-over a seeded changelog (`refold.testing.Workload`) already in memory, with
+over a seeded changelog (`refold.dev.testing.Workload`) already in memory, with
 `_commit` replaced by a count of what would be sent, and prints the process CPU
 seconds of the best of `--repeat` runs. Use it to compare two versions of the code
 (run it with each on the same machine, one after the other): CPU seconds are less
@@ -25,11 +25,11 @@ from typing import Any
 import orjson
 
 from bench.run import pipeline
-from refold.job import engine_topics
-from refold.kafkaio import ensure_topics
-from refold.processor import BatchProcessor, InputRecord, _Outgoing
-from refold.records import Checkpoint
-from refold.testing import Workload, generate
+from refold.dev.testing import Workload, generate
+from refold.kafka.io import ensure_topics
+from refold.recovery.records import Checkpoint
+from refold.runtime.processor import BatchProcessor, InputRecord, _Outgoing
+from refold.spark.job import engine_topics
 
 
 class DryProcessor(BatchProcessor):
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args(argv)
 
-    from refold.localkafka import ensure_broker
+    from refold.dev.localkafka import ensure_broker
 
     bootstrap = ensure_broker(None, start_local=True)
     records = input_records(Workload(events=args.events, keys=args.keys, retract_share=args.retract), 4)

@@ -2,7 +2,7 @@
 
 One process holds everything, so every time below is read from one monotonic clock:
 
-- the engine: `refold.job.run_pipeline` in a background thread of this process (one
+- the engine: `refold.spark.job.run_pipeline` in a background thread of this process (one
   Spark session, started before the clock matters), on `bench.run.pipeline`'s grouped
   view (view + delta outputs) with trigger `--trigger`, over a fresh source topic;
 - a producer thread: first one probe event, and nothing more until its view record
@@ -58,9 +58,9 @@ from confluent_kafka import (
 )
 
 from bench.run import RESULTS, pipeline
+from refold.cli.produce import key_bytes
 from refold.config import Pipeline, parse_duration
-from refold.job import engine_topics, run_pipeline, spark_session
-from refold.kafkaio import (
+from refold.kafka.io import (
     TopicSpec,
     consumer_config,
     delivery_failures,
@@ -68,7 +68,7 @@ from refold.kafkaio import (
     partitions_of,
     producer_config,
 )
-from refold.produce import key_bytes
+from refold.spark.job import engine_topics, run_pipeline, spark_session
 
 SLICE = 0.02  # the producer's pacing step, seconds
 KEY = ["player_name"]
@@ -96,7 +96,7 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def append_event(key: str, score: int, event_time_ms: int) -> bytes:
-    """One `+A` changelog event of the bench's row shape (`refold.testing`'s columns)."""
+    """One `+A` changelog event of the bench's row shape (`refold.dev.testing`'s columns)."""
     row = {"op": "+A", "event_time": event_time_ms, "player_name": key, "score": score,
            "bonus": None, "team": ("red", "blue", "green")[score % 3]}
     return orjson.dumps(row)
@@ -105,7 +105,7 @@ def append_event(key: str, score: int, event_time_ms: int) -> bytes:
 def prepare_topics(settings: dict[str, Any], p: Pipeline, partitions: int) -> None:
     """Create the pipeline's topics before the engine starts, so that a reader can assign
     its view topic at once. (A just-created topic may answer NOT_LEADER_FOR_PARTITION
-    for a while; `refold.kafkaio` rides that out as the engine starts.)"""
+    for a while; `refold.kafka.io` rides that out as the engine starts.)"""
     ensure_topics(settings, engine_topics(p, max(p.partitions, partitions)))
 
 
@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rate <= 0 or args.seconds <= 0:
         parser.error("--rate and --seconds must be positive")
 
-    from refold.localkafka import ensure_broker
+    from refold.dev.localkafka import ensure_broker
 
     bootstrap = ensure_broker(None, start_local=True)
     info = run_info()

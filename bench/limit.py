@@ -27,7 +27,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from refold.kafkaio import consumer_config, delivery_failures, partitions_of, producer_config
+from refold.kafka.io import consumer_config, delivery_failures, partitions_of, producer_config
 
 
 def run_limit(settings: dict[str, Any], source: str, output: str, per_transaction: int = 100_000) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Rows/s of the PostgreSQL driver writing a 100k-row view: `python -m bench.pg_driver`.
 
-Starts a local server (`refold.localpg`, durable settings: fsync on) in a temporary
+Starts a local server (`refold.dev.localpg`, durable settings: fsync on) in a temporary
 folder, or uses `$REFOLD_POSTGRES_DSN`. Measures, each on a fresh database:
 
 - `sink`: the runtime's path: PostgresWriters COPY their parts into staging tables
@@ -28,7 +28,6 @@ from pathlib import Path
 import orjson
 import psycopg
 
-from refold import localpg
 from refold.connectors.postgres import PostgresDriver
 from refold.connectors.protocol import (
     Binding,
@@ -42,6 +41,7 @@ from refold.connectors.protocol import (
     build_driver,
 )
 from refold.connectors.runtime import ThreadExecutor
+from refold.dev import localpg
 
 BINDINGS = (Binding("view", "view", "scores", ("player",), ("total", "best", "games", "latest")),)
 

@@ -35,14 +35,14 @@ import orjson
 
 from bench.baseline import SparkSinkProcessor
 from bench.procs import PeakRss
-from refold.changelog import Op
+from refold.cli.produce import produce
 from refold.config import Pipeline, ViewSpec, parse_pipeline
-from refold.job import run_pipeline, spark_session
-from refold.kafkaio import TopicSpec, ensure_topics
-from refold.produce import produce
+from refold.dev.testing import Workload, generate
+from refold.kafka.io import TopicSpec, ensure_topics
+from refold.model.changelog import Op
+from refold.reduce.views import SourceEvent
 from refold.reference import merge_partitions, reference_changelog
-from refold.testing import Workload, generate
-from refold.views import SourceEvent
+from refold.spark.job import run_pipeline, spark_session
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "bench"
 CONTENDERS = ("limit", "spark", "refold", "flink")
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not chosen:
         parser.error(f"--contenders: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(CONTENDERS)}")
 
-    from refold.localkafka import ensure_broker
+    from refold.dev.localkafka import ensure_broker
 
     bootstrap = ensure_broker(None, start_local=True)
     settings = {"bootstrap.servers": bootstrap}

@@ -3,7 +3,7 @@
 Three parts (`--parts`, default all):
 
 - keys: for each key-space size in `--keys`, a seeded changelog of `--events` events
-  (`refold.testing.Workload` over that many keys, 20 % retractions/corrections) is
+  (`refold.dev.testing.Workload` over that many keys, 20 % retractions/corrections) is
   produced to a fresh topic and Refold runs over it (`bench.run.pipeline`, timed by
   `bench.run.timed_run`, each point in a process of its own with its own Spark
   session): events/s, seconds, batches, peak RSS of that process and its JVM, and the number of distinct
@@ -65,11 +65,11 @@ from confluent_kafka import KafkaException
 from bench.chaos import ChaosResult, Engine
 from bench.latency import append_event, prepare_topics, run_info, say, write_json
 from bench.run import RESULTS, pipeline, timed_run
+from refold.cli.produce import produce
 from refold.config import Pipeline
-from refold.job import spark_checkpoint_dir, spark_session
-from refold.produce import produce
-from refold.recovery import load_checkpoint
-from refold.testing import Workload, generate
+from refold.dev.testing import Workload, generate
+from refold.recovery.restore import load_checkpoint
+from refold.spark.job import spark_checkpoint_dir, spark_session
 
 PARTS = ("keys", "retract", "recovery")
 RECOVERY_TARGET_S = 60.0
@@ -205,7 +205,7 @@ def one_point(s: Settings, args: argparse.Namespace) -> None:
 
 
 def live_keys(keys: int, seed: int) -> list[bytes]:
-    """One `+A` per key over exactly `keys` keys, named as `refold.testing` names them."""
+    """One `+A` per key over exactly `keys` keys, named as `refold.dev.testing` names them."""
     rng = random.Random(seed)
     start = 1_700_000_000_000
     return [append_event(f"k{i:07d}", rng.randint(0, 1000), start + i) for i in range(keys)]
@@ -391,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(k < 1 for k in args.keys) or any(not 0 <= r < 1 for r in args.retract):
         parser.error("--keys must be positive and --retract shares in [0, 1)")
 
-    from refold.localkafka import ensure_broker
+    from refold.dev.localkafka import ensure_broker
 
     info = run_info()
     s = Settings(ensure_broker(args.bootstrap, start_local=True), args.run_id or info["run"], args.events, args.batch,

@@ -1,6 +1,6 @@
 """The materialization runtime: drives every driver of a pipeline, one transaction per batch.
 
-The batch processor (`refold.processor.BatchProcessor`) calls it on the Spark
+The batch processor (`refold.runtime.processor.BatchProcessor`) calls it on the Spark
 driver:
 
 - `open(checkpoint, view)` at start, with the last committed Kafka checkpoint:
@@ -62,8 +62,8 @@ from refold.connectors.protocol import (
     build_drivers,
 )
 from refold.errors import InternalError
-from refold.records import Checkpoint
-from refold.views import ViewChange
+from refold.recovery.records import Checkpoint
+from refold.reduce.views import ViewChange
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,6 @@ and to Spark's Kafka source as they are.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from refold import environment
 from refold.errors import ConfigError
 
 AGGREGATIONS = ("sum", "count", "avg", "min", "max", "first", "last", "last_write_wins", "set")
@@ -257,7 +257,7 @@ class Pipeline(_Model):
     def kafka_settings(self, bootstrap_override: str | None = None) -> dict[str, Any]:
         """librdkafka settings: the pipeline's `kafka:` block, bootstrap resolved."""
         settings = dict(self.kafka)
-        bootstrap = bootstrap_override or os.environ.get("REFOLD_BOOTSTRAP_SERVERS")
+        bootstrap = bootstrap_override or environment.bootstrap_servers()
         if bootstrap:
             settings["bootstrap.servers"] = bootstrap
         settings.setdefault("bootstrap.servers", DEFAULT_BOOTSTRAP)

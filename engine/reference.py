@@ -2,7 +2,7 @@
 
 It keeps, per view key (or Top-N group), the list of live row copies with their
 tags and recomputes every output from scratch after every unit. The engine's
-incremental reducer (`refold.views`) is checked against it; nothing here reuses
+incremental reducer (`refold.reduce.views`) is checked against it; nothing here reuses
 the incremental logic. It ships with Refold so users can check their own views.
 """
 
@@ -18,9 +18,16 @@ from typing import Any
 
 import orjson
 
-from refold.changelog import Op, canonical_row
 from refold.config import ViewSpec
-from refold.views import SourceEvent, Tag, ViewChange, key_problem, scalar_problem, value_order
+from refold.model.changelog import Op, canonical_row
+from refold.reduce.views import (
+    SourceEvent,
+    Tag,
+    ViewChange,
+    key_problem,
+    scalar_problem,
+    value_order,
+)
 
 Copy = tuple[dict[str, Any], Tag]  # a live copy of a row and the tag it was added with
 

@@ -4,7 +4,7 @@ The broker is, in this order:
 
 1. `$REFOLD_BOOTSTRAP_SERVERS` (any cluster; it must answer);
 2. a testcontainers Kafka container, when a Docker engine answers;
-3. a local broker (`refold.localkafka`, jars from Maven Central) on a free port —
+3. a local broker (`refold.dev.localkafka`, jars from Maven Central) on a free port —
    never 9092, so a user's own broker is left alone — with its data in the
    session's Refold home, stopped at the end of the session.
 
@@ -55,7 +55,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def refold_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A fresh REFOLD_HOME for the session; the resolved jars stay shared."""
-    from refold.jars import jars_home
+    from refold.environment import jars_home
 
     saved = {name: os.environ.get(name) for name in ("REFOLD_HOME", "REFOLD_JARS")}
     os.environ["REFOLD_JARS"] = str(jars_home())  # before REFOLD_HOME moves
@@ -99,7 +99,7 @@ def _docker_answers(timeout: float = 2.0) -> bool:
 
 
 def _fail_unless_answers(bootstrap: str, origin: str) -> None:
-    from refold.localkafka import answers
+    from refold.dev.localkafka import answers
 
     deadline = time.monotonic() + 30
     while not answers(bootstrap, timeout=5.0):
@@ -148,7 +148,7 @@ def _container_broker() -> Iterator[TestBroker]:
 
 
 def _local_broker(home: Path) -> Iterator[TestBroker]:
-    from refold import localkafka
+    from refold.dev import localkafka
 
     try:
         info = localkafka.start(

@@ -1,7 +1,7 @@
 """PostgreSQL fixtures: one real server for the session, a fresh database per test.
 
 The server is `$REFOLD_POSTGRES_DSN` when set (a role that may create databases; it
-must answer), else a local one (`refold.localpg`, Debian's binaries) on a free port,
+must answer), else a local one (`refold.dev.localpg`, Debian's binaries) on a free port,
 its cluster in a fresh folder under the system temp dir (pytest's own temp folders
 are private to root, and a root session runs the server as the `postgres` user),
 with fsync off, stopped and removed at the end of the session. No server is a
@@ -30,19 +30,19 @@ class PgServer:
     origin: str  # "env" or "local"
 
     def create_database(self, name: str) -> str:
-        from refold import localpg
+        from refold.dev import localpg
 
         return localpg.create_database(self.admin_dsn, name)
 
     def drop_database(self, name: str) -> None:
-        from refold import localpg
+        from refold.dev import localpg
 
         localpg.drop_database(self.admin_dsn, name)
 
 
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PgServer]:
-    from refold import localpg
+    from refold.dev import localpg
 
     env = os.environ.get("REFOLD_POSTGRES_DSN")
     if env:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from refold.changelog import (
+from refold.model.changelog import (
     ChangelogEvent,
     Op,
     PairingValidator,

@@ -26,17 +26,17 @@ from typing import Any
 import orjson
 import pytest
 
-from refold.changelog import Op
 from refold.config import Pipeline, parse_pipeline
 from refold.connectors import protocol as p
 from refold.connectors.parquet import STAGING, read_parquet_deltas, read_parquet_view
 from refold.connectors.runtime import Materializations, ThreadExecutor
 from refold.connectors.sqlite import read_sqlite_view
+from refold.dev.testing import Workload, generate
 from refold.errors import ConfigError
-from refold.records import Checkpoint
+from refold.model.changelog import Op
+from refold.recovery.records import Checkpoint
+from refold.reduce.views import Rejected, SourceEvent, make_reducer
 from refold.reference import fold_deltas, merge_partitions, reference_changelog
-from refold.testing import Workload, generate
-from refold.views import Rejected, SourceEvent, make_reducer
 
 HAS_POSTGRES = (Path(__file__).resolve().parent.parent / "connectors" / "postgres.py").exists()
 VIEW_DRIVERS = ["sqlite", "parquet", *(["postgres"] if HAS_POSTGRES else [])]

@@ -15,12 +15,12 @@ import orjson
 import pytest
 import yaml
 
+from refold.cli.produce import produce
 from refold.config import Pipeline, load_pipeline
-from refold.job import spark_checkpoint_dir
-from refold.produce import produce
-from refold.recovery import load_checkpoint
-from refold.testing import Workload, generate
-from refold.verify import verify
+from refold.dev.testing import Workload, generate
+from refold.ops.verify import verify
+from refold.recovery.restore import load_checkpoint
+from refold.spark.job import spark_checkpoint_dir
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -54,7 +54,7 @@ def start_engine(path: Path, *, crash: str | None = None, idle: float = 3.0, ext
         env["REFOLD_TEST_CRASH"] = crash
     env.update(extra_env or {})
     return subprocess.Popen(
-        [sys.executable, "-m", "refold.cli", "run", str(path), "--until-idle", str(idle)],
+        [sys.executable, "-m", "refold.cli.main", "run", str(path), "--until-idle", str(idle)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=stderr,

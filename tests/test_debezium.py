@@ -7,11 +7,11 @@ from typing import Any
 import orjson
 import pytest
 
-from refold.changelog import ChangelogEvent, Op
+from refold.codecs.debezium import DebeziumJsonDecoder
+from refold.codecs.pipeline import OneEventPerRecord, source_decoder
 from refold.config import parse_pipeline
-from refold.debezium import DebeziumJsonDecoder
 from refold.errors import ConfigError, DecodeError, RecordError
-from refold.formats import OneEventPerRecord, source_decoder
+from refold.model.changelog import ChangelogEvent, Op
 
 ALICE = {"id": 1, "player_name": "Alice", "score": 100}
 ALICE2 = {"id": 1, "player_name": "Alice", "score": 120}

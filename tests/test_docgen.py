@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from refold.config import Pipeline
-from refold.docgen import TARGET, generate, main
+from refold.dev.docgen import TARGET, generate, main
 
 
 def test_committed_reference_equals_the_generated_one() -> None:
-    assert TARGET.read_text() == generate(), "docs/PIPELINE.md is stale: run python -m refold.docgen"
+    assert TARGET.read_text() == generate(), "docs/PIPELINE.md is stale: run python -m refold.dev.docgen"
     assert main(["--check"]) == 0
 
 

@@ -19,9 +19,9 @@ import orjson
 import pytest
 import yaml
 
+from refold.cli.produce import produce
 from refold.config import load_pipeline, parse_pipeline
-from refold.produce import produce
-from refold.verify import read_view_changes
+from refold.ops.verify import read_view_changes
 
 DOCKER = Path(__file__).resolve().parent.parent / "docker"
 ENTRYPOINT = DOCKER / "entrypoint.sh"

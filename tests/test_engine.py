@@ -11,17 +11,23 @@ from typing import Any, cast
 import orjson
 import pytest
 
+from refold.cli.produce import produce
 from refold.config import Pipeline, parse_pipeline
+from refold.dev.testing import Workload, generate
 from refold.errors import RecordError, RefoldError
-from refold.job import Progress, _BatchCallback, run_pipeline, spark_checkpoint_dir, spark_session
-from refold.kafkaio import read_to_end
-from refold.processor import BatchProcessor
-from refold.produce import produce
-from refold.records import decode_dead_letter
-from refold.recovery import load_checkpoint
-from refold.status import pipeline_status
-from refold.testing import Workload, generate
-from refold.verify import read_view_changes, verify
+from refold.kafka.io import read_to_end
+from refold.ops.status import pipeline_status
+from refold.ops.verify import read_view_changes, verify
+from refold.recovery.records import decode_dead_letter
+from refold.recovery.restore import load_checkpoint
+from refold.runtime.processor import BatchProcessor
+from refold.spark.job import (
+    Progress,
+    _BatchCallback,
+    run_pipeline,
+    spark_checkpoint_dir,
+    spark_session,
+)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -309,7 +315,7 @@ def test_a_failed_start_leaves_no_worker_and_closes_the_processor(bootstrap_serv
                                                                   monkeypatch) -> None:
     # Whatever fails between the processor's start and the query's, the processor's
     # producer is closed and no batch worker is left waiting.
-    from refold import job
+    from refold.spark import job
 
     settings = {"bootstrap.servers": bootstrap_servers}
     source = topic(partitions=1)

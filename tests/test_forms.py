@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from refold.changelog import ChangelogEvent, Op, PairingValidator, key_of, live_rows
-from refold.forms import from_debezium, from_retract, from_upsert, to_retract, to_upsert
+from refold.model.changelog import ChangelogEvent, Op, PairingValidator, key_of, live_rows
+from refold.model.forms import from_debezium, from_retract, from_upsert, to_retract, to_upsert
 
 A, R, CF, CT = Op.APPEND, Op.RETRACT, Op.CORRECT_FROM, Op.CORRECT_TO
 KEY = ["k"]

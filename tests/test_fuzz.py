@@ -24,11 +24,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from refold.config import Pipeline, parse_pipeline
-from refold.job import engine_topics
-from refold.kafkaio import ensure_topics, open_transactions, read_to_end
-from refold.processor import BatchProcessor, InputRecord
-from refold.records import decode_dead_letter
-from refold.verify import verify
+from refold.kafka.io import ensure_topics, open_transactions, read_to_end
+from refold.ops.verify import verify
+from refold.recovery.records import decode_dead_letter
+from refold.runtime.processor import BatchProcessor, InputRecord
+from refold.spark.job import engine_topics
 
 pytestmark = pytest.mark.kafka
 

@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from refold import jars, localkafka
+from refold import environment
+from refold.dev import localkafka
 from refold.errors import PrerequisiteError
+from refold.spark import jars
 
 
 def _read(
@@ -244,8 +246,8 @@ def test_artifact_names_and_project_home(monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert jars.artifact_of("jackson-module-scala_2.13-2.20.0.jar") == "jackson-module-scala_2.13"
     monkeypatch.setenv("REFOLD_HOME", str(tmp_path))
     monkeypatch.delenv("REFOLD_JARS", raising=False)
-    assert jars.project_home() == tmp_path.resolve()
-    assert jars.jars_home() == tmp_path.resolve() / "jars"
+    assert environment.home() == tmp_path.resolve()
+    assert environment.jars_home() == tmp_path.resolve() / "jars"
     assert jars.describe("kafka-broker") == "Kafka 4.1.1"
     with pytest.raises(ValueError, match="unknown jar set"):
         jars.resolve("nope")

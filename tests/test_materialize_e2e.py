@@ -13,16 +13,16 @@ import pytest
 import yaml
 from test_crash import COLUMNS, finish, start_engine
 
+from refold.cli.produce import produce
 from refold.config import load_pipeline
 from refold.connectors.parquet import read_parquet_deltas, read_parquet_view
 from refold.connectors.postgres import read_deltas as read_postgres_deltas
 from refold.connectors.postgres import read_view as read_postgres_view
 from refold.connectors.sqlite import read_sqlite_view
-from refold.produce import produce
-from refold.recovery import load_checkpoint
+from refold.dev.testing import Workload, generate
+from refold.ops.verify import read_source, verify
+from refold.recovery.restore import load_checkpoint
 from refold.reference import fold_deltas, merge_partitions, reference_changelog
-from refold.testing import Workload, generate
-from refold.verify import read_source, verify
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 

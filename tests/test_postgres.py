@@ -231,7 +231,7 @@ def test_values_round_trip_as_json(postgres_dsn: str) -> None:
 
 
 def test_a_wrong_dsn_fails_at_open_naming_the_setting(pg_server: Any, postgres_dsn: str) -> None:
-    from refold.localpg import free_port
+    from refold.dev.localpg import free_port
 
     secret = "s3cr3t-Pa55"
     for dsn in (

@@ -9,10 +9,10 @@ import orjson
 import pytest
 
 from refold.config import parse_pipeline
-from refold.job import engine_topics
-from refold.kafkaio import ensure_topics
-from refold.processor import BatchProcessor, FencedError, InputRecord, TransactionFailed
-from refold.recovery import load_checkpoint
+from refold.kafka.io import ensure_topics
+from refold.recovery.restore import load_checkpoint
+from refold.runtime.processor import BatchProcessor, FencedError, InputRecord, TransactionFailed
+from refold.spark.job import engine_topics
 
 pytestmark = pytest.mark.kafka
 
@@ -85,7 +85,7 @@ def test_the_collector_freezes_survivors_and_reclaims_their_cycles_at_a_full_col
     import gc
     import weakref
 
-    from refold import processor as module
+    from refold.runtime import processor as module
 
     made_during = None
     with module.collector_paused():

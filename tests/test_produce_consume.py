@@ -14,7 +14,7 @@ import pytest
 
 pytestmark = pytest.mark.kafka
 
-REFOLD = [sys.executable, "-m", "refold.cli"]
+REFOLD = [sys.executable, "-m", "refold.cli.main"]
 
 EVENTS = [
     {"op": "+A", "event_time": 1000, "player_name": "Alice", "score": 100},

@@ -9,8 +9,8 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 
-from refold.kafkaio import next_visible_offsets, producer_config, read_to_end
-from refold.recovery import reconcile_spark_checkpoint
+from refold.kafka.io import next_visible_offsets, producer_config, read_to_end
+from refold.recovery.restore import reconcile_spark_checkpoint
 
 pytestmark = pytest.mark.kafka
 

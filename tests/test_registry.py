@@ -19,12 +19,12 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerialize
 from confluent_kafka.serialization import MessageField, SerializationContext
 from fastavro import parse_schema, schemaless_reader
 
-from refold.changelog import ChangelogEvent, Op
+from refold.codecs.pipeline import JsonRows, output_encoders, source_decoder
+from refold.codecs.registry import RegistryAvroDecoder, frame, registry_client, unframe
+from refold.codecs.serde import with_system_fields
 from refold.config import Pipeline, parse_pipeline
 from refold.errors import ConfigError, DecodeError, ValidationError
-from refold.formats import JsonRows, output_encoders, source_decoder
-from refold.registry import RegistryAvroDecoder, frame, registry_client, unframe
-from refold.serde import with_system_fields
+from refold.model.changelog import ChangelogEvent, Op
 
 ROW = {
     "type": "record",

@@ -1,7 +1,7 @@
 """A secured broker: SASL_SSL + SCRAM-SHA-512 + ACLs, and Refold working through it.
 
 The module starts its OWN local broker in secured mode (certificates made by
-`refold.tlsgen`, SCRAM users at format time, the StandardAuthorizer with
+`refold.dev.tlsgen`, SCRAM users at format time, the StandardAuthorizer with
 `allow.everyone.if.no.acl.found=false`), apart from the session's plaintext one.
 Its users: `admin` (super user, makes topics and ACLs), `app` (produces and
 consumes `sec-*` topics) and `engine` (runs pipelines under the ACLs of
@@ -36,18 +36,18 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from refold import localkafka, tlsgen
-from refold.clientconf import client_settings, load_properties
+from refold.cli.produce import produce
 from refold.config import load_pipeline, parse_pipeline
+from refold.dev import localkafka, tlsgen
 from refold.errors import ConfigError, PrerequisiteError, UserError
-from refold.kafkaio import partitions_of
-from refold.kafkajava import java_client_settings
-from refold.processor import BatchProcessor
-from refold.produce import produce
-from refold.recovery import load_checkpoint
-from refold.verify import verify
+from refold.kafka.clientconf import client_settings, load_properties
+from refold.kafka.io import partitions_of
+from refold.kafka.java import java_client_settings
+from refold.ops.verify import verify
+from refold.recovery.restore import load_checkpoint
+from refold.runtime.processor import BatchProcessor
 
-REFOLD = [sys.executable, "-m", "refold.cli", "-v"]
+REFOLD = [sys.executable, "-m", "refold.cli.main", "-v"]
 MARK = "Zq9payload"  # in every record's key and value: must never reach a log
 FAIL_FAST_SECONDS = 30
 

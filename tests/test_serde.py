@@ -12,26 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from refold.changelog import ChangelogEvent, Op
-from refold.errors import (
-    ConfigError,
-    DecodeError,
-    InternalError,
-    RecordError,
-    RecordSource,
-    ValidationError,
-)
-from refold.records import (
-    Checkpoint,
-    DeadLetter,
-    PendingRecord,
-    dead_letter_headers,
-    decode_checkpoint,
-    decode_dead_letter,
-    encode_checkpoint,
-    encode_dead_letter,
-)
-from refold.serde import (
+from refold.codecs.serde import (
     AvroCodec,
     JsonlCodec,
     check_system_fields,
@@ -41,6 +22,25 @@ from refold.serde import (
     load_schema,
     schema_dir,
     with_system_fields,
+)
+from refold.errors import (
+    ConfigError,
+    DecodeError,
+    InternalError,
+    RecordError,
+    RecordSource,
+    ValidationError,
+)
+from refold.model.changelog import ChangelogEvent, Op
+from refold.recovery.records import (
+    Checkpoint,
+    DeadLetter,
+    PendingRecord,
+    dead_letter_headers,
+    decode_checkpoint,
+    decode_dead_letter,
+    encode_checkpoint,
+    encode_dead_letter,
 )
 
 SOURCE = RecordSource("scores", 2, 41)

@@ -10,9 +10,9 @@ import pytest
 from confluent_kafka import Producer
 
 from refold.config import parse_pipeline
-from refold.kafkaio import producer_config, read_to_end
+from refold.kafka.io import producer_config, read_to_end
+from refold.ops.verify import read_view_changes
 from refold.reference import fold_changelog
-from refold.verify import read_view_changes
 
 pytestmark = pytest.mark.kafka
 

@@ -1,4 +1,4 @@
-"""The incremental reducer (refold.views) against the reference (refold.reference)."""
+"""The incremental reducer (refold.reduce.views) against the reference (refold.reference)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from refold.changelog import Op
 from refold.config import ViewSpec
-from refold.reference import fold_changelog, fold_deltas, reference_changelog, reference_deltas
-from refold.verify import same
-from refold.views import (
+from refold.model.changelog import Op
+from refold.ops.verify import same
+from refold.reduce.views import (
     Rejected,
     SourceEvent,
     compact_changes,
@@ -24,6 +23,7 @@ from refold.views import (
     encode_state,
     make_reducer,
 )
+from refold.reference import fold_changelog, fold_deltas, reference_changelog, reference_deltas
 
 GROUPED = ViewSpec.model_validate(
     {

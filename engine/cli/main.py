@@ -1,0 +1,201 @@
+"""The `refold` command line (DESIGN.md §5)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from refold import environment
+from refold.errors import RefoldError, UserError
+
+
+def _settings(args: argparse.Namespace) -> dict[str, object]:
+    """librdkafka settings: --kafka-config FILE and -X on top of the bootstrap servers."""
+    from refold.dev.localkafka import ensure_broker
+    from refold.kafka.clientconf import client_settings
+
+    extra = client_settings(args.kafka_config, args.kafka_setting)
+    bootstrap = args.bootstrap_servers or extra.get("bootstrap.servers")
+    return {**extra, "bootstrap.servers": ensure_broker(bootstrap)}
+
+
+def _pipeline(args: argparse.Namespace) -> Any:
+    """The pipeline file, its `kafka:` block updated by --kafka-config FILE and -X."""
+    from refold.config import load_pipeline
+    from refold.kafka.clientconf import client_settings
+
+    pipeline = load_pipeline(args.pipeline)
+    extra = client_settings(args.kafka_config, args.kafka_setting)
+    return pipeline.model_copy(update={"kafka": {**pipeline.kafka, **extra}}) if extra else pipeline
+
+
+def cmd_kafka(args: argparse.Namespace) -> int:
+    from refold.dev import localkafka
+
+    return localkafka.cli(args)
+
+
+def cmd_pg(args: argparse.Namespace) -> int:
+    from refold.dev import localpg
+
+    return localpg.cli(args)
+
+
+def cmd_jars(args: argparse.Namespace) -> int:
+    from refold.spark import jars
+
+    for name in ("kafka-broker", "spark-connectors"):
+        paths = jars.resolve(name)
+        print(f"{name}: {len(paths)} jars in {paths[0].parent if paths else '-'}")
+    return 0
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    from refold.cli.produce import produce, read_input
+
+    lines, is_file = read_input(args.file)
+    keys = [k.strip() for k in args.key.split(",") if k.strip()]
+    if not keys:
+        raise UserError("--key needs at least one column")
+    result = produce(
+        _settings(args),
+        args.topic,
+        lines,
+        keys,
+        fmt=args.format,
+        schema=args.schema,
+        per_transaction=args.per_transaction,
+        prevalidate=is_file,
+        partitions=args.partitions,
+    )
+    print(
+        f"wrote {result.events} events to {args.topic} in {result.transactions} "
+        f"transaction{'s' if result.transactions != 1 else ''} ({result.seconds:.2f}s)"
+    )
+    return 0
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    from refold.cli.consume import consume
+
+    count = consume(
+        _settings(args),
+        args.topic,
+        from_beginning=args.from_beginning,
+        until_idle=args.until_idle,
+        fmt=args.format,
+        schema=args.schema,
+    )
+    print(f"consumed {count} records from {args.topic}", file=sys.stderr)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from refold.spark.job import run_pipeline
+
+    if not sys.stderr.isatty():  # a container, a service manager, CI: structured log lines
+        from refold.ops.monitor import json_logging
+
+        json_logging()
+    pipeline = _pipeline(args)
+    run_pipeline(
+        pipeline, bootstrap=args.bootstrap_servers, until_idle=args.until_idle, metrics_port=args.metrics_port
+    )
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from refold.ops.status import print_status
+
+    pipeline = _pipeline(args)
+    print_status(pipeline, bootstrap=args.bootstrap_servers)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="refold", description="Exactly-once changelog engine on Kafka.")
+    parser.add_argument(
+        "--bootstrap-servers",
+        default=environment.bootstrap_servers(),
+        help="Kafka cluster to use (default: REFOLD_BOOTSTRAP_SERVERS, else the local broker 127.0.0.1:9092)",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument(
+        "--kafka-config", metavar="FILE", help="librdkafka settings, key=value lines (SASL, TLS: docs/SECURITY.md)"
+    )
+    parser.add_argument(
+        "-X", dest="kafka_setting", action="append", metavar="KEY=VALUE", help="one librdkafka setting (repeatable)"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    kafka = sub.add_parser("kafka", help="a local Apache Kafka broker (KRaft) under .refold/")
+    kafka.add_argument("action", choices=["start", "stop", "status"])
+    kafka.add_argument("--port", type=int, default=9092)
+    kafka.set_defaults(func=cmd_kafka)
+
+    pg = sub.add_parser("pg", help="a local PostgreSQL server (Debian's binaries) under .refold/")
+    pg.add_argument("action", choices=["start", "stop", "status"])
+    pg.add_argument("--port", type=int, help="default: the last start's port if free, else a free one")
+    pg.set_defaults(func=cmd_pg)
+
+    jars = sub.add_parser("jars", help="resolve the JVM jars (Kafka broker, Spark Kafka connector) with Maven")
+    jars.set_defaults(func=cmd_jars)
+
+    produce = sub.add_parser("produce", help="write JSON-lines changelog events to a topic, transactionally")
+    produce.add_argument("topic")
+    produce.add_argument("file", nargs="?", default="-", help="JSON lines, one event per line ('-' = stdin)")
+    produce.add_argument("--key", required=True, help="message key column(s), comma-separated")
+    produce.add_argument("--format", choices=["jsonl", "avro"], default="jsonl", help="wire format of the values")
+    produce.add_argument("--schema", help="Avro schema (.avsc) for --format avro")
+    produce.add_argument("--per-transaction", type=int, default=10_000, help="events per Kafka transaction")
+    produce.add_argument("--partitions", type=int, default=3, help="partitions if the topic must be created")
+    produce.set_defaults(func=cmd_produce)
+
+    consume = sub.add_parser("consume", help="print a topic's committed records as JSON lines")
+    consume.add_argument("topic")
+    consume.add_argument("--from-beginning", action="store_true")
+    consume.add_argument("--until-idle", type=float, metavar="SECONDS", help="stop after this long without records")
+    consume.add_argument("--format", choices=["jsonl", "avro"], default="jsonl")
+    consume.add_argument("--schema", help="Avro schema (.avsc) for --format avro")
+    consume.set_defaults(func=cmd_consume)
+
+    run = sub.add_parser("run", help="run the engine on a pipeline file")
+    run.add_argument("pipeline")
+    run.add_argument("--until-idle", type=float, metavar="SECONDS", help="stop after this long without input")
+    run.add_argument(
+        "--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on PORT (overrides metrics.port)"
+    )
+    run.set_defaults(func=cmd_run)
+
+    status = sub.add_parser("status", help="committed offsets, lag, last batch of a pipeline")
+    status.add_argument("pipeline")
+    status.set_defaults(func=cmd_status)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # py4j logs every command it sends to the JVM at DEBUG, Kafka options (passwords) too.
+    logging.getLogger("py4j").setLevel(logging.INFO)
+    try:
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        print(f"refold: error: {exc}", file=sys.stderr)
+        return 2
+    except RefoldError as exc:
+        print(f"refold: internal error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""`make demo`: the RFC-015 match scores through a top-2 leaderboard and per-player totals.
+
+Starts the local broker (unless REFOLD_BOOTSTRAP_SERVERS names another), produces
+the six match results, runs both example pipelines until idle in one Spark
+session, and prints each view changelog and the final views.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import sqlite3
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from refold.cli.produce import produce
+from refold.config import Pipeline, parse_pipeline
+from refold.environment import home as project_home
+from refold.ops.verify import read_view_changes
+from refold.reference import fold_changelog
+from refold.spark.job import run_pipeline, spark_session
+
+EXAMPLES = Path(str(importlib.resources.files("refold.examples")))  # examples/ in a checkout
+
+
+def _pipeline(name: str, run_id: str, source: str, bootstrap: str, folder: Path) -> Pipeline:
+    data: dict[str, Any] = yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text())
+    data["pipeline"] = f"{data['pipeline']}-{run_id}"
+    data["kafka"] = {"bootstrap.servers": bootstrap}
+    data["source"]["topic"] = source
+    for output in ("view", "delta"):
+        if output in data["outputs"]:
+            data["outputs"][output]["topic"] = data["outputs"][output]["topic"].replace(
+                name, f"{name}-{run_id}", 1
+            )
+    for entry in data["outputs"].get("materialize", []):
+        if entry.get("driver") == "sqlite":  # one database per run, under the Refold home
+            entry["path"] = str(folder / f"{name}-{run_id}.db")
+    return parse_pipeline(data, where=f"examples/{name}.yaml")
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "  (empty)"
+    columns = list(rows[0])
+    widths = {c: max(len(c), *(len(_cell(r.get(c))) for r in rows)) for c in columns}
+    lines = ["  " + "  ".join(c.ljust(widths[c]) for c in columns)]
+    lines.append("  " + "  ".join("-" * widths[c] for c in columns))
+    lines += ["  " + "  ".join(_cell(r.get(c)).ljust(widths[c]) for c in columns) for r in rows]
+    return "\n".join(lines)
+
+
+def _sqlite_rows(path: str, table: str) -> list[dict[str, Any]]:
+    """The table's rows as stored (without the `_doc` column), by key."""
+    db = sqlite3.connect(path)
+    try:
+        cursor = db.execute(f'SELECT * FROM "{table}" ORDER BY 1')
+        names = [d[0] for d in cursor.description]
+        return [{n: v for n, v in zip(names, row, strict=True) if n != "_doc"} for row in cursor]
+    finally:
+        db.close()
+
+
+def _cell(value: Any) -> str:
+    return "null" if value is None else str(value)
+
+
+def main() -> int:
+    from refold.dev.localkafka import ensure_broker
+
+    bootstrap = ensure_broker(None, start_local=True)
+    settings = {"bootstrap.servers": bootstrap}
+    run_id = time.strftime("%Y%m%d-%H%M%S")
+    source = f"match_scores-{run_id}"
+    lines = (EXAMPLES / "match_scores.jsonl").read_bytes().splitlines()
+    result = produce(settings, source, lines, ["player_name"], partitions=1, progress=False)
+    print(f"\n== produced {result.events} match results to {source}\n")
+
+    folder = project_home() / "demo"
+    folder.mkdir(parents=True, exist_ok=True)
+    pipelines = [_pipeline(name, run_id, source, bootstrap, folder) for name in ("leaderboard", "totals")]
+    spark = spark_session(name="refold-demo")
+    try:
+        for pipeline in pipelines:
+            print(f"== running {pipeline.pipeline} until idle …", flush=True)
+            run_pipeline(pipeline, bootstrap, until_idle=3.0, spark=spark)
+    finally:
+        spark.stop()
+
+    for pipeline in pipelines:
+        changes = read_view_changes(pipeline, settings)
+        assert pipeline.outputs.view is not None
+        print(f"\n== {pipeline.outputs.view.topic}: the view changelog")
+        print(_table([{"op": c.op.code, **c.row} for c in changes]))
+        print(f"\n== {pipeline.pipeline}: the final view")
+        view = fold_changelog(changes)
+        print(_table([view[key] for key in sorted(view, key=repr)]))
+    for pipeline in pipelines:
+        for entry in pipeline.outputs.materialize:
+            if entry.get("driver") == "sqlite":
+                table = entry.get("view") or "view"
+                print(f"\n== {pipeline.pipeline}: materialized into SQLite {entry['path']}, table {table}")
+                print(_table(_sqlite_rows(entry["path"], table)))
+    print(
+        "\nThe broker keeps running: `.venv/bin/refold consume <topic> --from-beginning --until-idle 2`"
+        " to look around, `make kafka-stop` to stop it."
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

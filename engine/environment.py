@@ -1,0 +1,72 @@
+"""Every environment variable Refold reads, in one place.
+
+Each function reads the variable when called (tests and harnesses set them per
+process), so nothing here is cached. Writing variables for child processes (the
+TLS password for openssl, PYSPARK_PYTHON for Spark's workers) is not reading and
+stays where the child is started.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+BOOTSTRAP_SERVERS = "REFOLD_BOOTSTRAP_SERVERS"  # the Kafka cluster, when no flag names one
+HOME = "REFOLD_HOME"  # Refold's working folder (local servers, jars, demo data)
+JARS = "REFOLD_JARS"  # where resolved jar sets live
+PG_BINDIR = "REFOLD_PG_BINDIR"  # the PostgreSQL server binaries for `refold pg`
+TRANSACTION_TIMEOUT_MS = "REFOLD_TRANSACTION_TIMEOUT_MS"  # the engine producer's transaction.timeout.ms
+# Test hooks, read only where the hooks are built (refold.runtime.hooks): never set in production.
+TEST_CRASH = "REFOLD_TEST_CRASH"
+TEST_STALL_IN_TXN_SECONDS = "REFOLD_TEST_STALL_IN_TXN_SECONDS"
+TEST_STALL_UNTIL = "REFOLD_TEST_STALL_UNTIL"
+
+
+def _get(name: str) -> str | None:
+    return os.environ.get(name) or None
+
+
+def bootstrap_servers() -> str | None:
+    """`$REFOLD_BOOTSTRAP_SERVERS`, or None when unset or empty."""
+    return _get(BOOTSTRAP_SERVERS)
+
+
+def checkout_root() -> Path | None:
+    """The repository this package runs from (`pip install -e`), or None when installed."""
+    root = Path(__file__).resolve().parent.parent
+    if (root / "pyproject.toml").is_file() and (root / "engine").is_dir():
+        return root
+    return None
+
+
+def home() -> Path:
+    """Refold's working folder: `$REFOLD_HOME`, else `.refold` in a checkout, else `~/.refold`."""
+    env = _get(HOME)
+    if env:
+        return Path(env).expanduser().resolve()
+    root = checkout_root()
+    return root / ".refold" if root is not None else Path.home() / ".refold"
+
+
+def jars_home() -> Path:
+    """Where resolved jar sets live: `$REFOLD_JARS`, else `<home>/jars`."""
+    env = _get(JARS)
+    return Path(env).expanduser().resolve() if env else home() / "jars"
+
+
+def pg_bindir() -> Path | None:
+    """`$REFOLD_PG_BINDIR`: PostgreSQL server binaries chosen by hand."""
+    env = _get(PG_BINDIR)
+    return Path(env) if env else None
+
+
+def transaction_timeout_ms(default: int = 60_000) -> int:
+    """The engine producer's `transaction.timeout.ms` (the chaos harness shortens it)."""
+    env = _get(TRANSACTION_TIMEOUT_MS)
+    return int(env) if env else default
+
+
+def test_hook_settings() -> dict[str, str]:
+    """The test-hook variables that are set (empty in production)."""
+    names = (TEST_CRASH, TEST_STALL_IN_TXN_SECONDS, TEST_STALL_UNTIL)
+    return {name: value for name in names if (value := _get(name))}

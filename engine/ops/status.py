@@ -1,0 +1,70 @@
+"""`refold status`: committed offsets, lag, last batch and counters of a pipeline."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from refold.config import Pipeline
+from refold.kafka.io import consumer_config, partitions_of, read_to_end
+from refold.recovery.restore import load_checkpoint
+
+EXACT_LAG_LIMIT = 100_000  # offsets; past this the lag is the offset distance
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionStatus:
+    partition: int
+    committed: int | None
+    end: int
+    lag: int  # committed records not yet reduced (transaction markers take offsets too)
+    exact: bool
+
+
+def pipeline_status(pipeline: Pipeline, settings: dict[str, Any]) -> tuple[Any, list[PartitionStatus]]:
+    checkpoint = load_checkpoint(pipeline, settings)
+    committed = checkpoint.offsets if checkpoint else {}
+    topic = pipeline.source.topic
+    consumer = Consumer(consumer_config(settings))
+    try:
+        ends = {}
+        for p in partitions_of(settings, topic):
+            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
+            ends[p] = high
+    finally:
+        consumer.close()
+    gap = {p: max(end - committed.get(p, 0), 0) for p, end in ends.items()}
+    exact = sum(gap.values()) <= EXACT_LAG_LIMIT
+    if exact:  # count the readable records: markers and aborted records are not lag
+        counts = dict.fromkeys(ends, 0)
+        for msg in read_to_end(settings, topic, start={p: committed.get(p, 0) for p in ends}):
+            counts[msg.partition() or 0] += 1
+        gap = counts
+    rows = [PartitionStatus(p, committed.get(p), ends[p], gap[p], exact) for p in sorted(ends)]
+    return checkpoint, rows
+
+
+def print_status(pipeline: Pipeline, bootstrap: str | None = None) -> None:
+    settings = pipeline.kafka_settings(bootstrap)
+    checkpoint, rows = pipeline_status(pipeline, settings)
+    print(f"pipeline {pipeline.pipeline}  source {pipeline.source.topic}  writer {pipeline.writer}")
+    if checkpoint is None:
+        print("  no committed batch yet")
+    else:
+        age = time.time() - checkpoint.committed_at / 1000
+        print(
+            f"  last batch {checkpoint.batch} committed {age:,.0f}s ago; "
+            f"records in {checkpoint.records_in:,}, out {checkpoint.records_out:,}, "
+            f"dead letters {checkpoint.dlq:,}"
+        )
+        if checkpoint.pending:
+            print(f"  held -C awaiting its +C in partitions {sorted(checkpoint.pending)}")
+    print(f"  {'partition':>9}  {'committed':>12}  {'end':>12}  {'lag':>10}")
+    for row in rows:
+        committed = "-" if row.committed is None else f"{row.committed:,}"
+        print(f"  {row.partition:>9}  {committed:>12}  {row.end:>12,}  {row.lag:>10,}")
+    approx = "" if all(r.exact for r in rows) else " (offsets, approximate)"
+    print(f"  total lag {sum(r.lag for r in rows):,}{approx}")

@@ -1,0 +1,204 @@
+"""Checks a pipeline's committed outputs against the reference reducer.
+
+Like Kafka's EosTestDriver: read the input and every output with
+read_committed, recompute the expected view changelog with the pure-Python
+reference, and list every anomaly (a missing, extra, duplicated or different
+record). Used by the tests, `make chaos` and the benchmarks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from refold.codecs.pipeline import source_decoder
+from refold.config import Pipeline
+from refold.errors import RecordError
+from refold.kafka.io import read_to_end
+from refold.model.changelog import Op
+from refold.reduce.views import SourceEvent, ViewChange
+from refold.reference import fold_changelog, fold_deltas, merge_partitions, reference_changelog
+
+
+@dataclass
+class Report:
+    events: int = 0
+    view_records: int = 0
+    delta_records: int = 0
+    dead_letters: int = 0
+    anomalies: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.anomalies
+
+    def add(self, text: str) -> None:
+        if len(self.anomalies) < 50:
+            self.anomalies.append(text)
+        elif len(self.anomalies) == 50:
+            self.anomalies.append("… more anomalies left out")
+
+
+def read_source(pipeline: Pipeline, settings: Mapping[str, Any]) -> tuple[dict[int, list[SourceEvent]], int]:
+    """The decodable input events per partition, with their tags; and the count of bad ones."""
+    decoder = source_decoder(pipeline)
+    partitions: dict[int, list[SourceEvent]] = {}
+    bad = 0
+    for msg in read_to_end(settings, pipeline.source.topic):
+        partition, offset = msg.partition() or 0, msg.offset() or 0
+        (events,) = decoder.decode_records([msg.value()], [offset], topic=msg.topic(), partition=partition)
+        if isinstance(events, RecordError):
+            bad += 1
+            continue
+        _kind, ts = msg.timestamp()
+        for event in events:  # a Debezium update is a -C/+C pair of one record
+            event_time = event.event_time if event.event_time is not None else ts
+            partitions.setdefault(partition, []).append(
+                SourceEvent(event.op, dict(event.row), (event_time, partition, offset))
+            )
+    return partitions, bad
+
+
+def output_key(pipeline: Pipeline, row: Mapping[str, Any]) -> tuple[Any, ...]:
+    top_n = pipeline.view.top_n
+    if top_n is not None:
+        return (*(row[c] for c in top_n.partition_by), row["place"])
+    return tuple(row[c] for c in pipeline.view.key)
+
+
+def read_view_changes(pipeline: Pipeline, settings: Mapping[str, Any]) -> list[ViewChange]:
+    """The committed view changelog (form `changelog` or `retract`) as ViewChanges,
+    partition after partition, each in offset order.
+
+    Not in the order the reader returns them: it interleaves partitions wherever a
+    fetch ends, which can put another partition's record between a `-C` and its `+C`
+    (adjacent within their own partition: the order the contract promises)."""
+    assert pipeline.outputs.view is not None
+    partitions: dict[int, list[ViewChange]] = {}
+    for msg in read_to_end(settings, pipeline.outputs.view.topic):
+        record = orjson.loads(msg.value() or b"null")
+        op = Op.parse(record.pop("op"))
+        partitions.setdefault(msg.partition() or 0, []).append(ViewChange(op, output_key(pipeline, record), record))
+    return [change for partition in sorted(partitions) for change in partitions[partition]]
+
+
+def read_upsert_view(pipeline: Pipeline, settings: Mapping[str, Any]) -> dict[bytes, dict[str, Any]]:
+    """An upsert-form view topic folded: message key → latest row (tombstones delete)."""
+    assert pipeline.outputs.view is not None
+    table: dict[bytes, dict[str, Any]] = {}
+    for msg in read_to_end(settings, pipeline.outputs.view.topic):
+        key, value = msg.key() or b"", msg.value()
+        if value is None:
+            table.pop(key, None)
+        else:
+            table[key] = orjson.loads(value)
+    return table
+
+
+def read_deltas(pipeline: Pipeline, settings: Mapping[str, Any]) -> list[dict[str, Any]]:
+    assert pipeline.outputs.delta is not None
+    return [orjson.loads(m.value() or b"null") for m in read_to_end(settings, pipeline.outputs.delta.topic)]
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equality with a relative tolerance for floats (incremental vs recomputed sums)."""
+    if isinstance(a, float) or isinstance(b, float):
+        if isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool):
+            return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+        return False
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def by_key(changes: Iterable[ViewChange]) -> dict[tuple[Any, ...], list[tuple[Op, Mapping[str, Any]]]]:
+    """Each key's records in order. The rows are shared, not copied: `make chaos` compares
+    millions of them, and a copy held each one twice (how much that saves at full size
+    was not measured)."""
+    out: dict[tuple[Any, ...], list[tuple[Op, Mapping[str, Any]]]] = {}
+    for change in changes:
+        out.setdefault(change.key, []).append((change.op, change.row))
+    return out
+
+
+def verify(pipeline: Pipeline, settings: Mapping[str, Any], *, exact_order: bool | None = None) -> Report:
+    """Compare the committed outputs with the reference over the committed input.
+
+    For a view keyed like its input messages, each key's sequence of view records
+    must equal the reference's record by record. For a view that re-groups
+    (Top-N), the sequence depends on batch boundaries, so the whole changelog is
+    compared only when `exact_order` (one batch); the folded view always is.
+    """
+    report = Report()
+    partitions, report.dead_letters = read_source(pipeline, settings)
+    report.events = sum(len(v) for v in partitions.values())
+    expected = reference_changelog(pipeline.view, merge_partitions(partitions))
+    del partitions  # the input is no longer needed: free it before the outputs are read
+    report.dead_letters += len(expected.rejected)
+    spec = pipeline.outputs.view
+    if spec is not None and spec.form in ("changelog", "retract"):
+        actual = read_view_changes(pipeline, settings)
+        report.view_records = len(actual)
+        want = expected.changes
+        if spec.form == "retract":
+            want = [ViewChange({Op.CORRECT_FROM: Op.RETRACT, Op.CORRECT_TO: Op.APPEND}.get(c.op, c.op), c.key, c.row) for c in want]
+        if spec.emit == "per_event" and (exact_order or not pipeline.view.is_top_n):
+            _compare_sequences(report, by_key(want), by_key(actual))
+        try:
+            folded = fold_changelog(actual) if spec.form == "changelog" else _fold_retract(actual)
+        except ValueError as exc:
+            report.add(f"the view changelog does not fold: {exc}")
+        else:
+            _compare_views(report, expected.view, folded, "view changelog")
+    elif spec is not None:
+        table = read_upsert_view(pipeline, settings)
+        report.view_records = len(table)
+        folded_upsert = {output_key(pipeline, row): row for row in table.values()}
+        _compare_views(report, expected.view, folded_upsert, "upsert view")
+    if pipeline.outputs.delta is not None:
+        deltas = read_deltas(pipeline, settings)
+        report.delta_records = len(deltas)
+        _compare_views(report, expected.view, fold_deltas(pipeline.view, deltas), "folded deltas")
+    return report
+
+
+def _fold_retract(changes: list[ViewChange]) -> dict[tuple[Any, ...], dict[str, Any]]:
+    live: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for change in changes:
+        if change.op is Op.APPEND:
+            live[change.key] = dict(change.row)
+        elif change.key not in live or not same(live[change.key], dict(change.row)):
+            raise ValueError(f"-R of a row that is not the current one at key {change.key!r}")
+        else:
+            del live[change.key]
+    return live
+
+
+def _compare_sequences(report: Report, want: dict[Any, list[Any]], got: dict[Any, list[Any]]) -> None:
+    for key in sorted(set(want) | set(got), key=repr):
+        a, b = want.get(key, []), got.get(key, [])
+        if len(a) != len(b) or not all(x[0] == y[0] and same(x[1], y[1]) for x, y in zip(a, b, strict=False)):
+            first = next(
+                (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x[0] != y[0] or not same(x[1], y[1])),
+                min(len(a), len(b)),
+            )
+            report.add(
+                f"key {key!r}: {len(a)} expected records, {len(b)} committed; first difference at #{first}: "
+                f"expected {a[first] if first < len(a) else None}, got {b[first] if first < len(b) else None}"
+            )
+
+
+def _compare_views(report: Report, want: Mapping[Any, Any], got: Mapping[Any, Any], what: str) -> None:
+    for key in sorted(set(want) | set(got), key=repr):
+        if key not in got:
+            report.add(f"{what}: key {key!r} missing (expected {want[key]})")
+        elif key not in want:
+            report.add(f"{what}: key {key!r} should not exist (got {got[key]})")
+        elif not same(dict(want[key]), dict(got[key])):
+            report.add(f"{what}: key {key!r}: expected {want[key]}, got {got[key]}")

@@ -1,0 +1,165 @@
+"""The engine's own records: checkpoints (`P.checkpoints`) and dead letters.
+
+Values (frozen dataclasses), each with an Avro schema in `schemas/avro/` and a
+schemaless Avro round trip. Encoding is deterministic: partition maps are
+written sorted by partition and driver checkpoints sorted by name, so the same
+checkpoint always gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from io import BytesIO
+from typing import Any
+
+from fastavro import schemaless_reader, schemaless_writer
+
+from refold.codecs.serde import load_schema
+from refold.errors import InternalError
+
+
+@dataclass(frozen=True, slots=True)
+class PendingRecord:
+    """An unpaired `-C` at the end of a batch, held over to the next batch: the raw
+    input record, replayed in front of its partition's next records."""
+
+    offset: int
+    key: bytes | None
+    value: bytes
+    timestamp: int  # the Kafka record timestamp, epoch ms
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """One committed batch of a pipeline's writer (the value keyed by the writer
+    name in the compacted topic `P.checkpoints`)."""
+
+    pipeline: str
+    writer: str
+    batch: int  # how many batches this writer has committed
+    source_topic: str
+    offsets: dict[int, int]  # partition -> next offset to read
+    pending: dict[int, PendingRecord]  # partition -> its held-over -C
+    records_in: int
+    records_out: int
+    dlq: int
+    committed_at: int  # epoch ms
+    driver_checkpoints: dict[str, bytes]  # opaque, by materialization driver
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A rejected input record with the reason and where it came from."""
+
+    reason: str  # machine-stable, e.g. "undecodable", "op out of range", "not live"
+    detail: str | None
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int | None  # the input record's Kafka timestamp, epoch ms
+    key: bytes | None
+    value: bytes | None
+    pipeline: str
+
+
+def dead_letter_headers(letter: DeadLetter) -> list[tuple[str, bytes]]:
+    """The Kafka headers of a dead letter (UTF-8; numbers in decimal).
+    `refold.detail` is left out when there is no detail."""
+    headers = [("refold.reason", letter.reason.encode())]
+    if letter.detail is not None:
+        headers.append(("refold.detail", letter.detail.encode()))
+    headers += [
+        ("refold.topic", letter.topic.encode()),
+        ("refold.partition", str(letter.partition).encode()),
+        ("refold.offset", str(letter.offset).encode()),
+        ("refold.pipeline", letter.pipeline.encode()),
+    ]
+    return headers
+
+
+# Avro --------------------------------------------------------------------------------
+
+
+@functools.cache
+def _checkpoint_schema() -> dict[str, Any]:
+    return load_schema("checkpoint")
+
+
+@functools.cache
+def _dead_letter_schema() -> dict[str, Any]:
+    return load_schema("deadletter")
+
+
+def _write(schema: dict[str, Any], record: dict[str, Any]) -> bytes:
+    stream = BytesIO()
+    schemaless_writer(stream, schema, record, strict=True)
+    return stream.getvalue()
+
+
+def _read(schema: dict[str, Any], data: bytes, what: str) -> dict[str, Any]:
+    stream = BytesIO(data)
+    try:
+        record = schemaless_reader(stream, schema, None)
+    except Exception as exc:  # any failure to read: not a record we wrote
+        raise InternalError(f"cannot decode a {what} record ({len(data)} bytes): {type(exc).__name__}: {exc}") from exc
+    left = len(data) - stream.tell()
+    if left:
+        raise InternalError(f"cannot decode a {what} record: {left} bytes left over")
+    assert isinstance(record, dict)
+    return record
+
+
+def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
+    return _write(
+        _checkpoint_schema(),
+        {
+            "pipeline": checkpoint.pipeline,
+            "writer": checkpoint.writer,
+            "batch": checkpoint.batch,
+            "source_topic": checkpoint.source_topic,
+            "offsets": [{"partition": p, "offset": o} for p, o in sorted(checkpoint.offsets.items())],
+            "pending": [
+                {"partition": p, "offset": r.offset, "key": r.key, "value": r.value, "timestamp": r.timestamp}
+                for p, r in sorted(checkpoint.pending.items())
+            ],
+            "records_in": checkpoint.records_in,
+            "records_out": checkpoint.records_out,
+            "dlq": checkpoint.dlq,
+            "committed_at": checkpoint.committed_at,
+            "driver_checkpoints": dict(sorted(checkpoint.driver_checkpoints.items())),
+        },
+    )
+
+
+def decode_checkpoint(data: bytes) -> Checkpoint:
+    """Raises InternalError for bytes that are not a checkpoint record."""
+    r = _read(_checkpoint_schema(), data, "checkpoint")
+    return Checkpoint(
+        pipeline=r["pipeline"],
+        writer=r["writer"],
+        batch=r["batch"],
+        source_topic=r["source_topic"],
+        offsets={o["partition"]: o["offset"] for o in r["offsets"]},
+        pending={
+            p["partition"]: PendingRecord(p["offset"], p["key"], p["value"], p["timestamp"]) for p in r["pending"]
+        },
+        records_in=r["records_in"],
+        records_out=r["records_out"],
+        dlq=r["dlq"],
+        committed_at=r["committed_at"],
+        driver_checkpoints=r["driver_checkpoints"],
+    )
+
+
+_DEAD_LETTER_FIELDS = ("reason", "detail", "topic", "partition", "offset", "timestamp", "key", "value", "pipeline")
+
+
+def encode_dead_letter(letter: DeadLetter) -> bytes:
+    return _write(_dead_letter_schema(), {name: getattr(letter, name) for name in _DEAD_LETTER_FIELDS})
+
+
+def decode_dead_letter(data: bytes) -> DeadLetter:
+    """Raises InternalError for bytes that are not a dead-letter record."""
+    r = _read(_dead_letter_schema(), data, "dead letter")
+    return DeadLetter(**{name: r[name] for name in _DEAD_LETTER_FIELDS})
