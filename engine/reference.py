@@ -20,6 +20,7 @@ import orjson
 
 from refold.config import ViewSpec
 from refold.model.changelog import Op, canonical_row
+from refold.model.reasons import Reason
 from refold.reduce.views import (
     SourceEvent,
     Tag,
@@ -143,23 +144,23 @@ class _Model:
     def check(self, unit: Sequence[SourceEvent]) -> str | None:
         """Why the unit is refused, or None. Nothing changes."""
         if len(unit) == 1 and unit[0].op is Op.CORRECT_TO:
-            return "+C without a preceding -C"
+            return Reason.ORPHAN_CORRECT_TO
         if len(unit) == 1 and unit[0].op is Op.CORRECT_FROM:
-            return "-C not immediately followed by its +C"
+            return Reason.UNPAIRED_CORRECT_FROM
         for event in unit:  # first the shape of every event, then liveness
             group = self.group_of(event.row)
             if group is None:
-                return "null key"
+                return Reason.NULL_KEY
             problem = key_problem(group)
             if problem is not None:
                 return problem[0]
             if scalar_problem(event.row, self.scalar_columns) is not None:
-                return "schema mismatch"
+                return Reason.SCHEMA_MISMATCH
             if self.spec.top_n is None:
                 for column in {c.column for c in self.spec.columns.values() if c.agg in ("sum", "avg")}:
                     value = event.row.get(column)
                     if value is not None and type(value) not in (int, float):
-                        return "schema mismatch"
+                        return Reason.SCHEMA_MISMATCH
         trial: dict[tuple[Any, ...], list[Copy]] = {}
         for event in unit:
             group = self.group_of(event.row)
@@ -172,7 +173,7 @@ class _Model:
             else:
                 match = [i for i, (row, _) in enumerate(copies) if canonical_row(row) == canonical_row(event.row)]
                 if not match:
-                    return "not live"
+                    return Reason.NOT_LIVE
                 copies.pop(max(match, key=lambda i: copies[i][1]))
         return None
 

@@ -23,6 +23,7 @@ from refold.codecs.serde import codec_for
 from refold.errors import RecordError, RecordSource
 from refold.kafka.io import READER_IGNORES, consumer_config, partitions_of
 from refold.model.changelog import Op
+from refold.model.reasons import Reason
 
 
 def render(value: bytes | None, key: bytes | None, decode: Callable[[bytes, RecordSource], Any], source: RecordSource) -> bytes:
@@ -64,7 +65,7 @@ def consume(
             try:
                 return orjson.loads(value)
             except orjson.JSONDecodeError as exc:
-                raise RecordError("undecodable", source) from exc
+                raise RecordError(Reason.UNDECODABLE, source) from exc
     else:
         codec = codec_for(fmt, schema)
 

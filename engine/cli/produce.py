@@ -23,6 +23,7 @@ from refold.codecs.serde import JsonlCodec, codec_for
 from refold.errors import RecordSource, UserError, ValidationError
 from refold.kafka.io import TopicSpec, delivery_failures, ensure_topics, eprint, producer_config
 from refold.model.changelog import ChangelogEvent, Op, PairingValidator, key_of
+from refold.model.reasons import Reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +51,7 @@ def parse_lines(lines: Iterable[bytes], key_columns: Sequence[str]) -> Iterator[
         try:
             key = key_of(event.row, key_columns)
         except (KeyError, ValueError) as exc:
-            raise ValidationError("null key", source, detail=str(exc).strip('"'), value=raw) from exc
+            raise ValidationError(Reason.NULL_KEY, source, detail=str(exc).strip('"'), value=raw) from exc
         problem = pairing.feed(event.op, key)
         if problem:
             raise ValidationError(problem, source, value=raw)

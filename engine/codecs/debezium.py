@@ -25,10 +25,10 @@ from typing import ClassVar
 
 import orjson
 
-from refold.codecs.serde import SCHEMA_MISMATCH, UNDECODABLE
 from refold.errors import DecodeError, RecordError, RecordSource
 from refold.model.changelog import SYSTEM_COLUMNS, ChangelogEvent
 from refold.model.forms import from_debezium
+from refold.model.reasons import Reason
 
 
 class DebeziumJsonDecoder:
@@ -72,17 +72,17 @@ def decode_envelope(value: bytes | None) -> list[ChangelogEvent]:
     try:
         envelope = orjson.loads(value)
     except orjson.JSONDecodeError as exc:
-        raise _BadEnvelope(UNDECODABLE, f"not JSON: {exc}") from exc
+        raise _BadEnvelope(Reason.UNDECODABLE, f"not JSON: {exc}") from exc
     if envelope is None:
         return []
     if type(envelope) is not dict:
-        raise _BadEnvelope(UNDECODABLE, f"not a JSON object but a JSON {type(envelope).__name__}")
+        raise _BadEnvelope(Reason.UNDECODABLE, f"not a JSON object but a JSON {type(envelope).__name__}")
     try:
         events = from_debezium(envelope)
     except ValueError as exc:
-        raise _BadEnvelope(SCHEMA_MISMATCH, str(exc)) from exc
+        raise _BadEnvelope(Reason.SCHEMA_MISMATCH, str(exc)) from exc
     for event in events:
         if not SYSTEM_COLUMNS.isdisjoint(event.row):
             clash = sorted(SYSTEM_COLUMNS.intersection(event.row))
-            raise _BadEnvelope(SCHEMA_MISMATCH, f"the row has system columns {clash}; rename them in the source")
+            raise _BadEnvelope(Reason.SCHEMA_MISMATCH, f"the row has system columns {clash}; rename them in the source")
     return events

@@ -31,8 +31,6 @@ from fastavro import parse_schema, schemaless_reader
 from fastavro.schema import SchemaParseException
 
 from refold.codecs.serde import (
-    OP_OUT_OF_RANGE,
-    UNDECODABLE,
     _strip_logical_types,
     check_system_fields,
     load_raw_schema,
@@ -47,6 +45,7 @@ from refold.errors import (
     ValidationError,
 )
 from refold.model.changelog import ChangelogEvent, Op
+from refold.model.reasons import Reason
 
 MAGIC: Final = 0
 HEADER_BYTES: Final = 5
@@ -135,23 +134,23 @@ class RegistryAvroDecoder:
 
     def _decode(self, value: bytes | None) -> ChangelogEvent:
         if value is None:
-            raise _Bad(DecodeError, UNDECODABLE, "null value (a tombstone)")
+            raise _Bad(DecodeError, Reason.UNDECODABLE, "null value (a tombstone)")
         try:
             schema_id, payload = unframe(value)
         except ValueError as exc:
-            raise _Bad(DecodeError, UNDECODABLE, str(exc)) from exc
+            raise _Bad(DecodeError, Reason.UNDECODABLE, str(exc)) from exc
         writer, has_event_time = self._writers.get(schema_id) or self._writer(schema_id)
         stream = BytesIO(payload)
         try:
             record = schemaless_reader(stream, writer, self._reader)
         except Exception as exc:  # any failure to read means: not one record of this schema
-            raise _Bad(DecodeError, UNDECODABLE, f"not an Avro record of schema id {schema_id}: {exc}") from exc
+            raise _Bad(DecodeError, Reason.UNDECODABLE, f"not an Avro record of schema id {schema_id}: {exc}") from exc
         if stream.tell() != len(payload):
-            raise _Bad(DecodeError, UNDECODABLE, f"bytes left over after an Avro record of schema id {schema_id}")
+            raise _Bad(DecodeError, Reason.UNDECODABLE, f"bytes left over after an Avro record of schema id {schema_id}")
         assert isinstance(record, dict)
         op = record.pop("op", None)
         if not isinstance(op, int) or not 0 <= op <= 3:
-            raise _Bad(ValidationError, OP_OUT_OF_RANGE, f"op must be 0..3, got {op!r}")
+            raise _Bad(ValidationError, Reason.OP_OUT_OF_RANGE, f"op must be 0..3, got {op!r}")
         event_time = record.pop("event_time", None) if has_event_time or self._reader is not None else None
         return ChangelogEvent(Op(op), record, event_time)
 
@@ -160,16 +159,16 @@ class RegistryAvroDecoder:
             schema = self.client.get_schema(schema_id)
         except SchemaRegistryError as exc:
             if exc.http_status_code == 404:
-                raise _Bad(DecodeError, UNDECODABLE, f"the registry has no schema id {schema_id}") from exc
+                raise _Bad(DecodeError, Reason.UNDECODABLE, f"the registry has no schema id {schema_id}") from exc
             raise PrerequisiteError(f"schema registry: cannot fetch schema id {schema_id}: {exc}") from exc
         if schema.schema_type not in (None, "AVRO"):
-            raise _Bad(DecodeError, UNDECODABLE, f"schema id {schema_id} is {schema.schema_type}, not Avro")
+            raise _Bad(DecodeError, Reason.UNDECODABLE, f"schema id {schema_id} is {schema.schema_type}, not Avro")
         raw = orjson.loads(schema.schema_str or "null")
         try:
             check_system_fields(raw)
             parsed = parse_row_schema(raw, f"schema id {schema_id}")
         except ConfigError as exc:
-            raise _Bad(DecodeError, UNDECODABLE, str(exc)) from exc
+            raise _Bad(DecodeError, Reason.UNDECODABLE, str(exc)) from exc
         has_event_time = any(f.get("name") == "event_time" for f in raw.get("fields", []))
         self._writers[schema_id] = (parsed, has_event_time)
         return parsed, has_event_time

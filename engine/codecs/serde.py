@@ -42,10 +42,7 @@ from fastavro.schema import load_schema as _fastavro_load_schema
 
 from refold.errors import ConfigError, DecodeError, RecordError, RecordSource, ValidationError
 from refold.model.changelog import SYSTEM_COLUMNS, ChangelogEvent, Op
-
-UNDECODABLE: Final = "undecodable"
-SCHEMA_MISMATCH: Final = "schema mismatch"
-OP_OUT_OF_RANGE: Final = "op out of range"
+from refold.model.reasons import Reason
 
 # Names of the system fields an Avro event schema may carry, and the ones it must not.
 _EVENT_SYSTEM_FIELDS: Final = ("op", "event_time")
@@ -270,7 +267,7 @@ class _Reject(Exception):
 
 
 def _tombstone() -> _Reject:
-    return _Reject(DecodeError, UNDECODABLE, "null value (a tombstone)")
+    return _Reject(DecodeError, Reason.UNDECODABLE, "null value (a tombstone)")
 
 
 _MISSING: Final = object()
@@ -346,17 +343,17 @@ class JsonlCodec:
         try:
             record = orjson.loads(value)
         except orjson.JSONDecodeError as exc:
-            raise _Reject(DecodeError, UNDECODABLE, f"not JSON: {exc}") from exc
+            raise _Reject(DecodeError, Reason.UNDECODABLE, f"not JSON: {exc}") from exc
         if type(record) is not dict:
-            raise _Reject(DecodeError, UNDECODABLE, f"not a JSON object but a JSON {type(record).__name__}")
+            raise _Reject(DecodeError, Reason.UNDECODABLE, f"not a JSON object but a JSON {type(record).__name__}")
         raw_op = record.pop("op", _MISSING)
         kind = type(raw_op)
         op = _OPS.get(raw_op) if kind is str or kind is int else None
         if op is None:
             if raw_op is _MISSING:
-                raise _Reject(DecodeError, SCHEMA_MISMATCH, "missing field 'op'")
+                raise _Reject(DecodeError, Reason.SCHEMA_MISMATCH, "missing field 'op'")
             raise _Reject(
-                ValidationError, OP_OUT_OF_RANGE, f"op must be one of +A, -R, -C, +C or 0..3, got {raw_op!r}"
+                ValidationError, Reason.OP_OUT_OF_RANGE, f"op must be one of +A, -R, -C, +C or 0..3, got {raw_op!r}"
             )
         event_time = record.pop("event_time", None)
         if event_time is not None and type(event_time) is not int:
@@ -383,10 +380,10 @@ def _json_event_time(value: object) -> int:
         try:
             return event_time_from_iso(value)
         except ValueError as exc:
-            raise _Reject(DecodeError, SCHEMA_MISMATCH, f"event_time is not ISO-8601: {value!r}") from exc
+            raise _Reject(DecodeError, Reason.SCHEMA_MISMATCH, f"event_time is not ISO-8601: {value!r}") from exc
     raise _Reject(
         DecodeError,
-        SCHEMA_MISMATCH,
+        Reason.SCHEMA_MISMATCH,
         f"event_time must be epoch milliseconds (an integer) or an ISO-8601 string, got {value!r}",
     )
 
@@ -450,15 +447,15 @@ class AvroCodec:
             record = schemaless_reader(stream, self._parsed, None)
         except Exception as exc:  # any failure to read means: not one record of this schema
             raise _Reject(
-                DecodeError, UNDECODABLE, f"not an Avro {self.name} record: {type(exc).__name__}: {exc}"
+                DecodeError, Reason.UNDECODABLE, f"not an Avro {self.name} record: {type(exc).__name__}: {exc}"
             ) from exc
         left = len(value) - stream.tell()
         if left:
-            raise _Reject(DecodeError, UNDECODABLE, f"{left} bytes left over after an Avro {self.name} record")
+            raise _Reject(DecodeError, Reason.UNDECODABLE, f"{left} bytes left over after an Avro {self.name} record")
         assert isinstance(record, dict)
         op = record.pop("op")
         if not 0 <= op <= 3:
-            raise _Reject(ValidationError, OP_OUT_OF_RANGE, f"op must be 0..3, got {op!r}")
+            raise _Reject(ValidationError, Reason.OP_OUT_OF_RANGE, f"op must be 0..3, got {op!r}")
         event_time = record.pop("event_time") if self._has_event_time else None
         return ChangelogEvent(_OP_BY_INT[op], record, event_time)
 

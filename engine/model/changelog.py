@@ -15,6 +15,8 @@ from typing import Any
 
 import orjson
 
+from refold.model.reasons import Reason
+
 SYSTEM_COLUMNS = frozenset({"op", "event_time", "offset", "system_time"})
 
 
@@ -132,12 +134,12 @@ class PairingValidator:
             self.pending = False
             pending_key, self.pending_key = self.pending_key, None
             if op is not Op.CORRECT_TO:
-                return "-C not immediately followed by its +C"
+                return Reason.UNPAIRED_CORRECT_FROM
             if key != pending_key:
-                return "+C key differs from its -C key"
+                return Reason.PAIR_KEY_DIFFERS
             return None
         if op is Op.CORRECT_TO:
-            return "+C without a preceding -C"
+            return Reason.ORPHAN_CORRECT_TO
         if op is Op.CORRECT_FROM:
             self.pending = True
             self.pending_key = key
@@ -147,7 +149,7 @@ class PairingValidator:
         if self.pending:
             self.pending = False
             self.pending_key = None
-            return "-C at the end of the input without its +C"
+            return Reason.UNPAIRED_AT_END
         return None
 
 

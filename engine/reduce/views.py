@@ -28,6 +28,7 @@ from sortedcontainers import SortedKeyList, SortedList
 
 from refold.config import ColumnSpec, ViewSpec
 from refold.model.changelog import Op, canonical_row
+from refold.model.reasons import Reason
 
 Tag = tuple[int, int, int]  # (event_time, partition, offset)
 Number = int | Fraction
@@ -170,9 +171,9 @@ def key_problem(parts: tuple[Any, ...]) -> tuple[str, str] | None:
         if type(part) is str:
             chars += len(part)
         elif type(part) not in _SCALARS:
-            return "schema mismatch", "a key column holds a list or an object"
+            return Reason.SCHEMA_MISMATCH, "a key column holds a list or an object"
     if chars > MAX_KEY_CHARS:
-        return "key too large", f"{chars} characters, at most {MAX_KEY_CHARS}"
+        return Reason.KEY_TOO_LARGE, f"{chars} characters, at most {MAX_KEY_CHARS}"
     return None
 
 
@@ -185,15 +186,15 @@ def checked_key(
     try:
         key = tuple(row[c] for c in columns)
     except KeyError as exc:
-        raise Rejected("null key", index, f"{what} column {exc.args[0]!r} is missing") from None
+        raise Rejected(Reason.NULL_KEY, index, f"{what} column {exc.args[0]!r} is missing") from None
     if None in key:
-        raise Rejected("null key", index)
+        raise Rejected(Reason.NULL_KEY, index)
     problem = key_problem(key)
     if problem is not None:
         raise Rejected(problem[0], index, problem[1])
     detail = scalar_problem(row, scalar_columns)
     if detail is not None:
-        raise Rejected("schema mismatch", index, detail)
+        raise Rejected(Reason.SCHEMA_MISMATCH, index, detail)
     return key
 
 
@@ -541,7 +542,7 @@ class GroupedReducer:
             self._add(key, fp, event)
         else:
             if state is None or fp not in state.rows:  # a live row has at least one copy
-                raise Rejected("not live", 0)
+                raise Rejected(Reason.NOT_LIVE, 0)
             before = state.view
             self._remove(key, fp, event)
         return self._settle(key, before)
@@ -554,7 +555,7 @@ class GroupedReducer:
         for column in self.plan.sum_columns:
             value = row.get(column)
             if value is not None and not is_number(value):
-                raise Rejected("schema mismatch", index, f"{column!r} is not a number")
+                raise Rejected(Reason.SCHEMA_MISMATCH, index, f"{column!r} is not a number")
         return key, fingerprint(row)
 
     def _settle(self, key: tuple[Any, ...], before: dict[str, Any] | None) -> list[ViewChange]:
@@ -578,7 +579,7 @@ class GroupedReducer:
                 entry = state.rows.get(fp) if state is not None else None
                 have = entry.count if entry is not None else 0
             if have + step < 0:
-                raise Rejected("not live", index)
+                raise Rejected(Reason.NOT_LIVE, index)
             pending[(key, fp)] = have + step
 
     def _add(self, key: tuple[Any, ...], fp: bytes, event: SourceEvent) -> None:
@@ -822,7 +823,7 @@ class TopNReducer:
                 have = len(found.rows[fp][1]) if found is not None and fp in found.rows else 0
             have += 1 if event.op.adds else -1
             if have < 0:
-                raise Rejected("not live", index)
+                raise Rejected(Reason.NOT_LIVE, index)
             pending[(group, fp)] = have
         touched: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
         for event, group, fp in prepared:

@@ -41,6 +41,7 @@ from refold.kafka.io import (
     producer_config,
 )
 from refold.model.changelog import ChangelogEvent, Op
+from refold.model.reasons import Reason
 from refold.recovery.records import (
     Checkpoint,
     DeadLetter,
@@ -240,7 +241,7 @@ class BatchProcessor:
                 for index, (_event, record) in enumerate(unit):
                     if index != rejected.index and unit[rejected.index][1] is record:
                         continue  # one dead letter per input record (a Debezium update is a pair)
-                    reason = rejected.reason if index == rejected.index else "correction pair rejected"
+                    reason = rejected.reason if index == rejected.index else Reason.CORRECTION_PAIR_REJECTED
                     self._dead_letter(out, record, reason, None)
         self._render(changes, out)
         out.dlq.sort(key=lambda letter: (letter.partition, letter.offset))  # input order
@@ -314,13 +315,13 @@ class BatchProcessor:
                     if event is not None and event.op is Op.CORRECT_TO and record.key == first[1].key:
                         units.append([first, (event, record)])
                         continue
-                    self._dead_letter(out, first[1], "-C not immediately followed by its +C", None)
+                    self._dead_letter(out, first[1], Reason.UNPAIRED_CORRECT_FROM, None)
                 if event is None:
                     continue
                 if event.op is Op.CORRECT_FROM:
                     open_c = (event, record)
                 elif event.op is Op.CORRECT_TO:
-                    self._dead_letter(out, record, "+C without a preceding -C", None)
+                    self._dead_letter(out, record, Reason.ORPHAN_CORRECT_TO, None)
                 else:
                     units.append([(event, record)])
             if open_c is not None:  # its +C comes in a later batch
