@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from refold.config import Pipeline
 from refold.recovery.records import Checkpoint
-from refold.reduce.views import make_reducer
+from refold.reduce import make_reducer
 from refold.runtime.processor import BatchProcessor, _Outgoing
 
 

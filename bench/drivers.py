@@ -22,7 +22,7 @@ from refold.config import parse_pipeline
 from refold.connectors.runtime import Materializations, ThreadExecutor
 from refold.model.changelog import Op
 from refold.recovery.records import Checkpoint
-from refold.reduce.views import ViewChange
+from refold.reduce import ViewChange
 
 KEY = ("player_name",)
 

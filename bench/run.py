@@ -40,7 +40,7 @@ from refold.config import Pipeline, ViewSpec, parse_pipeline
 from refold.dev.testing import Workload, generate
 from refold.kafka.io import TopicSpec, ensure_topics
 from refold.model.changelog import Op
-from refold.reduce.views import SourceEvent
+from refold.reduce import SourceEvent
 from refold.reference import merge_partitions, reference_changelog
 from refold.spark.job import run_pipeline, spark_session
 

@@ -63,7 +63,7 @@ from refold.connectors.protocol import (
 )
 from refold.errors import InternalError
 from refold.recovery.records import Checkpoint
-from refold.reduce.views import ViewChange
+from refold.reduce import ViewChange
 
 log = logging.getLogger(__name__)
 

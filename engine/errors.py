@@ -39,6 +39,12 @@ class KafkaAuthError(PrerequisiteError):
         super().__init__(message)
 
 
+class OperationalError(RefoldError):
+    """A runtime failure that is neither the user's nor a bug: a transaction the broker
+    aborted or timed out, a store that refused a commit. Nothing was committed;
+    restarting the engine retries from the last commit."""
+
+
 class InternalError(RefoldError):
     """A bug or a broken invariant inside Refold."""
 
@@ -89,9 +95,5 @@ class DecodeError(RecordError):
     """The bytes of a record could not be decoded (bad JSON, truncated Avro, wrong schema)."""
 
 
-class ValidationError(RecordError):
+class InvalidEventError(RecordError):
     """A decoded event breaks the changelog rules (op out of range, unpaired -C, null key...)."""
-
-
-class RetractionError(RecordError):
-    """A retraction (-R or -C) of a row that is not live in the view."""

@@ -21,7 +21,7 @@ import orjson
 from refold.config import ViewSpec
 from refold.model.changelog import Op, canonical_row
 from refold.model.reasons import Reason
-from refold.reduce.views import (
+from refold.reduce import (
     SourceEvent,
     Tag,
     ViewChange,

@@ -35,7 +35,7 @@ from refold.dev.testing import Workload, generate
 from refold.errors import ConfigError
 from refold.model.changelog import Op
 from refold.recovery.records import Checkpoint
-from refold.reduce.views import Rejected, SourceEvent, make_reducer
+from refold.reduce import Rejected, SourceEvent, make_reducer
 from refold.reference import fold_deltas, merge_partitions, reference_changelog
 
 HAS_POSTGRES = (Path(__file__).resolve().parent.parent / "connectors" / "postgres.py").exists()

@@ -7,8 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
-from refold.codecs.debezium import DebeziumJsonDecoder
-from refold.codecs.pipeline import OneEventPerRecord, source_decoder
+from refold.codecs import DebeziumJsonDecoder, OneEventPerRecord, source_decoder
 from refold.config import parse_pipeline
 from refold.errors import ConfigError, DecodeError, RecordError
 from refold.model.changelog import ChangelogEvent, Op

@@ -22,7 +22,7 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from prometheus_client.parser import text_string_to_metric_families
 
-from refold.codecs.registry import registry_client
+from refold.codecs import registry_client
 from refold.config import parse_pipeline
 from refold.dev.localkafka import free_port
 from refold.dev.testing import Workload, generate
@@ -30,7 +30,7 @@ from refold.kafka.io import read_to_end
 from refold.model.changelog import Op
 from refold.ops.verify import by_key, read_deltas, read_source, same
 from refold.recovery.records import decode_dead_letter
-from refold.reduce.views import ViewChange
+from refold.reduce import ViewChange
 from refold.reference import fold_deltas, merge_partitions, reference_changelog
 from refold.spark.job import run_pipeline, spark_session
 

@@ -19,11 +19,18 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerialize
 from confluent_kafka.serialization import MessageField, SerializationContext
 from fastavro import parse_schema, schemaless_reader
 
-from refold.codecs.pipeline import JsonRows, output_encoders, source_decoder
-from refold.codecs.registry import RegistryAvroDecoder, frame, registry_client, unframe
-from refold.codecs.serde import with_system_fields
+from refold.codecs import (
+    JsonRows,
+    RegistryAvroDecoder,
+    frame,
+    output_encoders,
+    registry_client,
+    source_decoder,
+    unframe,
+    with_system_fields,
+)
 from refold.config import Pipeline, parse_pipeline
-from refold.errors import ConfigError, DecodeError, ValidationError
+from refold.errors import ConfigError, DecodeError, InvalidEventError
 from refold.model.changelog import ChangelogEvent, Op
 
 ROW = {
@@ -133,7 +140,7 @@ def test_avro_source_reads_what_confluents_avro_serializer_writes(tmp_path: Path
         assert isinstance(error, DecodeError) and error.reason == "undecodable", index
         assert detail in (error.detail or ""), (index, error.detail)
         assert error.source.offset == index
-    assert isinstance(got[5], ValidationError) and got[5].reason == "op out of range"
+    assert isinstance(got[5], InvalidEventError) and got[5].reason == "op out of range"
 
 
 def test_avro_source_resolves_to_the_reader_schema(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from refold.codecs.serde import (
+from refold.codecs import (
     AvroCodec,
     JsonlCodec,
     check_system_fields,
@@ -27,9 +27,9 @@ from refold.errors import (
     ConfigError,
     DecodeError,
     InternalError,
+    InvalidEventError,
     RecordError,
     RecordSource,
-    ValidationError,
 )
 from refold.model.changelog import ChangelogEvent, Op
 from refold.recovery.records import (
@@ -250,13 +250,13 @@ def test_event_time_from_iso_floors_to_the_millisecond() -> None:
         (b'{"op": "+A", "event_time": "yesterday"}', "schema mismatch", DecodeError),
         (b'{"op": "+A", "event_time": 1.5}', "schema mismatch", DecodeError),
         (b'{"op": "+A", "event_time": true}', "schema mismatch", DecodeError),
-        (b'{"op": 7}', "op out of range", ValidationError),
-        (b'{"op": -1}', "op out of range", ValidationError),
-        (b'{"op": "+X"}', "op out of range", ValidationError),
-        (b'{"op": true}', "op out of range", ValidationError),
-        (b'{"op": 1.0}', "op out of range", ValidationError),
-        (b'{"op": null}', "op out of range", ValidationError),
-        (b'{"op": ["+A"]}', "op out of range", ValidationError),
+        (b'{"op": 7}', "op out of range", InvalidEventError),
+        (b'{"op": -1}', "op out of range", InvalidEventError),
+        (b'{"op": "+X"}', "op out of range", InvalidEventError),
+        (b'{"op": true}', "op out of range", InvalidEventError),
+        (b'{"op": 1.0}', "op out of range", InvalidEventError),
+        (b'{"op": null}', "op out of range", InvalidEventError),
+        (b'{"op": ["+A"]}', "op out of range", InvalidEventError),
     ],
 )
 def test_jsonl_decode_failures_keep_their_facts(value: bytes | None, reason: str, kind: type[RecordError]) -> None:
@@ -348,9 +348,9 @@ def _op_value(op: int) -> bytes:
         (_op_value(0) + b"\x00", "undecodable", DecodeError),
         (b"\x00\xffnot avro at all", "undecodable", DecodeError),
         (b"\x00\x08\xff\xfe\xfd\xfc", "undecodable", DecodeError),  # not UTF-8
-        (_op_value(4), "op out of range", ValidationError),
-        (_op_value(-1), "op out of range", ValidationError),
-        (_op_value(2**40), "op out of range", ValidationError),
+        (_op_value(4), "op out of range", InvalidEventError),
+        (_op_value(-1), "op out of range", InvalidEventError),
+        (_op_value(2**40), "op out of range", InvalidEventError),
     ],
 )
 def test_avro_decode_failures_keep_their_facts(value: bytes | None, reason: str, kind: type[RecordError]) -> None:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from refold.config import ViewSpec
 from refold.model.changelog import Op
 from refold.ops.verify import same
-from refold.reduce.views import (
+from refold.reduce import (
     Rejected,
     SourceEvent,
     compact_changes,

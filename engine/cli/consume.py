@@ -19,7 +19,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from refold.codecs.serde import codec_for
+from refold.codecs import codec_for
 from refold.errors import RecordError, RecordSource
 from refold.kafka.io import READER_IGNORES, consumer_config, partitions_of
 from refold.model.changelog import Op

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from refold import environment
-from refold.errors import RefoldError, UserError
+from refold.errors import OperationalError, RefoldError, UserError
 
 
 def _settings(args: argparse.Namespace) -> dict[str, object]:
@@ -190,6 +190,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as exc:
         print(f"refold: error: {exc}", file=sys.stderr)
         return 2
+    except OperationalError as exc:  # nothing committed: a restart retries
+        print(f"refold: failed: {exc}", file=sys.stderr)
+        return 1
     except RefoldError as exc:
         print(f"refold: internal error: {exc}", file=sys.stderr)
         return 1

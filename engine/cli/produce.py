@@ -19,8 +19,8 @@ from typing import IO, Any
 import orjson
 from confluent_kafka import KafkaException, Producer
 
-from refold.codecs.serde import JsonlCodec, codec_for
-from refold.errors import RecordSource, UserError, ValidationError
+from refold.codecs import JsonlCodec, codec_for
+from refold.errors import InvalidEventError, RecordSource, UserError
 from refold.kafka.io import TopicSpec, delivery_failures, ensure_topics, eprint, producer_config
 from refold.model.changelog import ChangelogEvent, Op, PairingValidator, key_of
 from refold.model.reasons import Reason
@@ -39,7 +39,7 @@ def key_bytes(key_columns: Sequence[str], key: tuple[Any, ...]) -> bytes:
 
 
 def parse_lines(lines: Iterable[bytes], key_columns: Sequence[str]) -> Iterator[tuple[int, ChangelogEvent, tuple[Any, ...]]]:
-    """(line number, event, key) for each non-blank line; raises ValidationError naming the line."""
+    """(line number, event, key) for each non-blank line; raises InvalidEventError naming the line."""
     pairing = PairingValidator()
     reader = JsonlCodec()
     number = 0
@@ -47,18 +47,18 @@ def parse_lines(lines: Iterable[bytes], key_columns: Sequence[str]) -> Iterator[
         if not raw.strip():
             continue
         source = RecordSource(line=number)
-        event = reader.decode(raw, source)  # DecodeError / ValidationError naming the line
+        event = reader.decode(raw, source)  # DecodeError / InvalidEventError naming the line
         try:
             key = key_of(event.row, key_columns)
         except (KeyError, ValueError) as exc:
-            raise ValidationError(Reason.NULL_KEY, source, detail=str(exc).strip('"'), value=raw) from exc
+            raise InvalidEventError(Reason.NULL_KEY, source, detail=str(exc).strip('"'), value=raw) from exc
         problem = pairing.feed(event.op, key)
         if problem:
-            raise ValidationError(problem, source, value=raw)
+            raise InvalidEventError(problem, source, value=raw)
         yield number, event, key
     problem = pairing.finish()
     if problem:
-        raise ValidationError(problem, RecordSource(line=number))
+        raise InvalidEventError(problem, RecordSource(line=number))
 
 
 def produce(

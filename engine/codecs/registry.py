@@ -39,10 +39,10 @@ from refold.config import SchemaRegistrySpec
 from refold.errors import (
     ConfigError,
     DecodeError,
+    InvalidEventError,
     PrerequisiteError,
     RecordError,
     RecordSource,
-    ValidationError,
 )
 from refold.model.changelog import ChangelogEvent, Op
 from refold.model.reasons import Reason
@@ -150,7 +150,7 @@ class RegistryAvroDecoder:
         assert isinstance(record, dict)
         op = record.pop("op", None)
         if not isinstance(op, int) or not 0 <= op <= 3:
-            raise _Bad(ValidationError, Reason.OP_OUT_OF_RANGE, f"op must be 0..3, got {op!r}")
+            raise _Bad(InvalidEventError, Reason.OP_OUT_OF_RANGE, f"op must be 0..3, got {op!r}")
         event_time = record.pop("event_time", None) if has_event_time or self._reader is not None else None
         return ChangelogEvent(Op(op), record, event_time)
 

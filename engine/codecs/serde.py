@@ -12,7 +12,7 @@ machine-stable `reason` (it becomes the dead-letter header `refold.reason`):
 |---|---|---|
 | `undecodable` | `DecodeError` | null value (tombstone), not JSON, not a JSON object, bytes that are not one Avro record of the schema |
 | `schema mismatch` | `DecodeError` | a JSON event without `op`, or with an `event_time` that is neither epoch ms nor ISO-8601 |
-| `op out of range` | `ValidationError` | `op` not one of `+A -R -C +C` / `0..3` |
+| `op out of range` | `InvalidEventError` | `op` not one of `+A -R -C +C` / `0..3` |
 
 Encoding raises `ValueError` for an event that does not fit (a row with a system
 column, a row that is not JSON, a row that does not match the Avro schema).
@@ -40,7 +40,7 @@ from fastavro.repository.base import SchemaRepositoryError
 from fastavro.schema import SchemaParseException
 from fastavro.schema import load_schema as _fastavro_load_schema
 
-from refold.errors import ConfigError, DecodeError, RecordError, RecordSource, ValidationError
+from refold.errors import ConfigError, DecodeError, InvalidEventError, RecordError, RecordSource
 from refold.model.changelog import SYSTEM_COLUMNS, ChangelogEvent, Op
 from refold.model.reasons import Reason
 
@@ -229,7 +229,7 @@ class Codec(Protocol):
     format: ClassVar[str]
 
     def decode(self, value: bytes | None, source: RecordSource) -> ChangelogEvent:
-        """One event. Raises DecodeError / ValidationError (a RecordError) that keeps
+        """One event. Raises DecodeError / InvalidEventError (a RecordError) that keeps
         `value` and `source`."""
         ...
 
@@ -353,7 +353,7 @@ class JsonlCodec:
             if raw_op is _MISSING:
                 raise _Reject(DecodeError, Reason.SCHEMA_MISMATCH, "missing field 'op'")
             raise _Reject(
-                ValidationError, Reason.OP_OUT_OF_RANGE, f"op must be one of +A, -R, -C, +C or 0..3, got {raw_op!r}"
+                InvalidEventError, Reason.OP_OUT_OF_RANGE, f"op must be one of +A, -R, -C, +C or 0..3, got {raw_op!r}"
             )
         event_time = record.pop("event_time", None)
         if event_time is not None and type(event_time) is not int:
@@ -455,7 +455,7 @@ class AvroCodec:
         assert isinstance(record, dict)
         op = record.pop("op")
         if not 0 <= op <= 3:
-            raise _Reject(ValidationError, Reason.OP_OUT_OF_RANGE, f"op must be 0..3, got {op!r}")
+            raise _Reject(InvalidEventError, Reason.OP_OUT_OF_RANGE, f"op must be 0..3, got {op!r}")
         event_time = record.pop("event_time") if self._has_event_time else None
         return ChangelogEvent(_OP_BY_INT[op], record, event_time)
 

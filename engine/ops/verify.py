@@ -15,12 +15,12 @@ from typing import Any
 
 import orjson
 
-from refold.codecs.pipeline import source_decoder
+from refold.codecs import source_decoder
 from refold.config import Pipeline
 from refold.errors import RecordError
 from refold.kafka.io import read_to_end
 from refold.model.changelog import Op
-from refold.reduce.views import SourceEvent, ViewChange
+from refold.reduce import SourceEvent, ViewChange
 from refold.reference import fold_changelog, fold_deltas, merge_partitions, reference_changelog
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from fastavro import schemaless_reader, schemaless_writer
 
-from refold.codecs.serde import load_schema
+from refold.codecs import load_schema
 from refold.errors import InternalError
 
 

@@ -30,7 +30,7 @@ import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from refold import environment
-from refold.codecs.pipeline import output_encoders, source_decoder
+from refold.codecs import output_encoders, source_decoder
 from refold.config import Pipeline
 from refold.connectors.runtime import Executor, Materializations
 from refold.errors import RecordError, RecordSource, RefoldError, UserError
@@ -51,7 +51,7 @@ from refold.recovery.records import (
     encode_dead_letter,
 )
 from refold.recovery.restore import recover
-from refold.reduce.views import Rejected, SourceEvent, ViewChange, compact_changes, make_reducer
+from refold.reduce import Rejected, SourceEvent, ViewChange, compact_changes, make_reducer
 
 log = logging.getLogger(__name__)
 
