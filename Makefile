@@ -34,7 +34,7 @@ demo: setup jars
 	$(PY) -m refold.dev.demo
 
 chaos: setup jars
-	$(PY) -m bench.chaos
+	$(PY) -m refold.dev.chaos
 
 # `make bench`: every benchmark in one go (~30 minutes at the defaults on 2 cores), then the plots.
 # Parts: bench-contenders (Refold vs the limit pipe, Spark and Flink; BENCH_ARGS, e.g.

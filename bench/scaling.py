@@ -16,12 +16,12 @@ Three parts (`--parts`, default all):
 - recovery: `--recovery-keys` keys, each with one `+A` event (so every key is live
   and the state holds them all), are produced and reduced by `refold run` as a
   subprocess (the pipeline's YAML is written to the work folder; the process is
-  run and killed by `bench.chaos.Engine`). Once everything is committed it is
+  run and killed by `refold.dev.chaos.Engine`). Once everything is committed it is
   killed with SIGKILL, `--chunk` new events are produced, and it is restarted:
   the figure is the seconds from the restart (process start, so the JVM start and
   Spark's are in it) to the first new committed batch (a checkpoint with a higher
   batch number in `P.checkpoints`, read with read_committed and polled by
-  `bench.chaos.Engine` about every 1-2 s). Twice: with the Spark checkpoint
+  `refold.dev.chaos.Engine` about every 1-2 s). Twice: with the Spark checkpoint
   directory kept, and with it deleted (the offsets come from Kafka; the state comes
   back from `P.state` either way). When the engine finds a kept directory
   disagreeing with Kafka's offsets it discards it, and recovery.json says so
@@ -62,11 +62,11 @@ import orjson
 import yaml
 from confluent_kafka import KafkaException
 
-from bench.chaos import ChaosResult, Engine
 from bench.latency import append_event, prepare_topics, run_info, say, write_json
 from bench.run import RESULTS, pipeline, timed_run
 from refold.cli.produce import produce
 from refold.config import Pipeline
+from refold.dev.chaos import ChaosResult, Engine
 from refold.dev.testing import Workload, generate
 from refold.recovery.restore import load_checkpoint
 from refold.spark.job import spark_checkpoint_dir, spark_session
@@ -249,7 +249,7 @@ def committed_events(engine: Engine, settings: dict[str, Any], before: int) -> i
 
 
 def engine_log(engine: Engine) -> Path:
-    """The stderr log of the engine's latest run (bench.chaos.Engine names them so)."""
+    """The stderr log of the engine's latest run (refold.dev.chaos.Engine names them so)."""
     return engine.log_dir / f"{engine.name}.{engine.runs:04d}.log"
 
 

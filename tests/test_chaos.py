@@ -1,6 +1,6 @@
 """The small chaos run of `make test`: faults of several kinds, then EosTestDriver-style checks.
 
-`make chaos` runs the same harness (`bench/chaos.py`) with a million events and
+`make chaos` runs the same harness (`refold.dev.chaos` (engine/dev/chaos.py)) with a million events and
 over a hundred faults; this one keeps to two — kill -9 inside the Kafka commit and
 a hard broker restart (which once left the engine stuck in librdkafka) — so that
 CI stays quick. It owns its broker.
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos import ChaosConfig, run_chaos
+from refold.dev.chaos import ChaosConfig, run_chaos
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 

@@ -23,7 +23,7 @@ transactions (last stable offset = high watermark) and accepting a final
 transactional marker that a read_committed consumer sees. One line of figures
 ends the run; the exit status is non-zero when an anomaly was found.
 
-    python -m bench.chaos [--events 1000000] [--keys 100000] [--kills 100] [--seed 1]
+    python -m refold.dev.chaos [--events 1000000] [--keys 100000] [--kills 100] [--seed 1]
 """
 
 from __future__ import annotations
