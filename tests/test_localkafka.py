@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from refold import environment
-from refold.dev import localkafka
+from refold.dev import localkafka, localproc
 from refold.errors import PrerequisiteError
 from refold.spark import jars
 
@@ -165,7 +165,7 @@ def test_local_broker_starts_survives_kill_9_and_stops(
 
 @pytest.mark.kafka
 def test_start_fails_with_the_log_when_the_broker_does_not_answer(tmp_path: Path) -> None:
-    with pytest.raises(localkafka.BrokerStartError) as failure:
+    with pytest.raises(localproc.ServerStartError) as failure:
         localkafka.start(localkafka.free_port(), timeout=0.1, home=tmp_path, quiet=True)
     assert "did not answer" in str(failure.value)
     assert failure.value.log_file == tmp_path / "kafka" / "broker.log"

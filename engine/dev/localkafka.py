@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from refold import environment
-from refold.dev.localproc import HOST, free_port
+from refold.dev.localproc import HOST, ServerStartError, free_port
 from refold.dev.localproc import alive as _alive
 from refold.dev.localproc import bindable as _bindable
 from refold.dev.localproc import listening as _listening
@@ -71,15 +71,6 @@ JVM_OPTIONS = (
 )
 _LOG_ROTATE_BYTES = 20 * 1024 * 1024
 _MAIN_CLASS = "kafka.Kafka"
-
-
-class BrokerStartError(PrerequisiteError):
-    """The local broker did not come up. Keeps its log file and the log's last lines."""
-
-    def __init__(self, message: str, *, log_file: Path, log_tail: str) -> None:
-        self.log_file = log_file
-        self.log_tail = log_tail
-        super().__init__(f"{message}; the end of {log_file}:\n{log_tail}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +164,7 @@ def start(
     broker SIGTERM when the calling thread's process dies, for test sessions that may
     be killed; call it from the main thread, as the signal follows the thread.
     `security` starts it in secured mode (see `Security`; a fresh home is needed).
-    Raises PrerequisiteError (no Java, port taken) or BrokerStartError (the broker
+    Raises PrerequisiteError (no Java, port taken) or ServerStartError (the broker
     exited or did not answer within `timeout` seconds; the process is then killed).
     """
     base = kafka_home(home)
@@ -402,7 +393,7 @@ def _launch(
                 if exited is not None
                 else f"did not answer in {timeout:.0f}s"
             )
-            raise BrokerStartError(
+            raise ServerStartError(
                 f"Kafka on {info.bootstrap} {why}", log_file=log_file, log_tail=_tail(log_file)
             )
         time.sleep(0.2)
@@ -425,7 +416,7 @@ def _format(jvm: list[str], properties: Path, log_file: Path, security: Security
     if formatted.returncode != 0:
         with log_file.open("a") as log:
             log.write(formatted.stdout + formatted.stderr)
-        raise BrokerStartError(
+        raise ServerStartError(
             "formatting the Kafka storage failed", log_file=log_file, log_tail=_tail(log_file)
         )
 

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from refold import environment
-from refold.dev.localproc import HOST, free_port, parent_death_signal
+from refold.dev.localproc import HOST, ServerStartError, free_port, parent_death_signal
 from refold.dev.localproc import alive as _alive
 from refold.dev.localproc import bindable as _bindable
 from refold.dev.localproc import locked as _locked
@@ -56,15 +56,6 @@ _INSTALL_HINT = "install Debian's `postgresql` package (apt-get install -y postg
 _SOCKET_PATH_MAX = 100  # sun_path is 108 bytes; PostgreSQL refuses longer socket paths
 _DURABLE_OFF = ("fsync=off", "synchronous_commit=off", "full_page_writes=off")
 _DATABASE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-
-
-class ServerStartError(PrerequisiteError):
-    """The local server did not come up. Keeps its log file and the log's last lines."""
-
-    def __init__(self, message: str, *, log_file: Path, log_tail: str) -> None:
-        self.log_file = log_file
-        self.log_tail = log_tail
-        super().__init__(f"{message}; the end of {log_file}:\n{log_tail}")
 
 
 @dataclass(frozen=True, slots=True)

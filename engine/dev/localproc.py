@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from refold.errors import PrerequisiteError
+
 HOST = "127.0.0.1"
 
 
@@ -131,3 +133,13 @@ def tail(log_file: Path, lines: int = 25) -> str:
 def say(quiet: bool, message: str) -> None:
     if not quiet:
         print(message, file=sys.stderr, flush=True)
+
+
+class ServerStartError(PrerequisiteError):
+    """A local server (the broker, PostgreSQL) did not come up. Keeps its log file and
+    the log's last lines."""
+
+    def __init__(self, message: str, *, log_file: Path, log_tail: str) -> None:
+        self.log_file = log_file
+        self.log_tail = log_tail
+        super().__init__(f"{message}; the end of {log_file}:\n{log_tail}")
