@@ -2,7 +2,7 @@
 
 It keeps, per view key (or Top-N group), the list of live row copies with their
 tags and recomputes every output from scratch after every unit. The engine's
-incremental reducer (`refold.reduce.views`) is checked against it; nothing here reuses
+incremental reducers (`refold.reduce`) are checked against it; nothing here reuses
 the incremental logic. It ships with Refold so users can check their own views.
 """
 
@@ -136,6 +136,13 @@ class _Model:
             out[(*group, place)] = row
         return out
 
+    def outputs_of(self, groups: Iterable[tuple[Any, ...]]) -> dict[tuple[Any, ...], dict[str, Any]]:
+        """The output rows of several groups by output key."""
+        out: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for group in groups:
+            out.update(self.outputs(group))
+        return out
+
     def key_names(self) -> tuple[str, ...]:
         if self.spec.top_n is not None:
             return (*self.spec.top_n.partition_by, "place")
@@ -202,19 +209,16 @@ def reference_changelog(spec: ViewSpec, units: Sequence[Sequence[SourceEvent]]) 
         if reason is not None:
             result.rejected.append((index, reason))
             continue
-        groups = []
+        groups: list[tuple[Any, ...]] = []
         for event in unit:
             group = model.group_of(event.row)
+            assert group is not None  # checked
             if group not in groups:
                 groups.append(group)
-        before: dict[tuple[Any, ...], dict[str, Any]] = {}
-        for group in groups:
-            before.update(model.outputs(group))  # type: ignore[arg-type]
+        before = model.outputs_of(groups)
         for event in unit:
             model.apply(event)
-        after: dict[tuple[Any, ...], dict[str, Any]] = {}
-        for group in groups:
-            after.update(model.outputs(group))  # type: ignore[arg-type]
+        after = model.outputs_of(groups)
         for key in sorted(set(before) | set(after), key=lambda k: orjson.dumps(list(k))):
             old, new = before.get(key), after.get(key)
             if old is None and new is not None:
@@ -224,8 +228,7 @@ def reference_changelog(spec: ViewSpec, units: Sequence[Sequence[SourceEvent]]) 
             elif old is not None and new is not None and canonical_row(old) != canonical_row(new):
                 result.changes.append(ViewChange(Op.CORRECT_FROM, key, old, names))
                 result.changes.append(ViewChange(Op.CORRECT_TO, key, new, names))
-    for group in model.live:
-        result.view.update(model.outputs(group))
+    result.view = model.outputs_of(model.live)
     return result
 
 
@@ -293,17 +296,13 @@ def _delta_row(spec: ViewSpec, key: tuple[Any, ...], signed: list[tuple[int, Sou
             diffs: Counter[Any] = Counter()
             for sign, v in present:
                 diffs[v] += sign
-            row[name] = [[v, d] for v, d in sorted(diffs.items(), key=lambda item: _order(item[0])) if d]
+            row[name] = [[v, d] for v, d in sorted(diffs.items(), key=lambda item: value_order(item[0])) if d]
         else:
             row[name] = [
                 [list(tag), v, sign]
                 for sign, v, tag in sorted(values, key=lambda c: (c[2], orjson.dumps(c[1]), c[0]))
             ]
     return row
-
-
-def _order(value: Any) -> tuple[int, Any]:
-    return value_order(value)
 
 
 def fold_deltas(spec: ViewSpec, delta_rows: Iterable[dict[str, Any]]) -> dict[tuple[Any, ...], dict[str, Any]]:
@@ -341,7 +340,7 @@ def fold_deltas(spec: ViewSpec, delta_rows: Iterable[dict[str, Any]]) -> dict[tu
             elif column.agg == "avg":
                 row[name] = value["sum"] / value["count"] if value and value["count"] else None
             elif column.agg in ("min", "max", "set"):
-                live = sorted(((v, n) for v, n in (value or {}).items() if n > 0), key=lambda item: _order(item[0]))
+                live = sorted(((v, n) for v, n in (value or {}).items() if n > 0), key=lambda item: value_order(item[0]))
                 if column.agg == "set":
                     row[name] = [[v, n] for v, n in live]
                 elif not live:

@@ -1,4 +1,4 @@
-"""The incremental reducer (refold.reduce.views) against the reference (refold.reference)."""
+"""The incremental reducer (refold.reduce) against the reference (refold.reference)."""
 
 from __future__ import annotations
 

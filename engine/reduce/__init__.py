@@ -6,22 +6,26 @@ view changes of that unit in output-key order, or raises `Rejected` (state
 unchanged); `take_deltas`/`take_state_changes` drain what a batch produced;
 `restore` rebuilds from `P.state` records (`encode_state`/`decode_state`).
 `refold.reference` is the pure model these are tested against.
+
+Inside: `types` (the values in and out, the `ViewReducer` protocol), `values` (row
+identity, key order, value order, key checks), `statecodec` (`P.state` records),
+`grouped` (`key` + `columns` views) and `topn` (`top_n` views).
 """
 
-from refold.reduce.views import (
-    Rejected,
-    SourceEvent,
-    Tag,
-    ViewChange,
-    ViewReducer,
-    compact_changes,
-    decode_state,
-    encode_state,
-    key_problem,
-    make_reducer,
-    scalar_problem,
-    value_order,
-)
+from refold.config import ViewSpec
+from refold.reduce.grouped import GroupedReducer
+from refold.reduce.statecodec import decode_state, encode_state
+from refold.reduce.topn import TopNReducer
+from refold.reduce.types import Rejected, SourceEvent, Tag, ViewChange, ViewReducer
+from refold.reduce.values import compact_changes, key_problem, scalar_problem, value_order
+
+
+def make_reducer(spec: ViewSpec) -> ViewReducer:
+    """The reducer of one view: Top-N when the spec has `top_n`, grouped otherwise."""
+    if spec.top_n is not None:
+        return TopNReducer(spec)
+    return GroupedReducer(spec)
+
 
 __all__ = [
     "Rejected",

@@ -1,0 +1,172 @@
+"""Top-N views (`top_n`): rows ranked per `partition_by` group, output keyed by place
+(see the package docstring for the contract)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sortedcontainers import SortedList
+
+from refold.config import ViewSpec
+from refold.model.reasons import Reason
+from refold.reduce.statecodec import decode_state, row_fingerprint, row_key, state_value
+from refold.reduce.types import Rejected, SourceEvent, Tag, ViewChange
+from refold.reduce.values import checked_key, diff_changes, fingerprint, key_bytes, value_order
+
+
+class _Desc:
+    """Reverses the order of a value inside a sort key (for `desc` columns)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __lt__(self, other: _Desc) -> bool:
+        return bool(other.value < self.value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Desc) and bool(self.value == other.value)
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+
+class _Group:
+    """One `partition_by` group: its live rows, ranked, and its current output."""
+
+    __slots__ = ("ranked", "rows", "top")
+
+    def __init__(self) -> None:
+        self.ranked = SortedList()  # (sort key, tag, fp)
+        self.rows: dict[bytes, tuple[dict[str, Any], list[Tag]]] = {}  # fp -> (row, live tags ascending)
+        self.top: list[dict[str, Any]] = []  # the output rows at places 1..
+
+
+class TopNReducer:
+    """`top_n` views: rows ranked per `partition_by` group, output keyed by place."""
+
+    def __init__(self, spec: ViewSpec) -> None:
+        assert spec.top_n is not None
+        self.n = spec.top_n.n
+        self.order_by = tuple(spec.top_n.order_by.items())
+        self.order_columns = tuple(spec.top_n.order_by)
+        self.partition_by = tuple(spec.top_n.partition_by)
+        self.key_names = (*self.partition_by, "place")
+        self.groups: dict[tuple[Any, ...], _Group] = {}
+        self._dirty: set[tuple[tuple[Any, ...], bytes]] = set()
+
+    def _sort_key(self, row: dict[str, Any]) -> tuple[Any, ...]:
+        """The rank of a row by `order_by`, in `value_order`, nulls last either way; rows
+        that tie rank by tag (`ranked` holds (sort key, tag, fp)), the earlier first."""
+        parts: list[Any] = []
+        for column, direction in self.order_by:
+            value = row.get(column)
+            if value is None:
+                parts.append((1, 0))  # nulls last in either direction
+            else:
+                order = value_order(value)
+                parts.append((0, order if direction == "asc" else _Desc(order)))
+        return tuple(parts)
+
+    def apply(self, unit: Sequence[SourceEvent]) -> list[ViewChange]:
+        prepared = []
+        for index, event in enumerate(unit):
+            group = checked_key(event.row, self.partition_by, "partition", self.order_columns, index)
+            prepared.append((event, group, fingerprint(event.row)))
+        pending: dict[tuple[tuple[Any, ...], bytes], int] = {}
+        for index, (event, group, fp) in enumerate(prepared):
+            have = pending.get((group, fp))
+            if have is None:
+                found = self.groups.get(group)
+                have = len(found.rows[fp][1]) if found is not None and fp in found.rows else 0
+            have += 1 if event.op.adds else -1
+            if have < 0:
+                raise Rejected(Reason.NOT_LIVE, index)
+            pending[(group, fp)] = have
+        touched: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+        for event, group, fp in prepared:
+            state = self.groups.get(group)
+            if state is None:
+                state = self.groups[group] = _Group()
+            if group not in touched:
+                touched[group] = state.top
+            if event.op.adds:
+                row, tags = state.rows.setdefault(fp, (event.row, []))
+                tags.append(event.tag)
+                tags.sort()
+                state.ranked.add((self._sort_key(row), event.tag, fp))
+            else:
+                row, tags = state.rows[fp]
+                tag = tags.pop()  # the latest copy goes
+                if not tags:
+                    del state.rows[fp]
+                state.ranked.remove((self._sort_key(row), tag, fp))
+            self._dirty.add((group, fp))
+        changes: list[ViewChange] = []
+        for group, old_top in touched.items():
+            state = self.groups[group]
+            new_top = state.top = self._top(group, state)
+            if not state.rows:
+                del self.groups[group]
+            for place in range(1, max(len(old_top), len(new_top)) + 1):
+                old = old_top[place - 1] if place <= len(old_top) else None
+                new = new_top[place - 1] if place <= len(new_top) else None
+                changes.extend(diff_changes(old, new, (*group, place), self.key_names))
+        if len(touched) > 1:
+            order = {id(c): i for i, c in enumerate(changes)}
+            changes.sort(key=lambda c: (key_bytes(c.key), order[id(c)]))
+        return changes
+
+    def _top(self, group: tuple[Any, ...], state: _Group) -> list[dict[str, Any]]:
+        """The group's output rows at places 1..n, from its ranking."""
+        return [self._output(group, place, state.rows[fp][0])
+                for place, (_k, _t, fp) in enumerate(state.ranked[: self.n], start=1)]
+
+    def _output(self, group: tuple[Any, ...], place: int, row: dict[str, Any]) -> dict[str, Any]:
+        """The output row at `place`: the group's columns, `place`, then the row's other
+        columns (a row column named `place` is not output)."""
+        out: dict[str, Any] = dict(zip(self.partition_by, group, strict=True))
+        out["place"] = place
+        for column, value in row.items():
+            if column not in out:
+                out[column] = value
+        return out
+
+    def take_deltas(self) -> list[dict[str, Any]]:
+        return []
+
+    def take_state_changes(self) -> list[tuple[bytes, bytes | None]]:
+        records: list[tuple[bytes, bytes | None]] = []
+        for group, fp in self._dirty:
+            state = self.groups.get(group)
+            found = state.rows.get(fp) if state is not None else None
+            kj = key_bytes(group)
+            if found is None:
+                records.append((row_key(kj, fp), None))
+            else:
+                row, tags = found
+                records.append((row_key(kj, fp), state_value("LIVE_ROW", kj, len(tags), row, tags)))
+        self._dirty = set()
+        records.sort(key=lambda r: r[0])
+        return records
+
+    def restore(self, records: Iterable[tuple[bytes, bytes]]) -> None:
+        for record_key, value in records:
+            record = decode_state(value)
+            group = record["key"]
+            state = self.groups.get(group)
+            if state is None:
+                state = self.groups[group] = _Group()
+            fp = row_fingerprint(record_key)
+            row, tags = record["values"], list(record["tags"])
+            state.rows[fp] = (row, tags)
+            sort_key = self._sort_key(row)
+            for tag in tags:
+                state.ranked.add((sort_key, tag, fp))
+        for group, state in self.groups.items():
+            state.top = self._top(group, state)
+
+    def view(self) -> dict[tuple[Any, ...], dict[str, Any]]:
+        return {(*group, row["place"]): dict(row) for group, state in self.groups.items() for row in state.top}

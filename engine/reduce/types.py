@@ -1,0 +1,75 @@
+"""The reducers' value types: the events in, the view changes out, the refusal, and
+`ViewReducer`, the contract both reducers keep (the package docstring says who calls
+what, and when)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from fractions import Fraction
+from typing import Any, NamedTuple, Protocol
+
+import orjson
+
+from refold.model.changelog import Op
+
+Tag = tuple[int, int, int]  # (event_time, partition, offset)
+Number = int | Fraction
+
+
+class SourceEvent(NamedTuple):
+    """One decoded input event with the tag that orders it (a named tuple: one is
+    made per input event, and a tuple is several times cheaper to make than a
+    frozen dataclass)."""
+
+    op: Op
+    row: dict[str, Any]
+    tag: Tag
+
+
+class ViewChange(NamedTuple):
+    """One record of the view changelog: an op, the output key and the view row."""
+
+    op: Op
+    key: tuple[Any, ...]
+    row: dict[str, Any]
+    key_names: tuple[str, ...] = ()
+
+    def key_json(self) -> bytes:
+        """The Kafka message key: a JSON object of the key columns."""
+        return orjson.dumps(dict(zip(self.key_names, self.key, strict=True)))
+
+
+class Rejected(Exception):
+    """A unit was refused; the reducer's state is exactly as before the call."""
+
+    def __init__(self, reason: str, index: int, detail: str | None = None) -> None:
+        super().__init__(f"{reason} (event {index} of the unit)" + (f": {detail}" if detail else ""))
+        self.reason = reason
+        self.index = index
+        self.detail = detail
+
+
+class ViewReducer(Protocol):
+    """A view's reducer, as the batch processor drives it: `apply` per unit in input
+    order, `take_deltas` and `take_state_changes` once per batch (inside its
+    transaction), `restore` once at start with the latest `P.state` records."""
+
+    def apply(self, unit: Sequence[SourceEvent]) -> list[ViewChange]:
+        """Apply one unit; return its view records in order. Raises Rejected, changing nothing."""
+        ...
+
+    def take_deltas(self) -> list[dict[str, Any]]:
+        """Delta rows of the keys touched since the last call, ordered by key; then reset."""
+        ...
+
+    def take_state_changes(self) -> list[tuple[bytes, bytes | None]]:
+        """`P.state` records (key, value or None = tombstone) for state touched since the last call."""
+        ...
+
+    def restore(self, records: Iterable[tuple[bytes, bytes]]) -> None:
+        """Rebuild from the latest value of each `P.state` key. Called before any apply."""
+        ...
+
+    def view(self) -> dict[tuple[Any, ...], dict[str, Any]]:
+        """The current view rows by output key."""
+        ...
