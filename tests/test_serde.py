@@ -365,6 +365,25 @@ def test_avro_decode_failures_keep_their_facts(value: bytes | None, reason: str,
     assert_keeps_facts(out[1], value, reason, kind)
 
 
+@pytest.mark.parametrize("format", ["jsonl", "avro"])
+def test_a_codec_is_a_source_decoder_of_one_event_per_record(format: str) -> None:
+    codec = JsonlCodec() if format == "jsonl" else AvroCodec(_schema(OP, {"name": "k", "type": "string"}))
+    event = ChangelogEvent(Op.RETRACT, {"k": "a"})
+    values = [codec.encode(event), None, b"\x00\xff", codec.encode(event)]
+    out = codec.decode_records(values, [40, 41, 42, 43], topic="scores", partition=2)
+    assert out[0] == out[3] == [event]
+    for index in (1, 2):
+        error = out[index]
+        assert isinstance(error, DecodeError) and error.reason == "undecodable"
+        assert error.source == RecordSource("scores", 2, 40 + index) and error.value == values[index]
+    assert isinstance(out[2], RecordError) and out[2].__cause__ is not None  # the parser's error
+    many = codec.decode_many(values, [40, 41, 42, 43], topic="scores", partition=2)
+    assert many[0] == many[3] == event
+    assert [(type(e), e.source, e.detail) for e in many[1:3] if isinstance(e, RecordError)] == [
+        (type(e), e.source, e.detail) for e in out[1:3] if isinstance(e, RecordError)
+    ]
+
+
 def test_avro_encode_rejects_what_does_not_fit(avro: AvroCodec) -> None:
     row = dict(EVENTS[0].row)
     with pytest.raises(ValueError, match="does not fit"):

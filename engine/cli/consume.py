@@ -20,7 +20,7 @@ from confluent_kafka import (
 )
 
 from refold.codecs import codec_for
-from refold.errors import RecordError, RecordSource
+from refold.errors import DecodeError, RecordError, RecordSource
 from refold.kafka.io import READER_IGNORES, consumer_config, partitions_of
 from refold.model.changelog import Op
 from refold.model.reasons import Reason
@@ -65,7 +65,7 @@ def consume(
             try:
                 return orjson.loads(value)
             except orjson.JSONDecodeError as exc:
-                raise RecordError(Reason.UNDECODABLE, source) from exc
+                raise DecodeError(Reason.UNDECODABLE, source, detail=f"not JSON: {exc}", value=value) from exc
     else:
         codec = codec_for(fmt, schema)
 

@@ -5,18 +5,28 @@ The contract: a source decoder turns a record's value into changelog events or a
 reason); an output encoder turns a row into bytes. `source_decoder(pipeline)` and
 `output_encoders(pipeline)` pick them for a pipeline. The Avro schemas Refold owns
 are the package data `refold.schemas` (`load_schema("checkpoint")`).
+
+Modules: `base` (the Codec and SourceDecoder contracts, the bad-record exception,
+the one decode loop, the reasons table), `schemas` (Avro schema files, system
+fields, checks), `jsonl` and `avro` (the two codecs), `debezium` and `registry`
+(the other source decoders; `registry` also the wire format), `pipeline` (which
+decoder and encoders a pipeline uses).
 """
 
+from refold.codecs.avro import AvroCodec
+from refold.codecs.base import Codec, SourceDecoder
 from refold.codecs.debezium import DebeziumJsonDecoder
-from refold.codecs.pipeline import JsonRows, OneEventPerRecord, output_encoders, source_decoder
-from refold.codecs.registry import RegistryAvroDecoder, frame, registry_client, unframe
-from refold.codecs.serde import (
-    AvroCodec,
-    Codec,
-    JsonlCodec,
-    check_system_fields,
+from refold.codecs.jsonl import JsonlCodec, event_time_from_iso
+from refold.codecs.pipeline import (
+    JsonRows,
+    OneEventPerRecord,
     codec_for,
-    event_time_from_iso,
+    output_encoders,
+    source_decoder,
+)
+from refold.codecs.registry import RegistryAvroDecoder, frame, registry_client, unframe
+from refold.codecs.schemas import (
+    check_system_fields,
     load_raw_schema,
     load_schema,
     schema_dir,
@@ -31,6 +41,7 @@ __all__ = [
     "JsonlCodec",
     "OneEventPerRecord",
     "RegistryAvroDecoder",
+    "SourceDecoder",
     "check_system_fields",
     "codec_for",
     "event_time_from_iso",

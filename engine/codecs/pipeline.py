@@ -1,75 +1,72 @@
 """What the bytes of a pipeline's input and outputs are.
 
-**Input**: a `SourceDecoder` turns each record value into its changelog events —
-one for `jsonl` and `avro` (the codecs of `refold.codecs.serde`), zero, one or two for
-`debezium-json` (a tombstone gives none, an update a `-C`/`+C` pair) — or into a
-RecordError for the dead-letter topic. With a `schema_registry`, `avro` values
-are in the Confluent wire format (`refold.codecs.registry`).
+**Input**: a `SourceDecoder` (`refold.codecs.base`) turns each record value into
+its changelog events — one for `jsonl` and `avro` (a `Codec`, `codec_for`), zero,
+one or two for `debezium-json` (a tombstone gives none, an update a `-C`/`+C`
+pair) — or into a RecordError for the dead-letter topic. With a
+`schema_registry`, `avro` values are in the Confluent wire format
+(`refold.codecs.registry`).
 
 **Outputs**: a `RowEncoder` writes a view or delta row, with its `op` for the
 changelog and retract forms: a JSON object (the default) or, with `format:
 avro`, an Avro record of the output's row schema (the engine adds `op` and
-`event_time` to it for those forms, as `refold.codecs.serde.with_system_fields`) —
+`event_time` to it for those forms, as `refold.codecs.with_system_fields`) —
 schemaless, or in the wire format with a registry.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Callable, Mapping
 from io import BytesIO
 from typing import Any, Protocol
 
 import orjson
 from fastavro import schemaless_writer
 
-from refold.codecs.serde import Codec, codec_for, load_raw_schema, with_system_fields
+from refold.codecs.avro import AvroCodec
+from refold.codecs.base import Codec, SourceDecoder
+from refold.codecs.debezium import DebeziumJsonDecoder
+from refold.codecs.jsonl import JsonlCodec
+from refold.codecs.registry import RegistryAvroDecoder, frame, register, registry_client
+from refold.codecs.schemas import load_raw_schema, parse_row_schema, with_system_fields
 from refold.config import Pipeline
-from refold.errors import ConfigError, RecordError
+from refold.errors import ConfigError
 from refold.model.changelog import ChangelogEvent, Op
 
 
-class SourceDecoder(Protocol):
-    def decode_records(
-        self,
-        values: Sequence[bytes | None],
-        offsets: Sequence[int] | None = None,
-        *,
-        topic: str | None = None,
-        partition: int | None = None,
-    ) -> list[list[ChangelogEvent] | RecordError]:
-        """Per value, in order: its events, in order (`[]`: nothing to apply, e.g. a
-        Debezium tombstone), or a RecordError naming `topic[partition]@offset`."""
-        ...
+def codec_for(format: str, schema_path: str | os.PathLike[str] | None = None) -> Codec:
+    """The codec of a source or output `format`: `jsonl` (no schema), or `avro` with the
+    path of its event schema. Raises ConfigError."""
+    if format == "jsonl":
+        return JsonlCodec()
+    if format == "avro":
+        if schema_path is None:
+            raise ConfigError("format avro needs schema: path/to/schema.avsc", where="format")
+        return AvroCodec(schema_path)
+    raise ConfigError(f"unknown format {format!r}; expected jsonl or avro", where="format")
 
 
-class OneEventPerRecord:
-    """A `refold.codecs.serde` codec as a SourceDecoder."""
+class OneEventPerRecord(SourceDecoder):
+    """The engine's decoder of a `jsonl` or `avro` source: a `Codec`, one event per
+    record. (A Codec is a SourceDecoder already; this names the choice.)"""
 
     def __init__(self, codec: Codec) -> None:
         self.codec = codec
 
-    def decode_records(
-        self,
-        values: Sequence[bytes | None],
-        offsets: Sequence[int] | None = None,
-        *,
-        topic: str | None = None,
-        partition: int | None = None,
-    ) -> list[list[ChangelogEvent] | RecordError]:
-        decoded = self.codec.decode_many(values, offsets, topic=topic, partition=partition)
-        return [result if isinstance(result, RecordError) else [result] for result in decoded]
+    @property
+    def _events_of(self) -> Callable[[bytes | None], list[ChangelogEvent]]:
+        # The codec's own method, looked up once per `decode_records`: a wrapping
+        # method would cost one more Python call per record.
+        return self.codec._events_of
 
 
 def source_decoder(pipeline: Pipeline) -> SourceDecoder:
     """The decoder of the pipeline's `source.format`. Raises ConfigError."""
     source = pipeline.source
     if source.format == "debezium-json":
-        from refold.codecs.debezium import DebeziumJsonDecoder
-
         return DebeziumJsonDecoder()
     if source.format == "avro" and pipeline.schema_registry is not None:
-        from refold.codecs.registry import RegistryAvroDecoder, registry_client
-
         return RegistryAvroDecoder(registry_client(pipeline.schema_registry), source.schema_path)
     return OneEventPerRecord(codec_for(source.format, source.schema_path))
 
@@ -98,8 +95,6 @@ class AvroRows:
     wire format when `schema_id` is set."""
 
     def __init__(self, schema: dict[str, Any], topic: str, schema_id: int | None) -> None:
-        from refold.codecs.registry import frame, parse_row_schema
-
         self.topic = topic
         self.schema_id = schema_id
         self._parsed = parse_row_schema(schema, topic)
@@ -139,7 +134,5 @@ def output_encoders(pipeline: Pipeline) -> tuple[RowEncoder, RowEncoder]:
 def _avro_rows(pipeline: Pipeline, schema: dict[str, Any], topic: str) -> AvroRows:
     schema_id = None
     if pipeline.schema_registry is not None:
-        from refold.codecs.registry import register, registry_client
-
         schema_id = register(registry_client(pipeline.schema_registry), f"{topic}-value", schema)
     return AvroRows(schema, topic, schema_id)
