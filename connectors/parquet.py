@@ -28,6 +28,7 @@ import os
 import threading
 import uuid
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -40,11 +41,7 @@ from refold.connectors.protocol import (
     Acknowledged,
     Binding,
     CommitInfo,
-    Driver,
     DriverError,
-    DriverSettings,
-    Flush,
-    Flushed,
     Key,
     Load,
     Loaded,
@@ -52,6 +49,7 @@ from refold.connectors.protocol import (
     Opened,
     Pattern,
     Row,
+    SessionDriver,
     Sink,
     SinkWriter,
     StartCommit,
@@ -59,14 +57,10 @@ from refold.connectors.protocol import (
     Store,
     TxnInfo,
 )
+from refold.connectors.settings import ParquetSettings
 
 STAGING = "_staging"
-
-
-class ParquetSettings(DriverSettings):
-    path: str  # the root folder; it must exist
-    view: str | None = "view"
-    compression: str = "zstd"
+Applied = list[str]  # [target, staged name, applied name]: one file of a committed batch
 
 
 class ParquetWriter(SinkWriter):
@@ -96,56 +90,66 @@ class ParquetWriter(SinkWriter):
                     found.unlink(missing_ok=True)
 
 
-class ParquetDriver(Driver):
-    pattern: ClassVar[Pattern] = "recovery_log_idempotent_apply"
-    Settings = ParquetSettings
+@dataclass
+class _Session:
+    """What exists between `open` and `close`. `lock` guards it: `acknowledge` runs on
+    another thread while `load` and `start_commit` run."""
 
-    def __init__(self, settings: DriverSettings, where: str = "outputs.materialize") -> None:
-        super().__init__(settings, where)
-        assert isinstance(settings, ParquetSettings)
-        self.config: ParquetSettings = settings
-        self.root = Path(settings.path).expanduser()
-        self._lock = threading.Lock()
-        self._bindings: tuple[Binding, ...] = ()
-        self._staging = self.root
-        self._committed: list[list[str]] = []  # [target, staged name, applied name] of the last commit
-        self._committing: list[list[str]] | None = None  # of the StartCommit not yet acknowledged
-        self._rows: dict[int, dict[Key, Row]] = {}  # view bindings: the rows as of the last StartCommit
+    bindings: tuple[Binding, ...]
+    staging: Path  # <path>/_staging/<pipeline>-<materialization>
+    committed: list[Applied]  # the files of the last commit Kafka holds
+    rows: dict[int, dict[Key, Row]]  # view bindings: the rows as of the last StartCommit
+    committing: list[Applied] | None = None  # of the StartCommit not yet acknowledged
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def close(self) -> None:
+        """Nothing to release: every file is closed once written."""
+
+
+class ParquetDriver(SessionDriver[ParquetSettings, _Session]):
+    pattern: ClassVar[Pattern] = "recovery_log_idempotent_apply"
+    store_errors: ClassVar[tuple[type[Exception], ...]] = (OSError, pa.ArrowException)
+
+    @property
+    def root(self) -> Path:
+        return Path(self.settings.path).expanduser()
 
     def sink(self) -> Sink:
-        return Sink(ParquetWriter(str(self.root), self.config.compression))
+        return Sink(ParquetWriter(str(self.root), self.settings.compression))
 
     def open(self, request: Open) -> Opened:
-        if not self.root.is_dir():
-            raise self.config_error("path", f"the folder {str(self.root)!r} does not exist")
-        self._bindings = request.bindings
-        self._staging = self.root / STAGING / f"{request.pipeline}-{request.materialization}"
-        self._staging.mkdir(parents=True, exist_ok=True)
+        root = self.root
+        if not root.is_dir():
+            raise self.config_error("path", f"the folder {str(root)!r} does not exist")
+        staging = root / STAGING / f"{request.pipeline}-{request.materialization}"
+        staging.mkdir(parents=True, exist_ok=True)
         for binding in request.bindings:
-            (self.root / binding.target).mkdir(exist_ok=True)
+            (root / binding.target).mkdir(exist_ok=True)
         checkpoint = orjson.loads(request.driver_checkpoint) if request.driver_checkpoint else {"files": []}
-        self._committed, self._committing = checkpoint["files"], None
-        named = {staged for _target, staged, _final in self._committed}
-        for leftover in self._staging.iterdir():  # a crashed or fenced instance's work: never applied
+        committed: list[Applied] = checkpoint["files"]
+        named = {staged for _target, staged, _final in committed}
+        for leftover in staging.iterdir():  # a crashed or fenced instance's work: never applied
             if leftover.name not in named:
                 leftover.unlink(missing_ok=True)
-        self._rows = {}
+        rows = {}
         for index, binding in enumerate(request.bindings):
             if binding.kind == "view":
                 # the applied files, then the committed ones not applied yet (by applied name)
-                files = [(f.name, f) for f in _applied(self.root / binding.target)]
-                files += [(final, self._staging / staged) for target, staged, final in self._committed
-                          if target == binding.target and (self._staging / staged).exists()]
-                self._rows[index] = fold_view_files(_since_refresh(files))
+                files = [(f.name, f) for f in _applied(root / binding.target)]
+                files += [(final, staging / staged) for target, staged, final in committed
+                          if target == binding.target and (staging / staged).exists()]
+                rows[index] = fold_view_files(_since_refresh(files))
+        self._session = _Session(request.bindings, staging, committed, rows)
         return Opened(None)
 
     def acknowledge(self, request: Acknowledge) -> Acknowledged:
-        with self._lock:
-            if self._committing is not None:
-                self._committed, self._committing = self._committing, None
-            files = list(self._committed)
+        session = self.opened()
+        with session.lock:
+            if session.committing is not None:
+                session.committed, session.committing = session.committing, None
+            files = list(session.committed)
         for target, staged, final in files:
-            source, dest = self._staging / staged, self.root / target / final
+            source, dest = session.staging / staged, self.root / target / final
             if source.exists():
                 os.replace(source, dest)  # atomic; once applied, the source is gone
             elif not dest.exists():
@@ -155,44 +159,41 @@ class ParquetDriver(Driver):
         return Acknowledged()
 
     def load(self, requests: Sequence[Load]) -> list[Loaded]:
-        with self._lock:
+        session = self.opened()
+        with session.lock:
             found = []
             for request in requests:
-                row = self._rows.get(request.binding, {}).get(request.key)
+                row = session.rows.get(request.binding, {}).get(request.key)
                 if row is not None:
                     found.append(Loaded(request.binding, request.key, row))
             return found
 
-    def flush(self, request: Flush) -> Flushed:
-        return Flushed()
-
-    def store(self, requests: Sequence[Store]) -> None:
-        raise DriverError("the parquet driver writes through its Sink; store() is not called")
-
     def start_commit(self, request: StartCommit) -> StartedCommit:
+        session = self.opened()
         batch = request.runtime_checkpoint.batch
         kind = "F" if request.full_refresh else "I"
         staged: list[tuple[int, str]] = [item for info in request.prepared for item in info.data]
         if request.full_refresh:  # an empty view still needs its file: it resets the folder
-            for index, binding in enumerate(self._bindings):
+            for index, binding in enumerate(session.bindings):
                 if binding.kind == "view" and not any(i == index for i, _ in staged):
                     name = f"{batch:012d}-0000-{index}-{uuid.uuid4().hex[:12]}.parquet"
-                    _write(self._staging / name, _table(binding, [], batch), self.config.compression)
+                    _write(session.staging / name, _table(binding, [], batch), self.settings.compression)
                     staged.append((index, name))
         files = []
         for index, name in staged:
-            binding = self._bindings[index]
+            binding = session.bindings[index]
             _, part, _, ident = name[: -len(".parquet")].split("-")
             files.append([binding.target, name, f"{batch:012d}-{kind}-{part}-{index}-{ident}.parquet"])
-        with self._lock:
-            for index, binding in enumerate(self._bindings):
+        with session.lock:
+            for index, binding in enumerate(session.bindings):
                 if binding.kind != "view":
                     continue
-                mine = [self._staging / name for i, name in staged if i == index]
-                rows = {} if request.full_refresh else self._rows.setdefault(index, {})
-                self._rows[index] = fold_view_files(mine, rows)
-            self._committing = files
+                mine = [session.staging / name for i, name in staged if i == index]
+                rows = {} if request.full_refresh else session.rows.setdefault(index, {})
+                session.rows[index] = fold_view_files(mine, rows)
+            session.committing = files
         return StartedCommit(orjson.dumps({"batch": batch, "files": files}))
+
 
 
 # Files -------------------------------------------------------------------------------------

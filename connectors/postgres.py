@@ -1,7 +1,8 @@
 """PostgreSQL (psycopg 3). Pattern: remote store authoritative.
 
 The store holds the view rows, the runtime checkpoint and a fencing nonce, and
-one database transaction commits a batch's rows with its checkpoint:
+one database transaction commits a batch's rows with its checkpoint, through the
+fence shared with SQLite (`refold.connectors.fence`):
 
 - `Open` connects (a wrong DSN fails here, naming the `dsn` setting; the password
   never shows), creates the schema, the target tables and the checkpoints table
@@ -18,7 +19,7 @@ one database transaction commits a batch's rows with its checkpoint:
   the runtime checkpoint, drop the staging tables, commit. `start_commit` finds
   that done; without a sink (`store` called directly) it does the same merge from
   a session-temporary staging table.
-- `Load` reads stored rows by key, `batch_size` keys per `= ANY(…)` query.
+- `Load` reads stored rows by key, `batch_size` keys per query (a JSON array of keys).
 - A view binding is a table `(_key jsonb PRIMARY KEY, _doc jsonb, _batch bigint)`:
   the key values as a JSON array in the binding's key order, the whole row (what
   `Load` returns; `_doc->>'total'` reads a column), and the batch that wrote it.
@@ -39,23 +40,21 @@ import re
 import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import orjson
-from pydantic import Field, SecretStr, field_validator
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.types.json import set_json_loads
+from pydantic import SecretStr
 
+from refold.connectors.fence import POSTGRES, Fence, FencedSession, quote
 from refold.connectors.protocol import (
-    Acknowledge,
-    Acknowledged,
     AggregatedCommitter,
     Binding,
     CommitInfo,
-    Driver,
     DriverError,
-    DriverFencedError,
-    DriverSettings,
-    Flush,
-    Flushed,
     Key,
     Load,
     Loaded,
@@ -63,7 +62,7 @@ from refold.connectors.protocol import (
     Opened,
     Pattern,
     Row,
-    RuntimeCheckpoint,
+    SessionDriver,
     Sink,
     SinkWriter,
     StartCommit,
@@ -71,30 +70,13 @@ from refold.connectors.protocol import (
     Store,
     TxnInfo,
 )
+from refold.connectors.settings import PostgresSettings
 
-if TYPE_CHECKING:
-    import psycopg
+Connection = psycopg.Connection[Any]
 
 _STAGE_PREFIX = "_rfs_"
 _STAGE_COLUMNS = "(_binding int NOT NULL, _seq int NOT NULL, _key jsonb NOT NULL, _doc jsonb, _delete boolean NOT NULL)"
-_LOCAL_STAGE = "_rfs_local"
-_PLAIN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")  # the session-temporary staging table of `store`
-
-
-class PostgresSettings(DriverSettings):
-    dsn: SecretStr  # a libpq connection string or URL
-    schema_: str = Field(default="public", alias="schema")  # created when missing
-    view: str | None = "view"
-    checkpoints_table: str = "refold_checkpoints"
-    batch_size: int = Field(default=5000, ge=1, le=1_000_000)  # keys per Load query
-    connect_timeout: int = Field(default=10, ge=1, le=600)  # seconds
-
-    @field_validator("schema_", "checkpoints_table")
-    @classmethod
-    def _plain_names(cls, value: str) -> str:
-        if not _PLAIN.match(value):
-            raise ValueError(f"{value!r}: use letters, digits and '_' (start with a letter or '_')")
-        return value
+_LOCAL_STAGE = "_rfs_local"  # the session-temporary staging table of `store`
 
 
 # Writers ---------------------------------------------------------------------------------
@@ -118,8 +100,6 @@ class PostgresWriter(SinkWriter):
         self.connect_timeout = connect_timeout
 
     def prepare(self, txn: TxnInfo, part: int, stores: Sequence[Store]) -> CommitInfo:
-        from psycopg import sql
-
         table = f"{self.stem}{txn.batch}_{part}"
         name = sql.Identifier(self.schema, table)
         with _connect(self.dsn, self.connect_timeout, autocommit=False) as conn:
@@ -131,14 +111,9 @@ class PostgresWriter(SinkWriter):
 
     def abort(self, infos: Sequence[CommitInfo]) -> None:
         """Drop what `infos` staged; with no infos, every staging table of this instance."""
-        from psycopg import sql
-
         with _connect(self.dsn, self.connect_timeout) as conn:
             tables = [info.data.table for info in infos if isinstance(info.data, Staged)]
-            if not infos:
-                tables = _staging_tables(conn, self.schema, self.stem)
-            for table in tables:
-                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(self.schema, table)))
+            _drop(conn, self.schema, tables if infos else _staging_tables(conn, self.schema, self.stem))
 
 
 class PostgresCommitter(AggregatedCommitter):
@@ -155,79 +130,50 @@ class PostgresCommitter(AggregatedCommitter):
 # The driver ------------------------------------------------------------------------------
 
 
-class PostgresDriver(Driver):
+@dataclass
+class _Session(FencedSession[Connection]):
+    stem: str  # this instance's staging tables: _rfs_<8 hex of the materialization>_<8 hex token>_
+    local_rows: int = 0  # rows in the session-temporary staging table (the `store` path)
+    committed: StartCommit | None = None  # what PostgresCommitter committed
+
+
+class PostgresDriver(SessionDriver[PostgresSettings, _Session]):
     pattern: ClassVar[Pattern] = "remote_authoritative"
-    Settings = PostgresSettings
+    store_errors: ClassVar[tuple[type[Exception], ...]] = (psycopg.Error,)
 
-    def __init__(self, settings: DriverSettings, where: str = "outputs.materialize") -> None:
-        super().__init__(settings, where)
-        assert isinstance(settings, PostgresSettings)
-        self.config: PostgresSettings = settings
-        self._conn: psycopg.Connection[Any] | None = None
-        self._request: Open | None = None
-        self._nonce = 0
-        # staging tables of this instance: _rfs_<8 hex of the materialization>_<8 hex token>_
-        self._family = f"{_STAGE_PREFIX}{hashlib.sha256(settings.materialization.encode()).hexdigest()[:8]}_"
-        self._stem = f"{self._family}{secrets.token_hex(4)}_"
-        self._local_rows = 0  # rows in the session-temporary staging table (the `store` path)
-        self._committed: StartCommit | None = None  # what PostgresCommitter committed
-
-    # Open / Acknowledge ---------------------------------------------------------------------
+    # Open -------------------------------------------------------------------------------------
 
     def open(self, request: Open) -> Opened:
-        from psycopg import sql
-
         self.close()
         conn = self._connect_checked()
-        self._conn, self._request = conn, request
-        schema = self.config.schema_
-        checkpoints = sql.Identifier(schema, self.config.checkpoints_table)
-        with conn.transaction():
-            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
-            conn.execute(
-                sql.SQL(
-                    "CREATE TABLE IF NOT EXISTS {} (pipeline text NOT NULL, writer text NOT NULL, "
-                    "materialization text NOT NULL, nonce bigint NOT NULL, checkpoint bytea, "
-                    "updated_at timestamptz NOT NULL DEFAULT now(), "
-                    "PRIMARY KEY (pipeline, writer, materialization))"
-                ).format(checkpoints)
-            )
-            for binding in request.bindings:
-                conn.execute(_create_target(schema, binding))
-        row = conn.execute(
-            sql.SQL(
-                "INSERT INTO {t} AS c (pipeline, writer, materialization, nonce) VALUES (%s, %s, %s, 1) "
-                "ON CONFLICT (pipeline, writer, materialization) "
-                "DO UPDATE SET nonce = c.nonce + 1, updated_at = now() RETURNING nonce, checkpoint"
-            ).format(t=checkpoints),
-            (request.pipeline, request.writer, request.materialization),
-        ).fetchone()
-        assert row is not None
-        self._nonce = int(row[0])
-        # Older instances are fenced now: their staging tables are garbage.
-        for table in _staging_tables(conn, schema, self._family):
-            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(schema, table)))
-        self._local_rows = 0
-        self._committed = None
-        held = RuntimeCheckpoint.decode(bytes(row[1])) if row[1] is not None else None
-        return Opened(held)
+        try:
+            schema = self.settings.schema_
+            with conn.transaction():
+                conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+                for binding in request.bindings:
+                    conn.execute(_create_target(schema, binding))
+            table = f"{quote(schema)}.{quote(self.settings.checkpoints_table)}"
+            fence = Fence.open(conn, table, POSTGRES, request, f"schema {schema!r}")
+            family = f"{_STAGE_PREFIX}{hashlib.sha256(request.materialization.encode()).hexdigest()[:8]}_"
+            # Older instances are fenced now: their staging tables are garbage.
+            _drop(conn, schema, _staging_tables(conn, schema, family))
+        except BaseException:
+            conn.close()
+            raise
+        self._session = _Session(conn, fence, request.bindings, f"{family}{secrets.token_hex(4)}_")
+        return Opened(fence.held)
 
-    def acknowledge(self, request: Acknowledge) -> Acknowledged:
-        return Acknowledged()  # the store committed at StartCommit: nothing to apply
-
-    # Load / Flush / Store -------------------------------------------------------------------
+    # Load / Store -------------------------------------------------------------------------------
 
     def load(self, requests: Sequence[Load]) -> list[Loaded]:
-        from psycopg import sql
-
-        conn, bindings = self._opened()
+        session = self.opened()
         by_binding: dict[int, dict[str, Key]] = {}
         for request in requests:
             by_binding.setdefault(request.binding, {})[_json(list(request.key))] = request.key
         loaded: list[Loaded] = []
-        size = self.config.batch_size
+        size = self.settings.batch_size
         for index, asked in by_binding.items():
-            binding = bindings[index]
+            binding = session.bindings[index]
             if binding.kind != "view":
                 raise DriverError(f"Load for {binding.kind} binding {binding.target!r}: only view bindings load")
             # One JSON array of keys per query (cheap to send); the rows come back
@@ -235,141 +181,70 @@ class PostgresDriver(Driver):
             query = sql.SQL(
                 "SELECT k.i, t._doc FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS k(key, i) "
                 "JOIN {} AS t ON t._key = k.key"
-            ).format(sql.Identifier(self.config.schema_, binding.target))
+            ).format(sql.Identifier(self.settings.schema_, binding.target))
             texts, keys = list(asked), list(asked.values())
             for start in range(0, len(texts), size):
                 chunk = "[" + ",".join(texts[start : start + size]) + "]"
-                for position, doc in conn.execute(query, (chunk,)):
+                for position, doc in session.db.execute(query, (chunk,)):
                     loaded.append(Loaded(index, keys[start + position - 1], doc))
         return loaded
 
-    def flush(self, request: Flush) -> Flushed:
-        return Flushed()
-
     def store(self, requests: Sequence[Store]) -> None:
         """The path without a sink: COPY into this session's temporary staging table."""
-        from psycopg import sql
-
-        conn, _ = self._opened()
+        session = self.opened()
         name = sql.Identifier(_LOCAL_STAGE)
-        with conn.transaction():
-            conn.execute(sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} " + _STAGE_COLUMNS).format(name))
-            _copy(conn, name, requests, first_seq=self._local_rows)
-        self._local_rows += len(requests)
+        with session.db.transaction():
+            session.db.execute(sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} " + _STAGE_COLUMNS).format(name))
+            _copy(session.db, name, requests, first_seq=session.local_rows)
+        session.local_rows += len(requests)
 
     def sink(self) -> Sink:
-        writer = PostgresWriter(self.config.dsn, self.config.schema_, self._stem, self.config.connect_timeout)
+        stem = self.opened().stem
+        writer = PostgresWriter(self.settings.dsn, self.settings.schema_, stem, self.settings.connect_timeout)
         return Sink(writer=writer, aggregated=PostgresCommitter(self))
 
     # Commit ---------------------------------------------------------------------------------
 
     def start_commit(self, request: StartCommit) -> StartedCommit:
-        if self._committed is not request:  # not through PostgresCommitter (no sink)
-            staged = [info for info in request.prepared if isinstance(info.data, Staged)]
-            self._commit(request, staged)
-        self._committed = None
+        session = self.opened()
+        if session.committed is not request:  # not through PostgresCommitter (no sink)
+            self._commit(request, [info for info in request.prepared if isinstance(info.data, Staged)])
+        session.committed = None
         return StartedCommit()
 
     def _commit(self, start: StartCommit, staged: Sequence[CommitInfo]) -> None:
         """Check the nonce, merge the staged rows, write the checkpoint: one transaction."""
-        from psycopg import sql
-
-        conn, bindings = self._opened()
-        assert self._request is not None
-        request, schema = self._request, self.config.schema_
-        checkpoint = start.runtime_checkpoint
-        batch = checkpoint.batch
-        with conn.transaction():
-            found = conn.execute(
-                sql.SQL(
-                    "SELECT nonce, checkpoint FROM {} WHERE pipeline = %s AND writer = %s "
-                    "AND materialization = %s FOR UPDATE"
-                ).format(sql.Identifier(schema, self.config.checkpoints_table)),
-                (request.pipeline, request.writer, request.materialization),
-            ).fetchone()
-            if found is None or int(found[0]) != self._nonce:
-                raise DriverFencedError(
-                    f"materialization {request.materialization!r} of pipeline {request.pipeline!r} "
-                    f"(writer {request.writer!r}) was opened by a newer instance (nonce "
-                    f"{'gone' if found is None else found[0]}, ours {self._nonce}): "
-                    f"the commit of batch {batch} is refused"
-                )
+        session, schema = self.opened(), self.settings.schema_
+        conn, checkpoint = session.db, start.runtime_checkpoint
+        with session.fence.commit(conn, checkpoint) as held:
             sources = [(info.part, sql.Identifier(schema, info.data.table)) for info in staged]
             missing = [info.data.table for info in staged if not _exists(conn, schema, info.data.table)]
             if missing:
-                if found[1] is not None and bytes(found[1]) == checkpoint.encode():
-                    self._committed = start
+                if held == checkpoint.encode():
+                    session.committed = start
                     return  # a replay of a commit that went through
-                raise DriverError(f"staging tables {missing} of batch {batch} are gone: prepare again")
-            if self._local_rows:
+                raise DriverError(f"staging tables {missing} of batch {checkpoint.batch} are gone: prepare again")
+            if session.local_rows:
                 sources.append((-1, sql.Identifier(_LOCAL_STAGE)))
-            for index, binding in enumerate(bindings):
-                target = sql.Identifier(schema, binding.target)
-                rows = _union(sources, index)
-                if binding.kind == "view":
-                    if start.full_refresh:
-                        conn.execute(sql.SQL("DELETE FROM {}").format(target))
-                    elif rows is not None:
-                        conn.execute(
-                            sql.SQL("DELETE FROM {t} USING ({rows}) s WHERE s._delete AND {t}._key = s._key").format(
-                                t=target, rows=rows
-                            )
-                        )
-                    if rows is not None:
-                        conn.execute(
-                            sql.SQL(
-                                "INSERT INTO {t} (_key, _doc, _batch) SELECT _key, _doc, %s FROM ({rows}) s "
-                                "WHERE NOT _delete ON CONFLICT (_key) DO UPDATE "
-                                "SET _doc = EXCLUDED._doc, _batch = EXCLUDED._batch"
-                            ).format(t=target, rows=rows),
-                            (batch,),
-                        )
-                else:
-                    conn.execute(sql.SQL("DELETE FROM {} WHERE _batch >= %s").format(target), (batch,))
-                    if rows is not None:
-                        conn.execute(
-                            sql.SQL(
-                                "INSERT INTO {t} (_batch, _part, _seq, _key, _doc) "
-                                "SELECT %s, _part, _seq, _key, _doc FROM ({rows}) s"
-                            ).format(t=target, rows=rows),
-                            (batch,),
-                        )
-            conn.execute(
-                sql.SQL(
-                    "UPDATE {} SET checkpoint = %s, updated_at = now() "
-                    "WHERE pipeline = %s AND writer = %s AND materialization = %s"
-                ).format(sql.Identifier(schema, self.config.checkpoints_table)),
-                (checkpoint.encode(), request.pipeline, request.writer, request.materialization),
-            )
+            for index, binding in enumerate(session.bindings):
+                _merge(conn, sql.Identifier(schema, binding.target), binding, _union(sources, index), start)
             for _, table in sources:
                 conn.execute(sql.SQL("DROP TABLE {}").format(table))
-        self._local_rows = 0
-        self._committed = start
-
-    def close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close()
+        session.local_rows = 0
+        session.committed = start
 
     # Inside ---------------------------------------------------------------------------------
 
-    def _opened(self) -> tuple[psycopg.Connection[Any], tuple[Binding, ...]]:
-        if self._conn is None or self._request is None:
-            raise DriverError("the PostgreSQL driver is not open")
-        return self._conn, self._request.bindings
 
-    def _connect_checked(self) -> psycopg.Connection[Any]:
+    def _connect_checked(self) -> Connection:
         """Connect, or fail naming the `dsn` setting (never showing the password)."""
-        import psycopg
-        from psycopg.conninfo import conninfo_to_dict
-
-        dsn = self.config.dsn.get_secret_value()
+        dsn = self.settings.dsn.get_secret_value()
         try:
             password = str(conninfo_to_dict(dsn).get("password") or "")
         except psycopg.ProgrammingError:
             raise self.config_error("dsn", "not a libpq connection string or postgresql:// URL") from None
         try:
-            return _connect(self.config.dsn, self.config.connect_timeout)
+            return _connect(self.settings.dsn, self.settings.connect_timeout)
         except psycopg.Error as exc:
             reason = str(exc).strip()
             for secret in (dsn, password):
@@ -378,10 +253,40 @@ class PostgresDriver(Driver):
             raise self.config_error("dsn", f"cannot connect to PostgreSQL: {reason}") from None
 
 
+def _merge(conn: Connection, target: sql.Identifier, binding: Binding, rows: Any, start: StartCommit) -> None:
+    """Merge one binding's staged rows (`rows`: a query, or None when none) into its table."""
+    batch = start.runtime_checkpoint.batch
+    if binding.kind == "view":
+        if start.full_refresh:
+            conn.execute(sql.SQL("DELETE FROM {}").format(target))
+        elif rows is not None:
+            conn.execute(
+                sql.SQL("DELETE FROM {t} USING ({rows}) s WHERE s._delete AND {t}._key = s._key").format(
+                    t=target, rows=rows
+                )
+            )
+        if rows is not None:
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {t} (_key, _doc, _batch) SELECT _key, _doc, %s FROM ({rows}) s "
+                    "WHERE NOT _delete ON CONFLICT (_key) DO UPDATE "
+                    "SET _doc = EXCLUDED._doc, _batch = EXCLUDED._batch"
+                ).format(t=target, rows=rows),
+                (batch,),
+            )
+        return
+    conn.execute(sql.SQL("DELETE FROM {} WHERE _batch >= %s").format(target), (batch,))
+    if rows is not None:
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {t} (_batch, _part, _seq, _key, _doc) SELECT %s, _part, _seq, _key, _doc FROM ({rows}) s"
+            ).format(t=target, rows=rows),
+            (batch,),
+        )
+
+
 def read_view(dsn: str, table: str, schema: str = "public") -> dict[Key, Row]:
     """A view binding's table as {key: row} (for tests and users)."""
-    from psycopg import sql
-
     with _connect(SecretStr(dsn), 10) as conn:
         rows = conn.execute(sql.SQL("SELECT _key, _doc FROM {}").format(sql.Identifier(schema, table)))
         return {tuple(key): doc for key, doc in rows}
@@ -389,17 +294,12 @@ def read_view(dsn: str, table: str, schema: str = "public") -> dict[Key, Row]:
 
 def read_deltas(dsn: str, table: str, schema: str = "public") -> list[Row]:
     """A delta binding's rows in commit order (batch, part, sequence)."""
-    from psycopg import sql
-
     with _connect(SecretStr(dsn), 10) as conn:
         query = sql.SQL("SELECT _doc FROM {} ORDER BY _batch, _part, _seq").format(sql.Identifier(schema, table))
         return [doc for (doc,) in conn.execute(query)]
 
 
-def _connect(dsn: SecretStr, timeout: int, *, autocommit: bool = True) -> psycopg.Connection[Any]:
-    import psycopg
-    from psycopg.types.json import set_json_loads
-
+def _connect(dsn: SecretStr, timeout: int, *, autocommit: bool = True) -> Connection:
     conn = psycopg.connect(
         dsn.get_secret_value(), autocommit=autocommit, connect_timeout=timeout, application_name="refold"
     )
@@ -407,9 +307,7 @@ def _connect(dsn: SecretStr, timeout: int, *, autocommit: bool = True) -> psycop
     return conn
 
 
-def _create_target(schema: str, binding: Binding) -> Any:
-    from psycopg import sql
-
+def _create_target(schema: str, binding: Binding) -> sql.Composed:
     table = sql.Identifier(schema, binding.target)
     if binding.kind == "view":
         return sql.SQL(
@@ -421,9 +319,7 @@ def _create_target(schema: str, binding: Binding) -> Any:
     ).format(table)
 
 
-def _copy(conn: psycopg.Connection[Any], table: Any, stores: Iterable[Store], first_seq: int = 0) -> None:
-    from psycopg import sql
-
+def _copy(conn: Connection, table: sql.Identifier, stores: Iterable[Store], first_seq: int = 0) -> None:
     statement = sql.SQL("COPY {} (_binding, _seq, _key, _doc, _delete) FROM STDIN").format(table)
     with conn.cursor() as cursor, cursor.copy(statement) as copy:
         for seq, store in enumerate(stores, first_seq):
@@ -431,10 +327,8 @@ def _copy(conn: psycopg.Connection[Any], table: Any, stores: Iterable[Store], fi
             copy.write_row((store.binding, seq, _json(list(store.key)), doc, store.delete))
 
 
-def _union(sources: Sequence[tuple[int, Any]], binding: int) -> Any:
+def _union(sources: Sequence[tuple[int, sql.Identifier]], binding: int) -> sql.Composed | None:
     """The staged rows of one binding from every staging table, or None when none."""
-    from psycopg import sql
-
     if not sources:
         return None
     return sql.SQL(" UNION ALL ").join(
@@ -445,7 +339,7 @@ def _union(sources: Sequence[tuple[int, Any]], binding: int) -> Any:
     )
 
 
-def _staging_tables(conn: psycopg.Connection[Any], schema: str, prefix: str) -> list[str]:
+def _staging_tables(conn: Connection, schema: str, prefix: str) -> list[str]:
     pattern = prefix.replace("\\", "\\\\").replace("_", "\\_").replace("%", "\\%") + "%"
     rows = conn.execute(
         "SELECT tablename FROM pg_tables WHERE schemaname = %s AND tablename LIKE %s", (schema, pattern)
@@ -453,11 +347,16 @@ def _staging_tables(conn: psycopg.Connection[Any], schema: str, prefix: str) -> 
     return [name for (name,) in rows]
 
 
-def _exists(conn: psycopg.Connection[Any], schema: str, table: str) -> bool:
+def _exists(conn: Connection, schema: str, table: str) -> bool:
     row = conn.execute(
         "SELECT 1 FROM pg_tables WHERE schemaname = %s AND tablename = %s", (schema, table)
     ).fetchone()
     return row is not None
+
+
+def _drop(conn: Connection, schema: str, tables: Iterable[str]) -> None:
+    for table in tables:
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(schema, table)))
 
 
 _LONG_NUMBER = re.compile(rb"\d{19}")

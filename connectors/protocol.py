@@ -27,9 +27,9 @@ the ones that failed a bounded number of times) and an `AggregatedCommitter`
 `SinkWriter.abort` cleans up prepared work when a transaction gives up.
 
 Drivers are named in the pipeline file under `outputs.materialize` (a list of
-mappings, each with `driver:` and the driver's settings, validated by its
-pydantic `Settings` model). The registry `DRIVERS` maps a name to
-`"module:Class"`, imported on first use.
+mappings, each with `driver:` and the driver's settings). Each entry is validated
+into its driver's settings model (`refold.connectors.settings`) when the file is
+read; `build_driver` imports the class the model names and builds it.
 """
 
 from __future__ import annotations
@@ -38,12 +38,12 @@ import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from refold.errors import ConfigError, RefoldError, UserError
+from refold.connectors.settings import DriverSettings, parse_settings
+from refold.errors import ConfigError, InternalError, OperationalError, UserError
 
 Pattern = Literal[
     "remote_authoritative",  # rows + runtime checkpoint + fencing nonce in one store transaction
@@ -56,12 +56,21 @@ Key = tuple[Any, ...]  # key values, in the order of `Binding.key`
 Row = dict[str, Any]  # a full row: key columns and value columns by name
 
 
-class DriverError(RefoldError):
-    """A driver failed at run time (the store refused a write, a push kept failing)."""
+class DriverError(OperationalError):
+    """A driver failed at run time: the store refused a write or went away, a push kept
+    failing. Not the user's fault and not a bug: nothing of the batch committed to
+    Kafka, and a restart retries from the last commit (a remote-authoritative store
+    may then be one batch ahead: the replay is idempotent). The store's own error,
+    when there is one, is the `__cause__`."""
+
+    def __init__(self, message: str, *, materialization: str | None = None) -> None:
+        self.materialization = materialization
+        super().__init__(message)
 
 
 class DriverFencedError(UserError):
-    """A newer instance opened this materialization: this one's commit is refused."""
+    """A newer instance opened this materialization: this one's commit is refused (two
+    instances run the same pipeline writer: the user's to fix). Nothing was written."""
 
 
 # Bindings and checkpoints -------------------------------------------------------------
@@ -266,54 +275,33 @@ class Sink:
     aggregated: AggregatedCommitter | None = None
 
 
-# Settings ---------------------------------------------------------------------------
-
-
-class DriverSettings(BaseModel):
-    """The settings every driver takes; a driver's `Settings` subclasses this.
-    Secrets are `SecretStr`; unknown settings are refused."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    driver: str
-    name: str | None = None  # the materialization name (its driver-checkpoint key); default: driver
-    view: str | None = None  # the target of the view binding; None: no view binding
-    delta: str | None = None  # the target of the delta binding; None: no delta binding
-    parallelism: int = Field(default=2, ge=1, le=256)  # parts per transaction (drivers with a Sink)
-
-    @field_validator("name", "view", "delta")
-    @classmethod
-    def _plain(cls, value: str | None) -> str | None:
-        if value is not None and not _is_plain_name(value):
-            raise ValueError(f"{value!r}: use letters, digits and '_' (start with a letter or '_')")
-        return value
-
-    @property
-    def materialization(self) -> str:
-        return self.name or self.driver
-
-
-def _is_plain_name(value: str) -> bool:
-    return bool(value) and (value[0].isalpha() or value[0] == "_") and all(c.isalnum() or c == "_" for c in value)
-
-
 # The driver contract -------------------------------------------------------------------
 
+S = TypeVar("S", bound=DriverSettings)
 
-class Driver(ABC):
-    """One materialization's driver: one method per protocol message.
+
+class Driver(ABC, Generic[S]):
+    """One materialization's driver, generic over its settings model: one method per
+    protocol message.
 
     The runtime calls these from the engine's Spark driver, one transaction at a
     time, in the order of the module docstring. `acknowledge` may run on another
     thread while `load` runs (Flow does not wait for Acknowledged before Load):
     a driver whose two touch the same state guards it. Every other call comes
-    after the previous one returned.
+    after the previous one returned. `acknowledge` and `flush` are no-ops unless a
+    driver overrides them; `load` and `store` exist only for drivers that take
+    Loads (view bindings) and that write without a `Sink`.
+
+    A driver connects in `open`, not in `__init__`: building one (at start, from
+    validated settings) touches nothing outside the process.
     """
 
     pattern: ClassVar[Pattern]
-    Settings: ClassVar[type[DriverSettings]] = DriverSettings
+    # The store's own errors (e.g. `sqlite3.Error`): the runtime reports them as a
+    # DriverError (an OperationalError), chained, instead of an internal error.
+    store_errors: ClassVar[tuple[type[Exception], ...]] = ()
 
-    def __init__(self, settings: DriverSettings, where: str = "outputs.materialize") -> None:
+    def __init__(self, settings: S, where: str = "outputs.materialize[0]") -> None:
         self.settings = settings
         self.where = where  # the settings' path in the pipeline file, for error messages
 
@@ -322,7 +310,8 @@ class Driver(ABC):
         return ConfigError(message, where=f"{self.where}.{setting}")
 
     def sink(self) -> Sink | None:
-        """The driver's parallel writer, or None: then the runtime calls `store`."""
+        """The driver's parallel writer, or None: then the runtime calls `store`.
+        Called after each `open`."""
         return None
 
     @abstractmethod
@@ -333,27 +322,32 @@ class Driver(ABC):
         checkpoint does not name. Bad settings (a wrong DSN, a missing folder, an
         unreachable URL) fail here with `config_error(setting, …)`."""
 
-    @abstractmethod
     def acknowledge(self, request: Acknowledge) -> Acknowledged:
         """Called after each transaction committed to Kafka, and right after `open`
         for the recovered transaction. Apply what the committed driver checkpoint
-        names (recovery-log drivers), idempotently: it may already be applied."""
+        names (recovery-log drivers), idempotently: it may already be applied.
+        Default: nothing to apply (the store committed at StartCommit, or nothing
+        is kept)."""
+        return Acknowledged()
 
-    @abstractmethod
     def load(self, requests: Sequence[Load]) -> list[Loaded]:
         """Called with the transaction's Loads (view bindings only; each key at most
         once per transaction), possibly before Acknowledged. Return a Loaded for each
-        key the store holds, none for missing keys."""
+        key the store holds, none for missing keys. A driver that takes a view
+        binding overrides it; the default refuses (no view binding, nothing to load)."""
+        raise InternalError(f"{type(self).__name__} takes no view binding: Load was sent to it")
 
-    @abstractmethod
     def flush(self, request: Flush) -> Flushed:
-        """Called once per transaction after Acknowledged and after every Load."""
+        """Called once per transaction after Acknowledged and after every Load.
+        Default: nothing pending."""
+        return Flushed()
 
-    @abstractmethod
     def store(self, requests: Sequence[Store]) -> None:
-        """Called after Flushed (not at all for a driver with a `sink()`): the
-        transaction's Stores, view bindings first. Nothing may be visible before
-        `start_commit` (push-only drivers excepted: at-least-once)."""
+        """Called after Flushed (never for a driver with a `sink()`): the transaction's
+        Stores, view bindings first. Nothing may be visible before `start_commit`
+        (push-only drivers excepted: at-least-once). A driver without a sink
+        overrides it; the default refuses."""
+        raise InternalError(f"{type(self).__name__} writes through its Sink: store() was called")
 
     @abstractmethod
     def start_commit(self, request: StartCommit) -> StartedCommit:
@@ -362,66 +356,58 @@ class Driver(ABC):
         store transaction, refusing (DriverFencedError) if the nonce moved.
         Recovery-log: return a driver checkpoint naming the staged work."""
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:
         """Called at the end (or before a re-Open); release connections. Idempotent."""
 
 
-# The registry ---------------------------------------------------------------------------
-
-DRIVERS: dict[str, str] = {
-    "sqlite": "refold.connectors.sqlite:SQLiteDriver",
-    "parquet": "refold.connectors.parquet:ParquetDriver",
-    "webhook": "refold.connectors.webhook:WebhookDriver",
-    "postgres": "refold.connectors.postgres:PostgresDriver",
-}
+class Session(Protocol):
+    def close(self) -> None:
+        """Release what the session holds (a connection); called once."""
+        ...
 
 
-def register_driver(name: str, target: str) -> None:
-    """Name a driver class: `register_driver("mystore", "my.module:MyDriver")`."""
-    DRIVERS[name] = target
+T = TypeVar("T", bound=Session)
 
 
-def driver_class(name: str, where: str = "outputs.materialize") -> type[Driver]:
-    target = DRIVERS.get(name)
-    if target is None:
-        raise ConfigError(f"unknown driver {name!r}; known: {', '.join(sorted(DRIVERS))}", where=f"{where}.driver")
-    module_name, _, class_name = target.partition(":")
+class SessionDriver(Driver[S], Generic[S, T]):
+    """A driver whose state exists only between `open` and `close`, kept in one session
+    object (its connection, the bindings, what `open` learned). `open` sets
+    `self._session`; every later step gets it from `opened()`, which raises DriverError
+    before `open` or after `close`; `close` closes it once. A re-`open` must `close`
+    first, or the old session's connection leaks."""
+
+    _session: T | None = None
+
+    def opened(self) -> T:
+        if self._session is None:
+            raise DriverError(f"{type(self).__name__} is not open")
+        return self._session
+
+    def close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            session.close()
+
+
+# Building drivers -------------------------------------------------------------------------
+
+
+def build_driver(entry: DriverSettings | Mapping[str, Any], where: str = "outputs.materialize[0]") -> Driver[Any]:
+    """The driver of one `outputs.materialize` entry; nothing connects yet. A mapping
+    (tests, benchmarks) is validated first, failing with a ConfigError that names
+    the setting; a pipeline's entries are validated already."""
+    settings = entry if isinstance(entry, DriverSettings) else parse_settings(entry, where)
+    module_name, _, class_name = settings.implementation.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigError(f"driver {name!r} cannot be loaded: {exc}", where=f"{where}.driver") from exc
-    cls = getattr(module, class_name)
-    assert isinstance(cls, type) and issubclass(cls, Driver)
-    return cls
+        raise ConfigError(f"driver {settings.driver!r} cannot be loaded: {exc}", where=f"{where}.driver") from exc
+    cls = getattr(module, class_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Driver)):
+        raise InternalError(f"{settings.implementation} is not a Driver")
+    return cls(settings, where)
 
 
-def build_driver(settings: Mapping[str, Any], where: str = "outputs.materialize[0]") -> Driver:
-    """Validate one `outputs.materialize` entry and build its driver (nothing connects yet)."""
-    if not isinstance(settings, Mapping) or "driver" not in settings:
-        raise ConfigError("each materialization needs a driver: setting (e.g. driver: sqlite)", where=where)
-    cls = driver_class(str(settings["driver"]), where)
-    try:
-        parsed = cls.Settings.model_validate(dict(settings))
-    except ValidationError as exc:
-        problems = []
-        for error in exc.errors():
-            location = ".".join(str(part) for part in error["loc"])
-            message = {"extra_forbidden": "unknown setting", "missing": "missing setting"}.get(
-                error["type"], error["msg"]
-            )
-            problems.append(f"{where}.{location}: {message}" if location else f"{where}: {message}")
-        raise ConfigError("; ".join(problems)) from exc
-    return cls(parsed, where)
-
-
-def build_drivers(entries: Sequence[Mapping[str, Any]]) -> list[Driver]:
-    """Every `outputs.materialize` entry as a driver; names must be distinct."""
-    drivers = [build_driver(entry, f"outputs.materialize[{i}]") for i, entry in enumerate(entries)]
-    seen: set[str] = set()
-    for driver in drivers:
-        name = driver.settings.materialization
-        if name in seen:
-            raise ConfigError(f"two materializations are named {name!r}: give one a name:", "outputs.materialize")
-        seen.add(name)
-    return drivers
-
+def build_drivers(entries: Sequence[DriverSettings]) -> list[Driver[Any]]:
+    """The driver of every `outputs.materialize` entry, in order."""
+    return [build_driver(entry, f"outputs.materialize[{i}]") for i, entry in enumerate(entries)]

@@ -24,15 +24,21 @@ Drivers with a `Sink` get their Stores split into parts by key, prepared by
 `SinkWriter`s through an `Executor` (Spark executors in the engine, threads in
 tests), committed by the `SinkCommitter` with bounded retries of the failed
 parts, then by the `AggregatedCommitter`.
+
+Failures: a store's own error (a driver's `store_errors`, e.g. `sqlite3.Error`)
+and a part that cannot be prepared or committed become `DriverError`, an
+`OperationalError` chained to its cause; `DriverFencedError` and `ConfigError`
+pass as they are. Either way nothing of the batch is committed to Kafka.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import pickle
 import time
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -125,7 +131,7 @@ class SparkExecutor:
 class _Driven:
     """One driver and where the runtime is with it."""
 
-    driver: Driver
+    driver: Driver[Any]
     name: str
     bindings: tuple[Binding, ...]
     view_index: int | None
@@ -141,7 +147,7 @@ class Materializations:
     def __init__(
         self,
         pipeline: Pipeline,
-        drivers: Sequence[Driver],
+        drivers: Sequence[Driver[Any]],
         executor: Executor | None = None,
         *,
         commit_attempts: int = 4,
@@ -157,12 +163,15 @@ class Materializations:
 
     @classmethod
     def from_pipeline(cls, pipeline: Pipeline, executor: Executor | None = None) -> Materializations | None:
-        """The pipeline's `outputs.materialize` drivers (validated here), or None when it has none."""
+        """The pipeline's `outputs.materialize` drivers (their settings validated when the
+        pipeline was read; nothing connects before `open`), or None when it has none."""
         if not pipeline.outputs.materialize:
             return None
         return cls(pipeline, build_drivers(pipeline.outputs.materialize), executor)
 
-    def _describe(self, driver: Driver) -> _Driven:
+    def _describe(self, driver: Driver[Any]) -> _Driven:
+        """The driver's bindings. The pipeline's validation guarantees at least one, and
+        no delta binding on a top_n view."""
         settings = driver.settings
         spec = self.pipeline.view
         bindings: list[Binding] = []
@@ -176,12 +185,8 @@ class Materializations:
             view_index = len(bindings)
             bindings.append(Binding("view", "view", settings.view, tuple(key), columns))
         if settings.delta is not None:
-            if spec.top_n is not None:
-                raise driver.config_error("delta", "delta updates are defined for grouped views, not top_n")
             delta_index = len(bindings)
             bindings.append(Binding("delta", "delta", settings.delta, tuple(spec.key), ("_count", *spec.columns)))
-        if not bindings:
-            raise driver.config_error("view", "name a target for the view (view: NAME) or the deltas (delta: NAME)")
         return _Driven(driver, settings.materialization, tuple(bindings), view_index, delta_index)
 
     # Open / Acknowledge ---------------------------------------------------------------------
@@ -198,7 +203,8 @@ class Materializations:
                 bindings=driven.bindings,
                 driver_checkpoint=checkpoint.driver_checkpoints.get(driven.name),
             )
-            opened = driven.driver.open(request)
+            with _store_failures(driven, "Open"):
+                opened = driven.driver.open(request)
             if not isinstance(opened, Opened):
                 raise InternalError(f"materialization {driven.name!r}: open returned {opened!r}, not Opened")
             driven.backfill = self._behind(driven, opened, checkpoint)
@@ -206,7 +212,7 @@ class Materializations:
             if driven.backfill:
                 log.info("materialization %s is behind Kafka (batch %d): backfilling in the next batch",
                          driven.name, checkpoint.batch)
-            driven.acked = self._acks.submit(driven.driver.acknowledge, Acknowledge(checkpoint.batch))
+            driven.acked = self._acks.submit(_acknowledge, driven, checkpoint.batch)
 
     def _behind(self, driven: _Driven, opened: Opened, checkpoint: Checkpoint) -> bool:
         if driven.view_index is None:
@@ -227,7 +233,7 @@ class Materializations:
         """The batch committed to Kafka: Acknowledge it to every driver (answered in the background)."""
         for driven in self.driven:
             self._settle(driven)
-            driven.acked = self._acks.submit(driven.driver.acknowledge, Acknowledge(batch))
+            driven.acked = self._acks.submit(_acknowledge, driven, batch)
 
     def settle(self) -> None:
         """Wait until every driver answered its Acknowledge (tests, shutdown)."""
@@ -266,7 +272,8 @@ class Materializations:
             final[change.key] = change.row if change.op.adds else None
         checkpoints = dict(checkpoint.driver_checkpoints)
         for driven in self.driven:
-            checkpoints[driven.name] = self._transaction(driven, runtime_checkpoint, final, deltas, view)
+            with _store_failures(driven, f"batch {checkpoint.batch}"):
+                checkpoints[driven.name] = self._transaction(driven, runtime_checkpoint, final, deltas, view)
         self.transactions += 1
         return checkpoints
 
@@ -338,7 +345,9 @@ class Materializations:
             infos = self.executor.prepare(sink.writer, txn, work)
         except Exception as exc:
             sink.writer.abort([])
-            raise DriverError(f"materialization {driven.name!r}: preparing batch {batch} failed: {exc}") from exc
+            raise DriverError(
+                f"materialization {driven.name!r}: preparing batch {batch} failed: {exc}", materialization=driven.name
+            ) from exc
         if sink.committer is not None:
             failed = sink.committer.commit(infos)
             attempt = 1
@@ -352,9 +361,28 @@ class Materializations:
                 sink.writer.abort(infos)
                 raise DriverError(
                     f"materialization {driven.name!r}: {len(failed)} parts of batch {batch} failed to commit "
-                    f"after {self.commit_attempts} attempts"
+                    f"after {self.commit_attempts} attempts",
+                    materialization=driven.name,
                 )
         return tuple(infos)
+
+
+def _acknowledge(driven: _Driven, batch: int) -> Acknowledged:
+    """Acknowledge one batch to one driver (on the acknowledging thread)."""
+    with _store_failures(driven, f"Acknowledge of batch {batch}"):
+        return driven.driver.acknowledge(Acknowledge(batch))
+
+
+@contextlib.contextmanager
+def _store_failures(driven: _Driven, step: str) -> Iterator[None]:
+    """The store's own errors (`Driver.store_errors`) as DriverError, chained."""
+    try:
+        yield
+    except driven.driver.store_errors as exc:
+        raise DriverError(
+            f"materialization {driven.name!r}: {step} failed: {type(exc).__name__}: {exc}",
+            materialization=driven.name,
+        ) from exc
 
 
 def _key_bytes(key: Key) -> bytes:

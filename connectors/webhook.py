@@ -34,19 +34,10 @@ from typing import ClassVar
 from urllib.parse import urlsplit
 
 import orjson
-from pydantic import Field, SecretStr, field_validator, model_validator
 
 from refold.connectors.protocol import (
-    Acknowledge,
-    Acknowledged,
     CommitInfo,
     Driver,
-    DriverError,
-    DriverSettings,
-    Flush,
-    Flushed,
-    Load,
-    Loaded,
     Open,
     Opened,
     Pattern,
@@ -58,33 +49,9 @@ from refold.connectors.protocol import (
     Store,
     TxnInfo,
 )
+from refold.connectors.settings import WebhookSettings
 
 log = logging.getLogger(__name__)
-
-
-class WebhookSettings(DriverSettings):
-    url: str
-    delta: str | None = "delta"
-    headers: dict[str, SecretStr] = Field(default_factory=dict)  # e.g. Authorization; never logged
-    timeout: float = 10.0  # seconds per request
-    attempts: int = 5  # per part and commit, with exponential backoff
-    backoff: float = 0.2  # seconds before the second attempt; doubles each time
-
-    @field_validator("url")
-    @classmethod
-    def _url(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"{value!r}: write http(s)://host[:port]/path")
-        return value
-
-    @model_validator(mode="after")
-    def _deltas_only(self) -> WebhookSettings:
-        if self.view is not None:
-            raise ValueError("view: a webhook takes delta updates only (push-only); use delta: NAME")
-        if self.delta is None:
-            raise ValueError("delta: name the binding (it goes into each body)")
-        return self
 
 
 class WebhookWriter(SinkWriter):
@@ -141,43 +108,27 @@ class WebhookCommitter(SinkCommitter):
         return False
 
 
-class WebhookDriver(Driver):
-    pattern: ClassVar[Pattern] = "push_only_delta"
-    Settings = WebhookSettings
+class WebhookDriver(Driver[WebhookSettings]):
+    """No Load (no view binding), no store() (its Sink pushes), nothing to acknowledge."""
 
-    def __init__(self, settings: DriverSettings, where: str = "outputs.materialize") -> None:
-        super().__init__(settings, where)
-        assert isinstance(settings, WebhookSettings)
-        self.config: WebhookSettings = settings
-        self.committer = WebhookCommitter(settings)
+    pattern: ClassVar[Pattern] = "push_only_delta"
+    store_errors: ClassVar[tuple[type[Exception], ...]] = (OSError,)
 
     def sink(self) -> Sink:
-        return Sink(WebhookWriter(), self.committer)
+        return Sink(WebhookWriter(), WebhookCommitter(self.settings))
 
     def open(self, request: Open) -> Opened:
         """Checks that the URL's host answers (a TCP connection, and TLS for https)."""
-        parts = urlsplit(self.config.url)
+        parts = urlsplit(self.settings.url)
         host = parts.hostname or ""
         port = parts.port or (443 if parts.scheme == "https" else 80)
         try:
-            with socket.create_connection((host, port), timeout=self.config.timeout) as sock:
+            with socket.create_connection((host, port), timeout=self.settings.timeout) as sock:
                 if parts.scheme == "https":
                     ssl.create_default_context().wrap_socket(sock, server_hostname=host).close()
         except (OSError, ssl.SSLError) as exc:
             raise self.config_error("url", f"cannot reach {host}:{port}: {exc}") from exc
         return Opened(None)
-
-    def acknowledge(self, request: Acknowledge) -> Acknowledged:
-        return Acknowledged()
-
-    def load(self, requests: Sequence[Load]) -> list[Loaded]:
-        return []  # never called: no view binding
-
-    def flush(self, request: Flush) -> Flushed:
-        return Flushed()
-
-    def store(self, requests: Sequence[Store]) -> None:
-        raise DriverError("the webhook driver pushes through its Sink; store() is not called")
 
     def start_commit(self, request: StartCommit) -> StartedCommit:
         return StartedCommit(b"")  # pushed already (at-least-once): nothing to reference

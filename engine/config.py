@@ -1,9 +1,9 @@
 """The pipeline file, typed at the edge (DESIGN.md §5).
 
 The YAML is validated into frozen pydantic models with `extra="forbid"`; every
-problem is reported with the path of the setting (`view.columns.total`). Kafka
-client settings stay a dotted-key dict: they are passed through to librdkafka
-and to Spark's Kafka source as they are.
+problem is reported with the path of the setting (`view.columns.total`). The
+`kafka:` block is a `KafkaConnection` (refold.kafka.connection): librdkafka's dotted
+keys as written, secrets hidden, rendered for a client only where one is built.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ from pydantic import (
 )
 
 from refold import environment
+from refold.connectors.settings import MaterializeSettings, check_distinct, describe_problem
 from refold.errors import ConfigError
+from refold.kafka.connection import KafkaConnection
 
 AGGREGATIONS = ("sum", "count", "avg", "min", "max", "first", "last", "last_write_wins", "set")
 INVERTIBLE = frozenset({"sum", "count", "avg"})
@@ -157,12 +159,14 @@ class DeltaOutput(_AvroOutput):
 class Outputs(_Model):
     view: ViewOutput | None = None
     delta: DeltaOutput | None = None
-    materialize: list[dict[str, Any]] = []
+    # each entry validated by its driver's settings model (refold.connectors.settings)
+    materialize: list[MaterializeSettings] = []
 
     @model_validator(mode="after")
     def _some(self) -> Outputs:
         if self.view is None and self.delta is None and not self.materialize:
             raise ValueError("outputs: name at least one of view, delta")
+        check_distinct(self.materialize)
         return self
 
 
@@ -197,8 +201,10 @@ class SparkSpec(_Model):
 
 
 class Pipeline(_Model):
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)  # secrets
+
     pipeline: str
-    kafka: dict[str, Any] = {}
+    kafka: KafkaConnection = KafkaConnection()
     source: SourceSpec
     view: ViewSpec
     outputs: Outputs
@@ -229,6 +235,9 @@ class Pipeline(_Model):
     def _cross(self) -> Pipeline:
         if self.view.is_top_n and self.outputs.delta is not None:
             raise ValueError("outputs.delta: delta updates are defined for grouped views, not top_n")
+        for i, entry in enumerate(self.outputs.materialize):
+            if self.view.is_top_n and entry.delta is not None:
+                raise ValueError(f"outputs.materialize[{i}].delta: delta updates are defined for grouped views, not top_n")
         if self.source.format == "avro" and not self.source.schema_path and self.schema_registry is None:
             raise ValueError("source: format avro needs schema: path/to/schema.avsc (or a schema_registry)")
         return self
@@ -255,12 +264,15 @@ class Pipeline(_Model):
         return parse_duration(self.trigger)
 
     def kafka_settings(self, bootstrap_override: str | None = None) -> dict[str, Any]:
-        """librdkafka settings: the pipeline's `kafka:` block, bootstrap resolved."""
-        settings = dict(self.kafka)
-        bootstrap = bootstrap_override or environment.bootstrap_servers()
-        if bootstrap:
-            settings["bootstrap.servers"] = bootstrap
-        settings.setdefault("bootstrap.servers", DEFAULT_BOOTSTRAP)
+        """librdkafka settings: the pipeline's `kafka:` block rendered, its bootstrap servers
+        the override's, else $REFOLD_BOOTSTRAP_SERVERS, else the block's, else the local broker."""
+        settings = self.kafka.librdkafka()
+        settings["bootstrap.servers"] = (
+            bootstrap_override
+            or environment.bootstrap_servers()
+            or self.kafka.bootstrap_servers
+            or DEFAULT_BOOTSTRAP
+        )
         return settings
 
 
@@ -300,7 +312,11 @@ def parse_pipeline(data: Any, where: str = "pipeline") -> Pipeline:
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
-            location = ".".join(str(part) for part in error["loc"]) or "(top level)"
+            loc = error["loc"]
+            if loc[:2] == ("outputs", "materialize") and len(loc) > 2:  # one entry: as its driver says
+                problems.append(describe_problem(loc[3:], error, f"outputs.materialize[{loc[2]}]"))
+                continue
+            location = ".".join(str(part) for part in loc) or "(top level)"
             message = error["msg"]
             if error["type"] == "extra_forbidden":
                 message = "unknown setting"

@@ -10,9 +10,9 @@ The broker is, in this order:
 
 No broker is a failure, never a skip. The whole session runs with `REFOLD_HOME`
 set to a temporary folder (the jar cache stays shared through `REFOLD_JARS`), so
-tests never write into the checkout's `.refold/`. Tests marked `kafka` or
-`spark` are integration tests: `-m integration` selects them, `-m "not
-integration"` the unit tests.
+tests never write into the checkout's `.refold/`. Tests marked `kafka`, `spark`
+or `postgres` (PostgreSQL: `pg_fixtures.py`) are integration tests: `-m
+integration` selects them, `-m "not integration"` the unit tests.
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ from confluent_kafka.admin import AdminClient, NewTopic
 # pytest puts this folder on sys.path (rootdir conftest, prepend import mode).
 pytest_plugins = ["pg_fixtures"]
 
-INTEGRATION_MARKERS = ("kafka", "spark")
+INTEGRATION_MARKERS = ("kafka", "spark", "postgres")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "integration: needs a real broker or Spark (added to every kafka/spark test)"
+        "markers", "integration: needs a real broker, Spark or PostgreSQL (added to every kafka/spark/postgres test)"
     )
 
 

@@ -2,99 +2,53 @@
 
 The same test functions, parametrized by driver (`driver_case`), drive each driver
 through the real runtime (`refold.connectors.runtime`) the way the batch processor
-does: a real reducer makes each batch's view changes and deltas, a small stand-in
-for Kafka keeps the last committed checkpoint and state, and a crash is the
-runtime and driver objects dropped at a chosen step, then a fresh instance opened
-from the last committed checkpoint. Every message a driver sees is recorded and
-checked against the protocol's ordering rules; the final store contents are
-checked against the reference reducer (`refold.reference`).
+does, with the shipped test doubles (`refold.connectors.testing`): a real reducer
+makes each batch's view changes and deltas, a small stand-in for Kafka keeps the
+last committed checkpoint and state, and a crash is the runtime and driver objects
+dropped at a chosen step, then a fresh instance opened from the last committed
+checkpoint. Every message a driver sees is recorded and checked against the
+protocol's ordering rules; the final store contents are checked against the
+reference reducer (`refold.reference`).
+
+The PostgreSQL cases are marked `postgres` (`pg_fixtures.POSTGRES_MARKS`): skipped
+where no server can be had, but never in CI.
 """
 
 from __future__ import annotations
 
-import contextlib
-import http.server
-import json
-import random
 import sqlite3
-import threading
+import subprocess
+import sys
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
+from pg_fixtures import POSTGRES_MARKS
 
-from refold.config import Pipeline, parse_pipeline
+from refold.config import Pipeline, load_pipeline, parse_pipeline
 from refold.connectors import protocol as p
 from refold.connectors.parquet import STAGING, read_parquet_deltas, read_parquet_view
-from refold.connectors.runtime import Materializations, ThreadExecutor
-from refold.connectors.sqlite import read_sqlite_view
-from refold.dev.testing import Workload, generate
-from refold.errors import ConfigError
+from refold.connectors.sqlite import read_sqlite_deltas, read_sqlite_view
+from refold.connectors.testing import Harness, WebhookReceiver, batches_of, changelog, serve_webhook
+from refold.errors import ConfigError, OperationalError
 from refold.model.changelog import Op
-from refold.recovery.records import Checkpoint
-from refold.reduce import Rejected, SourceEvent, make_reducer
-from refold.reference import fold_deltas, merge_partitions, reference_changelog
+from refold.reduce import SourceEvent, make_reducer
+from refold.reference import fold_deltas, reference_changelog
 
-HAS_POSTGRES = (Path(__file__).resolve().parent.parent / "connectors" / "postgres.py").exists()
-VIEW_DRIVERS = ["sqlite", "parquet", *(["postgres"] if HAS_POSTGRES else [])]
-DELTA_DRIVERS = ["sqlite", "parquet", "webhook", *(["postgres"] if HAS_POSTGRES else [])]
-ALL_DRIVERS = DELTA_DRIVERS
+POSTGRES = pytest.param("postgres", marks=POSTGRES_MARKS)
+VIEW_DRIVERS = ["sqlite", "parquet", POSTGRES]
+ALL_DRIVERS = ["sqlite", "parquet", "webhook", POSTGRES]
+FENCED_DRIVERS = ["sqlite", POSTGRES]  # remote store authoritative: a nonce fences zombies
 COLUMNS = {"total": {"sum": "score"}, "best": {"max": "score"}, "n": {"count": "*"}, "latest": {"last": "score"}}
 CRASH_STEPS = ["after_stores", "after_start_commit", "after_kafka_commit", "after_acknowledge"]
 
 
-# The webhook receiver ---------------------------------------------------------------------
-
-
-@dataclass
-class Receiver:
-    """A real HTTP server on 127.0.0.1 that records every POST."""
-
-    url: str = ""
-    posts: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (Idempotency-Key, body)
-    fail_next: int = 0  # answer 503 to this many requests first
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def rows(self) -> list[dict[str, Any]]:
-        """Delta rows, each idempotency key once (as a receiver that remembers keys)."""
-        seen: dict[str, dict[str, Any]] = {}
-        for key, body in self.posts:
-            seen.setdefault(key, body)
-        return [row for body in seen.values() for row in body["rows"]]
-
-
 @pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    state = Receiver()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            with state.lock:
-                fail = state.fail_next > 0
-                if fail:
-                    state.fail_next -= 1
-                else:
-                    state.posts.append((self.headers["Idempotency-Key"], json.loads(body)))
-            self.send_response(503 if fail else 200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    state.url = f"http://127.0.0.1:{server.server_address[1]}/hook"
-    try:
-        yield state
-    finally:
-        server.shutdown()
-        server.server_close()
+def receiver() -> Iterator[WebhookReceiver]:
+    with serve_webhook() as hook:
+        yield hook
 
 
 # Driver cases -------------------------------------------------------------------------------
@@ -114,22 +68,14 @@ class DriverCase:
         return self.read_view is not None
 
 
-def _sqlite_deltas(path: Path, table: str) -> list[dict[str, Any]]:
-    db = sqlite3.connect(path)
-    try:
-        return [orjson.loads(doc) for (doc,) in db.execute(f'SELECT _doc FROM "{table}" ORDER BY rowid')]
-    finally:
-        db.close()
-
-
-@pytest.fixture(params=ALL_DRIVERS)
-def driver_case(request: pytest.FixtureRequest, tmp_path: Path) -> DriverCase:
+def _new_case(request: pytest.FixtureRequest, tmp_path: Path) -> DriverCase:
     return _case(request.param, request, tmp_path)
 
 
-@pytest.fixture(params=VIEW_DRIVERS)
-def view_case(request: pytest.FixtureRequest, tmp_path: Path) -> DriverCase:
-    return _case(request.param, request, tmp_path)
+# A DriverCase per driver: every driver, those with a view binding, those with a fence.
+driver_case = pytest.fixture(name="driver_case", params=ALL_DRIVERS)(_new_case)
+view_case = pytest.fixture(name="view_case", params=VIEW_DRIVERS)(_new_case)
+fenced_case = pytest.fixture(name="fenced_case", params=FENCED_DRIVERS)(_new_case)
 
 
 def _case(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> DriverCase:
@@ -139,7 +85,7 @@ def _case(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> DriverCa
             name,
             {"driver": "sqlite", "path": str(db), "view": "scores", "delta": "scores_delta"},
             lambda: read_sqlite_view(db, "scores"),
-            lambda: _sqlite_deltas(db, "scores_delta"),
+            lambda: read_sqlite_deltas(db, "scores_delta"),
         )
     if name == "parquet":
         root = tmp_path / "lake"
@@ -151,7 +97,7 @@ def _case(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> DriverCa
             lambda: read_parquet_deltas(root, "scores_delta"),
         )
     if name == "webhook":
-        hook: Receiver = request.getfixturevalue("receiver")
+        hook: WebhookReceiver = request.getfixturevalue("receiver")
         return DriverCase(
             name,
             {"driver": "webhook", "url": hook.url, "delta": "scores_delta", "backoff": 0.01},
@@ -171,80 +117,7 @@ def _case(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> DriverCa
     raise AssertionError(name)
 
 
-# Recording --------------------------------------------------------------------------------------
-
-
-class Recording(p.Driver):
-    """Wraps a driver; records every message it sees and answers, in order."""
-
-    def __init__(self, inner: p.Driver, log: list[tuple[Any, ...]], *, ack_waits_for_load: bool = False) -> None:
-        super().__init__(inner.settings, inner.where)
-        self.inner = inner
-        self.log = log
-        self.pattern = inner.pattern  # type: ignore[misc]
-        self.ack_waits_for_load = ack_waits_for_load
-        self.loading = threading.Event()
-
-    def sink(self) -> p.Sink | None:
-        return self.inner.sink()
-
-    def open(self, request: p.Open) -> p.Opened:
-        self.log.append(("Open", request.driver_checkpoint))
-        opened = self.inner.open(request)
-        self.log.append(("Opened", opened.runtime_checkpoint))
-        return opened
-
-    def acknowledge(self, request: p.Acknowledge) -> p.Acknowledged:
-        self.log.append(("Acknowledge", request.batch))
-        if self.ack_waits_for_load and request.batch > 0:
-            # Flow's runtime does not wait for Acknowledged before Load: prove it.
-            self.loading.wait(5.0)
-            self.loading.clear()
-        answer = self.inner.acknowledge(request)
-        self.log.append(("Acknowledged",))
-        return answer
-
-    def load(self, requests: Sequence[p.Load]) -> list[p.Loaded]:
-        self.log += [("Load", r.binding, r.key) for r in requests]
-        self.loading.set()
-        answers = self.inner.load(requests)
-        self.log += [("Loaded", a.binding, a.key) for a in answers]
-        return answers
-
-    def flush(self, request: p.Flush) -> p.Flushed:
-        self.log.append(("Flush",))
-        answer = self.inner.flush(request)
-        self.log.append(("Flushed",))
-        return answer
-
-    def store(self, requests: Sequence[p.Store]) -> None:
-        self.log += [("Store", r.binding, r.key, r.exists, r.delete) for r in requests]
-        self.inner.store(requests)
-
-    def start_commit(self, request: p.StartCommit) -> p.StartedCommit:
-        self.log.append(("StartCommit", request.runtime_checkpoint.batch, request.full_refresh))
-        answer = self.inner.start_commit(request)
-        self.log.append(("StartedCommit",))
-        return answer
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-class RecordingExecutor(ThreadExecutor):
-    """Records the Stores a Sink's writers get (they bypass `Driver.store`)."""
-
-    def __init__(self, log: list[tuple[Any, ...]]) -> None:
-        super().__init__(threads=3)
-        self.log = log
-
-    def prepare(self, writer: p.SinkWriter, txn: p.TxnInfo, parts: Any) -> list[p.CommitInfo]:
-        for _part, stores in parts:
-            self.log += [("Store", s.binding, s.key, s.exists, s.delete) for s in stores]
-        return super().prepare(writer, txn, parts)
-
-
-# The harness: the batch processor's calls, with Kafka as two variables ----------------------------
+# Pipelines and expectations ---------------------------------------------------------------------
 
 
 def make_pipeline(settings: dict[str, Any], view: dict[str, Any] | None = None) -> Pipeline:
@@ -256,94 +129,6 @@ def make_pipeline(settings: dict[str, Any], view: dict[str, Any] | None = None) 
             "outputs": {"materialize": [settings]},
         }
     )
-
-
-class Harness:
-    def __init__(self, pipeline: Pipeline, *, ack_waits_for_load: bool = False, kafka: Harness | None = None) -> None:
-        """`kafka`: start from another instance's committed checkpoint and state."""
-        self.pipeline = pipeline
-        self.ack_waits_for_load = ack_waits_for_load
-        self.log: list[tuple[Any, ...]] = []
-        self.committed = Checkpoint(pipeline.pipeline, pipeline.writer, 0, "scores", {}, {}, 0, 0, 0, 0, {})
-        self.state: dict[bytes, bytes] = {}  # P.state, compacted
-        self.events = 0
-        if kafka is not None:
-            self.committed, self.state, self.events = kafka.committed, dict(kafka.state), kafka.events
-        self.start()
-
-    def start(self) -> None:
-        """A fresh instance: state from 'Kafka', every driver opened at the committed checkpoint."""
-        self.reducer = make_reducer(self.pipeline.view)
-        self.reducer.restore(self.state.items())
-        drivers = p.build_drivers(self.pipeline.outputs.materialize)
-        self.driver = Recording(drivers[0], self.log, ack_waits_for_load=self.ack_waits_for_load)
-        self.runtime = Materializations(self.pipeline, [self.driver], RecordingExecutor(self.log), retry_seconds=0.01)
-        self.runtime.open(self.committed)
-
-    def batch(self, units: Sequence[Sequence[SourceEvent]], crash: str | None = None) -> None:
-        changes = []
-        for unit in units:
-            with contextlib.suppress(Rejected):  # a refused unit changes nothing
-                changes += self.reducer.apply(unit)
-        deltas = self.reducer.take_deltas()
-        state = self.reducer.take_state_changes()
-        events = self.events + sum(len(u) for u in units)
-        checkpoint = replace(self.committed, batch=self.committed.batch + 1, offsets={0: events})
-        self.log.append(("-- batch", checkpoint.batch))
-        driver_checkpoints = self.runtime.commit(checkpoint, changes, deltas, self.reducer.view)
-        if crash == "after_start_commit":
-            return self.crash()
-        checkpoint = replace(checkpoint, driver_checkpoints=driver_checkpoints)
-        self.committed, self.events = checkpoint, events  # the Kafka transaction
-        for key, value in state:
-            if value is None:
-                self.state.pop(key, None)
-            else:
-                self.state[key] = value
-        if crash == "after_kafka_commit":
-            return self.crash()
-        self.runtime.acknowledge(checkpoint.batch)
-        if crash == "after_acknowledge":
-            self.runtime.close()  # lets Acknowledged land, then the process is gone
-            return self.crash()
-        return None
-
-    def crash(self) -> None:
-        """The process dies: the objects are dropped (never closed); a new instance starts."""
-        self.log.append(("-- crash",))
-        self.start()
-
-    def close(self) -> None:
-        self.runtime.close()
-
-    def transactions(self) -> list[list[tuple[Any, ...]]]:
-        """The log cut at each batch marker (the first part: Open and the recovery Acknowledge)."""
-        out: list[list[tuple[Any, ...]]] = [[]]
-        for entry in self.log:
-            if entry[0] == "-- batch":
-                out.append([])
-            out[-1].append(entry)
-        return out
-
-
-def changelog(events: int = 2000, keys: int = 150, seed: int = 11) -> list[list[SourceEvent]]:
-    rows = list(generate(Workload(events=events, keys=keys, seed=seed)))
-    source = [
-        SourceEvent(Op.parse(r["op"]), {k: v for k, v in r.items() if k not in ("op", "event_time")},
-                    (r["event_time"], 0, offset))
-        for offset, r in enumerate(rows)
-    ]
-    return merge_partitions({0: source})
-
-
-def batches_of(units: list[list[SourceEvent]], seed: int = 5) -> list[list[list[SourceEvent]]]:
-    rng = random.Random(seed)
-    out, at = [], 0
-    while at < len(units):
-        size = rng.choice([1, 7, 40, 150, 400])
-        out.append(units[at : at + size])
-        at += size
-    return out
 
 
 def expected(pipeline: Pipeline, units: list[list[SourceEvent]]) -> dict[tuple[Any, ...], dict[str, Any]]:
@@ -495,20 +280,19 @@ def _dies(request: p.StartCommit) -> p.StartedCommit:
     raise _Crash
 
 
-def test_a_zombie_cannot_commit(tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    for name in [n for n in VIEW_DRIVERS if n != "parquet"]:  # remote-authoritative drivers
-        case = _case(name, request, tmp_path)
-        pipeline = make_pipeline(case.settings)
-        old = Harness(pipeline)
-        units = changelog(300, 30)
-        old.batch(units[:100])
-        new = Harness(pipeline, kafka=old)  # a second instance opens: the nonce moves
-        with pytest.raises(p.DriverFencedError):
-            old.batch(units[100:200])
-        new.batch(units[100:])
-        new.close()
-        assert case.read_view is not None
-        assert case.read_view() == expected(pipeline, units), name
+def test_a_zombie_cannot_commit(fenced_case: DriverCase) -> None:
+    case = fenced_case
+    pipeline = make_pipeline(case.settings)
+    old = Harness(pipeline)
+    units = changelog(300, 30)
+    old.batch(units[:100])
+    new = Harness(pipeline, kafka=old)  # a second instance opens: the nonce moves
+    with pytest.raises(p.DriverFencedError):
+        old.batch(units[100:200])
+    new.batch(units[100:])
+    new.close()
+    assert case.read_view is not None
+    assert case.read_view() == expected(pipeline, units), case.name
 
 
 def test_parquet_staging_is_never_applied_twice(tmp_path: Path, request: pytest.FixtureRequest) -> None:
@@ -602,7 +386,7 @@ def test_bad_settings_fail_at_open(tmp_path: Path) -> None:
         Harness(make_pipeline({"driver": "webhook", "url": "http://127.0.0.1:9/", "view": "v"}))
 
 
-def test_webhook_retries_and_the_idempotency_key(receiver: Receiver) -> None:
+def test_webhook_retries_and_the_idempotency_key(receiver: WebhookReceiver) -> None:
     case_settings = {"driver": "webhook", "url": receiver.url, "delta": "d", "backoff": 0.01, "parallelism": 2}
     pipeline = make_pipeline(case_settings)
     harness = Harness(pipeline)
@@ -619,3 +403,95 @@ def test_webhook_retries_and_the_idempotency_key(receiver: Receiver) -> None:
     with pytest.raises(p.DriverError, match="failed to commit"):
         harness.batch(units[:10])
     harness.close()
+
+
+# Settings at load time, store failures, the SQLite layout ---------------------------------------
+
+
+def test_a_bad_entry_fails_when_the_pipeline_is_read(tmp_path: Path) -> None:
+    """Each entry is validated by its driver's settings model in `load_pipeline`: before
+    any topic, connection or Spark session exists (nothing is created)."""
+    database = tmp_path / "views.db"
+    path = tmp_path / "pipeline.yaml"
+    entries = [
+        f"{{driver: sqlite, path: {database}, view: scores}}",
+        f"{{driver: parquet, pathh: {tmp_path}}}",
+        "{driver: oracle}",
+        "{driver: webhook, url: 'ftp://x', delta: d}",
+    ]
+    path.write_text(
+        "pipeline: p\nsource: {topic: t}\nview: {key: [k], columns: {n: {count: '*'}}}\n"
+        "outputs:\n  materialize:\n" + "".join(f"    - {entry}\n" for entry in entries)
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline(path)
+    assert caught.value.where == str(path)
+    message = str(caught.value)
+    assert "outputs.materialize[1].pathh: unknown setting" in message
+    assert "outputs.materialize[1].path: missing setting" in message
+    assert "outputs.materialize[2].driver: unknown driver 'oracle'" in message
+    assert "outputs.materialize[3].url: " in message and "write http(s)://" in message
+    assert "materialize[0]" not in message
+    assert not database.exists()
+    top_n = {"top_n": {"n": 3, "order_by": {"score": "desc"}}}
+    with pytest.raises(ConfigError, match=r"outputs\.materialize\[0\]\.delta: delta updates are defined for grouped"):
+        make_pipeline({"driver": "sqlite", "path": str(database), "delta": "d"}, top_n)
+    with pytest.raises(ConfigError, match=r"materialize\[1\]: another materialization is named 'sqlite'"):
+        parse_pipeline({"pipeline": "p", "source": {"topic": "t"}, "view": {"key": ["k"], "columns": COLUMNS},
+                        "outputs": {"materialize": [{"driver": "sqlite", "path": "a"}, {"driver": "sqlite", "path": "b"}]}})
+    pipeline = make_pipeline({"driver": "postgres", "dsn": "postgresql://u:secret@h/db", "schema": "views"})
+    (entry,) = pipeline.outputs.materialize
+    assert entry.driver == "postgres" and entry.materialization == "postgres"
+    assert "secret" not in repr(pipeline)
+
+
+def test_reading_a_pipeline_imports_no_driver() -> None:
+    """The settings models are light: `refold.config` loads no driver and no store client."""
+    code = "import sys, refold.config; print(sorted(m for m in sys.modules if m.split('.')[0] in " \
+           "('psycopg', 'pyarrow', 'sqlite3') or m.startswith('refold.connectors.')))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "['refold.connectors.settings']"
+
+
+def test_a_store_failure_is_an_operational_error(tmp_path: Path) -> None:
+    """A store that refuses (here: SQLite's write lock held by someone else) fails the
+    batch with DriverError, an OperationalError chained to the store's error."""
+    database = tmp_path / "view.db"
+    pipeline = make_pipeline({"driver": "sqlite", "path": str(database), "view": "scores", "timeout": 0.1})
+    harness = Harness(pipeline)
+    units = changelog(100, 10)
+    harness.batch(units[:50])
+    other = sqlite3.connect(database, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # holds the write lock
+    try:
+        with pytest.raises(p.DriverError) as caught:
+            harness.batch(units[50:])
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert isinstance(caught.value, OperationalError) and caught.value.materialization == "sqlite"
+    assert isinstance(caught.value.__cause__, sqlite3.OperationalError)
+    assert "materialization 'sqlite': batch 2 failed" in str(caught.value)
+    harness.close()
+
+
+def test_sqlite_checkpoints_of_the_earlier_layout_are_migrated(tmp_path: Path) -> None:
+    """`_refold_checkpoints` keyed by materialization alone becomes the fence's table keyed by
+    (pipeline, writer, materialization); the stored checkpoint and the nonce carry over."""
+    database = tmp_path / "view.db"
+    held = p.RuntimeCheckpoint("conf", "0", 3, {0: 30})
+    db = sqlite3.connect(database, isolation_level=None)
+    db.execute("CREATE TABLE _refold_checkpoints (materialization TEXT PRIMARY KEY, "
+               "nonce INTEGER NOT NULL, runtime_checkpoint BLOB)")
+    db.execute("INSERT INTO _refold_checkpoints VALUES ('sqlite', 7, ?), ('other', 2, NULL)", (held.encode(),))
+    db.close()
+    driver = p.build_driver({"driver": "sqlite", "path": str(database), "view": "scores"})
+    binding = p.Binding("view", "view", "scores", ("player_name",), ("total",))
+    opened = driver.open(p.Open("sqlite", "conf", "0", (binding,), None))
+    assert opened.runtime_checkpoint == held
+    driver.close()
+    db = sqlite3.connect(database)
+    rows = db.execute("SELECT pipeline, writer, materialization, nonce, checkpoint FROM _refold_checkpoints "
+                      "ORDER BY materialization").fetchall()
+    db.close()
+    assert rows == [("conf", "0", "other", 2, None), ("conf", "0", "sqlite", 8, held.encode())]

@@ -18,13 +18,13 @@ from refold.config import load_pipeline
 from refold.connectors.parquet import read_parquet_deltas, read_parquet_view
 from refold.connectors.postgres import read_deltas as read_postgres_deltas
 from refold.connectors.postgres import read_view as read_postgres_view
-from refold.connectors.sqlite import read_sqlite_view
+from refold.connectors.sqlite import read_sqlite_deltas, read_sqlite_view
 from refold.dev.testing import Workload, generate
 from refold.ops.verify import read_source, verify
 from refold.recovery.restore import load_checkpoint
 from refold.reference import fold_deltas, merge_partitions, reference_changelog
 
-pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.postgres]
 
 
 def test_kill_9_between_start_commit_and_kafka_commit(
@@ -62,7 +62,7 @@ def test_kill_9_between_start_commit_and_kafka_commit(
     assert code == -9, err[-3000:]
     pipeline = load_pipeline(path)
     settings = {"bootstrap.servers": bootstrap_servers}
-    held = sqlite3.connect(database).execute("SELECT runtime_checkpoint FROM _refold_checkpoints").fetchall()
+    held = sqlite3.connect(database).execute("SELECT checkpoint FROM _refold_checkpoints").fetchall()
     assert b'"batch":3' in held[0][0]  # the store is ahead of Kafka (batch 2)
     code, err = finish(start_engine(path))
     assert code == 0, err[-3000:]
@@ -77,7 +77,7 @@ def test_kill_9_between_start_commit_and_kafka_commit(
     assert read_sqlite_view(database, "scores") == expected
     assert read_parquet_view(lake, "scores") == expected
     assert read_postgres_view(postgres_dsn, "scores") == expected
-    sqlite_deltas = [orjson.loads(d) for (d,) in sqlite3.connect(database).execute("SELECT _doc FROM scores_delta")]
+    sqlite_deltas = read_sqlite_deltas(database, "scores_delta")
     assert fold_deltas(pipeline.view, sqlite_deltas) == expected  # nothing twice, nothing missing
     assert fold_deltas(pipeline.view, read_parquet_deltas(lake, "scores_delta")) == expected
     assert fold_deltas(pipeline.view, read_postgres_deltas(postgres_dsn, "scores_delta")) == expected

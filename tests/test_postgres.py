@@ -4,6 +4,7 @@ Transactions are driven as the runtime drives them: Load, Flush, then the Stores
 prepared by the driver's `PostgresWriter`s on threads (pickled, as Spark ships them)
 and committed by its aggregated committer, then StartCommit; or, without the sink,
 `store` and StartCommit. The protocol-wide checks are in test_conformance.py.
+Marked `postgres`: the `pg_server` fixture skips without a server, except in CI.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from refold.connectors.protocol import (
 )
 from refold.connectors.runtime import ThreadExecutor
 from refold.errors import ConfigError
+
+pytestmark = pytest.mark.postgres
 
 VIEW = Binding("view", "view", "scores", ("player",), ("total",))
 DELTA = Binding("delta", "delta", "scores_delta", ("player",), ("_count", "total"))
@@ -256,4 +259,4 @@ def test_settings_are_checked() -> None:
         build_driver({"driver": "postgres", "dsn": "postgresql:///x", "schema": "a; DROP"})
     driver = build_driver({"driver": "postgres", "dsn": "postgresql:///x", "schema": "views", "batch_size": 10})
     assert isinstance(driver, PostgresDriver)
-    assert (driver.config.schema_, driver.config.batch_size, driver.pattern) == ("views", 10, "remote_authoritative")
+    assert (driver.settings.schema_, driver.settings.batch_size, driver.pattern) == ("views", 10, "remote_authoritative")

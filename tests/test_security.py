@@ -36,13 +36,13 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
+from refold.cli.main import main as refold_main
 from refold.cli.produce import produce
 from refold.config import load_pipeline, parse_pipeline
 from refold.dev import localkafka, tlsgen
 from refold.errors import ConfigError, PrerequisiteError, UserError
-from refold.kafka.clientconf import client_settings, load_properties
+from refold.kafka.connection import KafkaConnection, client_settings, load_properties
 from refold.kafka.io import partitions_of
-from refold.kafka.java import java_client_settings
 from refold.ops.verify import verify
 from refold.recovery.restore import load_checkpoint
 from refold.runtime.processor import BatchProcessor
@@ -52,24 +52,70 @@ MARK = "Zq9payload"  # in every record's key and value: must never reach a log
 FAIL_FAST_SECONDS = 30
 
 
-# The translation to Java's client (no broker) -------------------------------------------------
+# The connection model and its translation to Java's client (no broker) --------------------------
+
+SECRETS = {
+    "sasl.password": "Sx1-sasl",
+    "ssl.key.password": "Sx2-key",
+    "ssl.keystore.password": "Sx3-store",
+    "sasl.oauthbearer.client.secret": "Sx4-oauth",
+    "ssl.key.pem": "Sx5-pem",
+    "my.plugin.secret.token": "Sx6-other",
+}
+SCRAM = {
+    "bootstrap.servers": "h:1",
+    "security.protocol": "sasl_ssl",
+    "sasl.mechanisms": "SCRAM-SHA-512",
+    "sasl.username": "engine",
+    "sasl.password": 'pa"ss\\word',
+    "ssl.endpoint.identification.algorithm": "none",
+    "linger.ms": 5,
+}
+SPEC = {"pipeline": "p", "source": {"topic": "s"}, "view": {"key": ["k"], "columns": {"n": {"count": "*"}}},
+        "outputs": {"view": {"topic": "p.view"}}}  # fmt: skip
+
+
+def test_secrets_never_show_in_repr_str_dump_or_errors() -> None:
+    connection = KafkaConnection.of({"sasl.username": "u", "sasl.mechanism": "PLAIN", **SECRETS})
+    shown = [repr(connection), str(connection), str(connection.model_dump()), connection.model_dump_json()]
+    pipeline = parse_pipeline({**SPEC, "kafka": {**SECRETS}})
+    shown += [repr(pipeline), str(pipeline.model_dump()), pipeline.model_dump_json()]
+    for bad in ({"security.protocol": "nope"}, {"a.b": [1]}, {"sasl.password": ["Sx1-sasl"]},
+                {"ssl.key.password": {"k": "Sx2-key"}}, {"sasl.mechanism": "PLAIN", "sasl.mechanisms": "GSSAPI"}):  # fmt: skip
+        for parse in (KafkaConnection.of, lambda kafka: parse_pipeline({**SPEC, "kafka": kafka})):
+            with pytest.raises(ConfigError) as caught:
+                parse({**SECRETS, **bad})
+            shown += [str(caught.value), str(caught.value.__cause__)]
+    with pytest.raises(ConfigError) as caught:
+        KafkaConnection.of({"ssl.key.location": "/k.pem", **SECRETS}).java()
+    shown.append(str(caught.value))
+    with pytest.raises(ConfigError) as caught:  # an error elsewhere in the file, the kafka block in its input
+        parse_pipeline({**SPEC, "source": {"topic": "s", "format": "avro"}, "kafka": {**SECRETS}})
+    shown += [str(caught.value), str(caught.value.__cause__)]
+    for text in shown:
+        assert not any(secret in text for secret in SECRETS.values()), text
+    assert connection.librdkafka() == {"sasl.username": "u", "sasl.mechanism": "PLAIN", **SECRETS}
+
+
+def test_librdkafka_rendering_passes_the_settings_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    secured = {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "app",
+               "sasl.password": "pw", "ssl.ca.location": "/tls/ca.pem"}  # fmt: skip
+    for settings in (SCRAM, secured, {**secured, "enable.idempotence": True, "ssl.key.password": "x"}):
+        assert KafkaConnection.of(settings).librdkafka() == settings
+    pipeline = parse_pipeline({**SPEC, "kafka": secured})
+    monkeypatch.delenv("REFOLD_BOOTSTRAP_SERVERS", raising=False)
+    assert pipeline.kafka_settings() == {**secured, "bootstrap.servers": "127.0.0.1:9092"}
+    with_block = parse_pipeline({**SPEC, "kafka": {**secured, "bootstrap.servers": "b:1"}})
+    assert with_block.kafka_settings()["bootstrap.servers"] == "b:1"
+    monkeypatch.setenv("REFOLD_BOOTSTRAP_SERVERS", "e:1")
+    assert with_block.kafka_settings()["bootstrap.servers"] == "e:1"
+    assert with_block.kafka_settings("o:1") == {**secured, "bootstrap.servers": "o:1"}
 
 
 def test_java_client_settings_translate_scram_over_tls(tmp_path: Path) -> None:
     ca = tmp_path / "ca.pem"
     ca.write_text("-----BEGIN CERTIFICATE-----\n")
-    java = java_client_settings(
-        {
-            "bootstrap.servers": "h:1",
-            "security.protocol": "sasl_ssl",
-            "sasl.mechanisms": "SCRAM-SHA-512",
-            "sasl.username": "engine",
-            "sasl.password": 'pa"ss\\word',
-            "ssl.ca.location": str(ca),
-            "ssl.endpoint.identification.algorithm": "none",
-            "linger.ms": 5,
-        }
-    )
+    java = KafkaConnection.of({**SCRAM, "ssl.ca.location": str(ca)}).java()
     assert java == {
         "security.protocol": "SASL_SSL",
         "sasl.mechanism": "SCRAM-SHA-512",
@@ -79,9 +125,14 @@ def test_java_client_settings_translate_scram_over_tls(tmp_path: Path) -> None:
         "ssl.truststore.location": str(ca),
         "ssl.endpoint.identification.algorithm": "",
     }
-    plain = java_client_settings({"sasl.mechanism": "PLAIN", "sasl.username": "u", "sasl.password": "p"})
+    plain = KafkaConnection.of({"sasl.mechanism": "PLAIN", "sasl.username": "u", "sasl.password": "p"}).java()
     assert plain["sasl.jaas.config"].startswith("org.apache.kafka.common.security.plain.PlainLoginModule")
-    assert java_client_settings({"bootstrap.servers": "h:1"}) == {}
+    assert KafkaConnection.of({"bootstrap.servers": "h:1"}).java() == {}
+    keystore = {"ssl.keystore.location": "/ks.p12", "ssl.keystore.password": "kp", "ssl.ca.pem": "PEM"}
+    assert KafkaConnection.of(keystore).java() == {
+        "ssl.keystore.type": "PKCS12", "ssl.keystore.location": "/ks.p12", "ssl.keystore.password": "kp",
+        "ssl.truststore.type": "PEM", "ssl.truststore.certificates": "PEM",
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -90,15 +141,16 @@ def test_java_client_settings_translate_scram_over_tls(tmp_path: Path) -> None:
         ({"ssl.key.location": "/k.pem"}, "kafka.ssl.key.location"),
         ({"sasl.mechanism": "OAUTHBEARER", "sasl.username": "u"}, "kafka.sasl.mechanism"),
         ({"sasl.oauthbearer.config": "x"}, "kafka.sasl.oauthbearer.config"),
+        ({"ssl.ca.location": "/"}, "kafka.ssl.ca.location"),
     ],
 )
 def test_java_client_settings_refuse_what_they_cannot_translate(settings: dict[str, Any], where: str) -> None:
     with pytest.raises(ConfigError) as caught:
-        java_client_settings(settings)
+        KafkaConnection.of(settings).java()
     assert caught.value.where == where
 
 
-def test_cli_client_settings_file_then_overrides(tmp_path: Path) -> None:
+def test_cli_client_settings_file_then_overrides(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "client.properties"
     path.write_text("# secured\nsecurity.protocol=SASL_SSL\nsasl.password = a=b:c\n\nbootstrap.servers: h:9093\n")
     assert load_properties(path) == {
@@ -110,6 +162,18 @@ def test_cli_client_settings_file_then_overrides(tmp_path: Path) -> None:
     assert merged["security.protocol"] == "SSL" and merged["sasl.username"] == "app"
     with pytest.raises(ConfigError):
         client_settings(None, ["no-equals-sign"])
+    path.write_text("security.protocol=SSL\n# a comment\nno separator here\n")
+    with pytest.raises(ConfigError) as caught:
+        load_properties(path)
+    assert caught.value.where == f"{path}:3"
+    base = KafkaConnection.of({"sasl.mechanism": "PLAIN", "sasl.password": "old"})
+    over = base.merged({"sasl.mechanisms": "SCRAM-SHA-256", "sasl.password": "new"})
+    assert over.librdkafka() == {"sasl.mechanisms": "SCRAM-SHA-256", "sasl.password": "new"}
+    path.write_text("sasl.mechanism=PLAIN\n")
+    assert client_settings(str(path), ["sasl.mechanisms=SCRAM-SHA-256"]) == {"sasl.mechanisms": "SCRAM-SHA-256"}
+    assert refold_main(["-X", "security.protocol=bogus", "-X", "sasl.password=Sx9", "consume", "t"]) == 2
+    err = capsys.readouterr().err
+    assert "-X: security.protocol: write one of PLAINTEXT" in err and "Sx9" not in err
 
 
 # The secured broker ------------------------------------------------------------------------------

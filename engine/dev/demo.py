@@ -18,6 +18,7 @@ import yaml
 
 from refold.cli.produce import produce
 from refold.config import Pipeline, parse_pipeline
+from refold.connectors.settings import SQLiteSettings
 from refold.environment import home as project_home
 from refold.ops.verify import read_view_changes
 from refold.reference import fold_changelog
@@ -100,10 +101,10 @@ def main() -> int:
         print(_table([view[key] for key in sorted(view, key=repr)]))
     for pipeline in pipelines:
         for entry in pipeline.outputs.materialize:
-            if entry.get("driver") == "sqlite":
-                table = entry.get("view") or "view"
-                print(f"\n== {pipeline.pipeline}: materialized into SQLite {entry['path']}, table {table}")
-                print(_table(_sqlite_rows(entry["path"], table)))
+            if isinstance(entry, SQLiteSettings):
+                table = entry.view or "view"
+                print(f"\n== {pipeline.pipeline}: materialized into SQLite {entry.path}, table {table}")
+                print(_table(_sqlite_rows(str(entry.path), table)))
     print(
         "\nThe broker keeps running: `.venv/bin/refold consume <topic> --from-beginning --until-idle 2`"
         " to look around, `make kafka-stop` to stop it."
