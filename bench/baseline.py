@@ -13,7 +13,8 @@ import pyarrow as pa
 from refold.config import Pipeline
 from refold.recovery.records import Checkpoint
 from refold.reduce import make_reducer
-from refold.runtime.processor import BatchProcessor, _Outgoing
+from refold.runtime.batch import Outgoing as _Outgoing
+from refold.runtime.processor import BatchProcessor
 
 
 class SparkSinkProcessor(BatchProcessor):

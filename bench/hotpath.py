@@ -28,7 +28,9 @@ from bench.run import pipeline
 from refold.dev.testing import Workload, generate
 from refold.kafka.io import ensure_topics
 from refold.recovery.records import Checkpoint
-from refold.runtime.processor import BatchProcessor, InputRecord, _Outgoing
+from refold.runtime.batch import InputRecord
+from refold.runtime.batch import Outgoing as _Outgoing
+from refold.runtime.processor import BatchProcessor
 from refold.spark.job import engine_topics
 
 

@@ -16,7 +16,7 @@ HOME = "REFOLD_HOME"  # Refold's working folder (local servers, jars, demo data)
 JARS = "REFOLD_JARS"  # where resolved jar sets live
 PG_BINDIR = "REFOLD_PG_BINDIR"  # the PostgreSQL server binaries for `refold pg`
 TRANSACTION_TIMEOUT_MS = "REFOLD_TRANSACTION_TIMEOUT_MS"  # the engine producer's transaction.timeout.ms
-# Test hooks, read only where the hooks are built (refold.runtime.hooks): never set in production.
+# Test hooks: read by refold.spark.job, parsed by refold.runtime.hooks; never set in production.
 TEST_CRASH = "REFOLD_TEST_CRASH"
 TEST_STALL_IN_TXN_SECONDS = "REFOLD_TEST_STALL_IN_TXN_SECONDS"
 TEST_STALL_UNTIL = "REFOLD_TEST_STALL_UNTIL"

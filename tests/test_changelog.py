@@ -1,4 +1,4 @@
-"""The changelog model: op codes, events, keys, pairing, live rows, units."""
+"""The changelog model: op codes, events, keys, pairing."""
 
 from __future__ import annotations
 
@@ -7,12 +7,13 @@ import pytest
 from refold.model.changelog import (
     ChangelogEvent,
     Op,
+    Pairing,
     PairingValidator,
+    PairStep,
     canonical_row,
-    iter_pairs,
     key_of,
-    live_rows,
 )
+from refold.model.reasons import Reason
 
 A, R, CF, CT = Op.APPEND, Op.RETRACT, Op.CORRECT_FROM, Op.CORRECT_TO
 
@@ -118,41 +119,37 @@ def test_pairing_recovers_after_a_bad_event_and_after_finish() -> None:
     assert validator.feed(CT, ("c",)) == "+C without a preceding -C"
 
 
-def test_live_rows_counts_copies() -> None:
-    r1, r2 = {"k": "a", "v": 1}, {"v": 2, "k": "a"}
-    events = [
-        ChangelogEvent(A, r1),
-        ChangelogEvent(A, dict(r1)),
-        ChangelogEvent(A, r2),
-        ChangelogEvent(R, r1),
-        ChangelogEvent(CF, r2),
-        ChangelogEvent(CT, {"k": "a", "v": 3}),
-    ]
-    assert live_rows(events) == {canonical_row(r1): 1, canonical_row({"k": "a", "v": 3}): 1}
-    assert live_rows([]) == {}
-    assert live_rows([ChangelogEvent(A, r1), ChangelogEvent(R, r1)]) == {}
-
-
-@pytest.mark.parametrize("op", [R, CF])
-def test_live_rows_rejects_removing_a_row_that_is_not_live(op: Op) -> None:
-    with pytest.raises(ValueError, match=f"{op.code} of a row that is not live"):
-        live_rows([ChangelogEvent(A, {"v": 1}), ChangelogEvent(op, {"v": 1.0})])
-
-
 def test_canonical_row() -> None:
     assert canonical_row({"b": 1, "a": "x"}) == canonical_row({"a": "x", "b": 1}) == b'{"a":"x","b":1}'
     assert canonical_row({"a": 1}) != canonical_row({"a": 1.0})
     assert canonical_row({"a": None}) != canonical_row({})
 
 
-def test_iter_pairs_groups_units() -> None:
-    events = [
-        ChangelogEvent(A, {"k": 1}),
-        ChangelogEvent(CF, {"k": 1}),
-        ChangelogEvent(CT, {"k": 2}),
-        ChangelogEvent(R, {"k": 2}),
-    ]
-    assert [len(unit) for unit in iter_pairs(events)] == [1, 2, 1]
-    assert [u[0].op for u in iter_pairs(events)] == [A, CF, R]
-    # A trailing -C is a unit alone.
-    assert [len(unit) for unit in iter_pairs([ChangelogEvent(CF, {})])] == [1]
+def test_pairing_steps_hand_back_the_items() -> None:
+    pairing: Pairing[str] = Pairing()
+    assert pairing.feed(A, "k", "a1") == PairStep(("a1",), None, None)
+    assert pairing.feed(CF, "k", "cf1") == PairStep(None, None, None)  # held
+    assert pairing.feed(CT, "k", "ct1") == PairStep(("cf1", "ct1"), None, None)
+    # a -C whose next event is not its +C is unpaired; that event is judged on its own
+    assert pairing.feed(CF, "k", "cf2") == PairStep(None, None, None)
+    assert pairing.feed(R, "k", "r1") == PairStep(("r1",), "cf2", None)
+    pairing.feed(CF, "k", "cf3")
+    assert pairing.feed(CF, "k", "cf4") == PairStep(None, "cf3", None)
+    # a +C of another key: the -C unpaired, the +C an orphan
+    assert pairing.feed(CT, "other", "ct2") == PairStep(None, "cf4", "ct2")
+    assert pairing.feed(CT, "k", "ct3") == PairStep(None, None, "ct3")
+    # keys compare with ==: a Kafka message key may be None
+    pairing.feed(CF, None, "cf5")
+    assert pairing.feed(CT, None, "ct4") == PairStep(("cf5", "ct4"), None, None)
+    pairing.feed(CF, "k", "cf6")
+    assert pairing.release() == "cf6"  # held over, or unpaired at the end: the caller's call
+    assert pairing.release() is None
+    assert pairing.feed(A, "k", "a2").unit == ("a2",)
+
+
+def test_a_pair_step_names_its_problem() -> None:
+    assert PairStep(("x",), None, None).problem is None
+    assert PairStep(None, None, None).problem is None
+    assert PairStep(("x",), "cf", None).problem is Reason.UNPAIRED_CORRECT_FROM
+    assert PairStep(None, None, "ct").problem is Reason.ORPHAN_CORRECT_TO
+    assert PairStep(None, "cf", "ct").problem is Reason.PAIR_KEY_DIFFERS

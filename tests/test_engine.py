@@ -330,7 +330,7 @@ def test_a_failed_start_leaves_no_worker_and_closes_the_processor(bootstrap_serv
         with pytest.raises(Exception) as failure:  # each case raises its own kind
             run_pipeline(pipeline, bootstrap_servers, until_idle=2.0, spark=spark, quiet=True,
                          processor_factory=factory)
-        assert made[-1].producer is None, "the processor's producer is closed"
+        assert made[-1].writer.closed, "the processor's producer is closed"
         assert not [t for t in threading.enumerate() if t.name == "refold-batches" and t.is_alive()]
         return failure.value
 

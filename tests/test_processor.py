@@ -1,4 +1,4 @@
-"""The batch processor's guard against transactional calls that ignore their timeout."""
+"""The transactional writer's outcomes through the batch processor, and the collector around a batch."""
 
 from __future__ import annotations
 
@@ -10,36 +10,34 @@ import pytest
 
 from refold.config import parse_pipeline
 from refold.kafka.io import ensure_topics
+from refold.kafka.transactions import FencedError, TransactionalWriter, TransactionFailed
 from refold.recovery.restore import load_checkpoint
-from refold.runtime.processor import BatchProcessor, FencedError, InputRecord, TransactionFailed
+from refold.runtime.batch import InputRecord
+from refold.runtime.processor import BatchProcessor
 from refold.spark.job import engine_topics
 
 pytestmark = pytest.mark.kafka
 
 
-def test_a_call_past_its_deadline_fails_the_transaction_and_keeps_the_producer(bootstrap_servers, topic) -> None:
+def test_a_call_past_its_deadline_fails_the_transaction_and_keeps_the_producer(bootstrap_servers) -> None:
     # librdkafka#5456: send_offsets_to_transaction may block forever after the group
     # coordinator went away (seen in `make chaos` after a broker restart).
     settings = {"bootstrap.servers": bootstrap_servers}
-    name = f"pr{uuid.uuid4().hex[:8]}"
-    pipeline = parse_pipeline({"pipeline": name, "kafka": settings, "source": {"topic": topic(partitions=1)},
-                               "view": {"key": ["k"], "columns": {"n": {"count": "*"}}},
-                               "outputs": {"view": {"topic": f"{name}.view"}}})
-    ensure_topics(settings, engine_topics(pipeline, 1))
-    processor = BatchProcessor(pipeline, settings)
+    writer = TransactionalWriter(settings, f"pr{uuid.uuid4().hex[:8]}-0", timeout_ms=60_000)
+    writer.initialise()
     try:
-        stuck = processor.producer
+        stuck = writer._producer
         started = time.monotonic()
         with pytest.raises(TransactionFailed, match="did not return within 1s"):
-            processor._bounded("send_offsets_to_transaction", 1, lambda: time.sleep(4))
+            writer._bounded("send_offsets_to_transaction", 1, lambda: time.sleep(4))
         assert time.monotonic() - started < 3
-        assert processor._wedged == [stuck]  # never destroyed under the waiting thread
+        assert writer._wedged == [stuck]  # never destroyed under the waiting thread
 
         with pytest.raises(ValueError, match="passed through"):
-            processor._bounded("x", 5, lambda: (_ for _ in ()).throw(ValueError("passed through")))
-        processor._bounded("x", 5, lambda: None)
+            writer._bounded("x", 5, lambda: (_ for _ in ()).throw(ValueError("passed through")))
+        writer._bounded("x", 5, lambda: None)
     finally:
-        processor.close()
+        writer.close()
 
 
 def test_a_zombie_fenced_while_it_sends_stops_and_leaves_the_new_instance_alone(bootstrap_servers, topic) -> None:
@@ -85,7 +83,7 @@ def test_the_collector_freezes_survivors_and_reclaims_their_cycles_at_a_full_col
     import gc
     import weakref
 
-    from refold.runtime import processor as module
+    from refold.runtime import collector as module
 
     made_during = None
     with module.collector_paused():

@@ -8,7 +8,6 @@ land in the same transaction.
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
 import uuid
@@ -17,11 +16,11 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 import orjson
-from confluent_kafka import KafkaException, Producer
 
 from refold.codecs import JsonlCodec, codec_for
 from refold.errors import InvalidEventError, RecordSource, UserError
-from refold.kafka.io import TopicSpec, delivery_failures, ensure_topics, eprint, producer_config
+from refold.kafka.io import TopicSpec, ensure_topics, eprint
+from refold.kafka.transactions import TransactionalWriter, TransactionFailed
 from refold.model.changelog import ChangelogEvent, Op, PairingValidator, key_of
 from refold.model.reasons import Reason
 
@@ -82,14 +81,8 @@ def produce(
     created = ensure_topics(settings, [TopicSpec(topic, partitions)])
     if created and progress:
         eprint(f"created topic {topic} ({partitions} partitions)")
-    producer = Producer(
-        producer_config(settings, **{"transactional.id": f"refold-produce-{uuid.uuid4()}"})
-    )
-    try:
-        producer.init_transactions(30)
-    except KafkaException as exc:
-        raise UserError(f"cannot start a Kafka transaction: {exc.args[0].str()}") from exc
-    errors, on_delivery = delivery_failures()
+    writer = TransactionalWriter(settings, f"refold-produce-{uuid.uuid4()}", timeout_ms=60_000)
+    writer.initialise()
     started = time.monotonic()
     last_report = started
     events = transactions = in_txn = 0
@@ -97,46 +90,41 @@ def produce(
     try:
         for _number, event, key in parse_lines(lines, key_columns):
             if not open_txn:
-                producer.begin_transaction()
+                writer.begin()
                 open_txn = True
-            value = codec.encode(event)
             # The record timestamp stays the producer's clock: event_time travels in the
             # value. (Old event times as record timestamps would let retention delete them.)
-            while True:
-                try:
-                    producer.produce(topic, value, key_bytes(key_columns, key), on_delivery=on_delivery)
-                    break
-                except BufferError:
-                    producer.poll(0.05)
+            writer.send(topic, key_bytes(key_columns, key), codec.encode(event))
             events += 1
             in_txn += 1
             # End transactions only between units: never between a -C and its +C.
             if in_txn >= per_transaction and event.op is not Op.CORRECT_FROM:
-                _commit(producer, errors)
-                transactions += 1
                 open_txn = False
+                _commit(writer)
+                transactions += 1
                 in_txn = 0
             now = time.monotonic()
             if progress and now - last_report >= 2.0:
                 last_report = now
                 eprint(f"  {events:,} events written ({events / (now - started):,.0f}/s)")
         if open_txn:
-            _commit(producer, errors)
-            transactions += 1
             open_txn = False
+            _commit(writer)
+            transactions += 1
     except BaseException:
         if open_txn:
-            with contextlib.suppress(KafkaException):
-                producer.abort_transaction(30)
+            writer.abort()
         raise
+    finally:
+        writer.close()
     return ProduceResult(events, transactions, time.monotonic() - started)
 
 
-def _commit(producer: Producer, errors: list[Any]) -> None:
-    producer.flush(60)
-    if errors:
-        raise UserError(f"Kafka refused a record: {errors[0].str()}")
-    producer.commit_transaction(60)
+def _commit(writer: TransactionalWriter) -> None:
+    try:
+        writer.commit()
+    except TransactionFailed as exc:  # nothing to retry from: the user runs produce again
+        raise UserError(f"Kafka refused the transaction: {exc}") from exc
 
 
 def read_input(path: str) -> tuple[Iterable[bytes], bool]:

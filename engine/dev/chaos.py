@@ -147,7 +147,7 @@ class Engine:
         self.path = path
         self.idle = idle
         self.pipeline: Pipeline = load_pipeline(path)
-        self.settings = dict(self.pipeline.kafka)
+        self.settings = self.pipeline.kafka.librdkafka()
         self.log_dir = log_dir
         self.result = result
         self.proc: subprocess.Popen[bytes] | None = None

@@ -1,6 +1,7 @@
-"""Kafka client helpers: topics, reading a topic to its end, transactional writes.
+"""Kafka client helpers: client settings, topics, reading a topic to its end.
 
-Dotted-key librdkafka dicts live here, at the client boundary, and nowhere else.
+Dotted-key librdkafka dicts live here and in `refold.kafka.transactions` (the transactional
+writer), at the client boundary, and nowhere else.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from refold.errors import KafkaAuthError, PrerequisiteError, UserError
 
@@ -209,13 +210,6 @@ def partitions_of(settings: Mapping[str, Any], topic: str, timeout: float = 30.0
     return sorted(found.partitions)
 
 
-def topic_config(settings: Mapping[str, Any], topic: str) -> dict[str, str]:
-    admin = admin_client(settings)
-    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
-    result = admin.describe_configs([resource])[resource].result()
-    return {name: entry.value for name, entry in result.items()}
-
-
 def read_to_end(
     settings: Mapping[str, Any],
     topic: str,
@@ -374,31 +368,6 @@ def delivery_failures() -> tuple[list[KafkaError], Any]:
             errors.append(err)
 
     return errors, on_delivery
-
-
-def describe_kafka_error(exc: BaseException) -> str:
-    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
-        err: KafkaError = exc.args[0]
-        kind = "fatal" if err.fatal() else ("retriable" if err.retriable() else "error")
-        hint = _ACL_HINTS.get(err.code(), "")
-        return f"{err.name()} ({kind}): {err.str()}{hint}"
-    return str(exc)
-
-
-_ACL_HINTS = {
-    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: (
-        " (the user needs WRITE and DESCRIBE on the TransactionalId: a PREFIXED ACL on the "
-        "pipeline's transactional_id_prefix; see docs/SECURITY.md)"
-    ),
-    KafkaError.GROUP_AUTHORIZATION_FAILED: (
-        " (the user needs READ on the consumer group refold.<pipeline>; see docs/SECURITY.md)"
-    ),
-    KafkaError.TOPIC_AUTHORIZATION_FAILED: " (the user needs ACLs on the topic; see docs/SECURITY.md)",
-    KafkaError.CLUSTER_AUTHORIZATION_FAILED: (
-        " (brokers older than Kafka 3.0 want IDEMPOTENT_WRITE on the cluster for "
-        "idempotent and transactional writes)"
-    ),
-}
 
 
 def eprint(*parts: object) -> None:

@@ -8,16 +8,18 @@ the same key.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import orjson
 
 from refold.model.reasons import Reason
 
 SYSTEM_COLUMNS = frozenset({"op", "event_time", "offset", "system_time"})
+
+T = TypeVar("T")
 
 
 class Op(IntEnum):
@@ -116,62 +118,84 @@ def key_of(row: Mapping[str, Any], key_columns: Sequence[str]) -> tuple[Any, ...
     return tuple(values)
 
 
-@dataclass(slots=True)
-class PairingValidator:
-    """Checks, event by event, that every `-C` is immediately followed by its `+C`
-    for the same key, and that no `+C` comes without its `-C`.
+class PairStep(NamedTuple, Generic[T]):
+    """What one event fed to a `Pairing` completes.
 
-    Feed events of one partition in offset order. `feed` returns None when the
-    event is fine so far, or a reason string when it breaks the rule. `finish`
-    returns a reason when the stream ends on an unpaired `-C`.
+    - `unit`: ready to apply: the event alone, or a `-C` and its `+C`.
+    - `unpaired`: the held `-C`, when this event is not its `+C`
+      (`Reason.UNPAIRED_CORRECT_FROM`).
+    - `orphan`: this event, a `+C` with no `-C` of its key right before it
+      (`Reason.ORPHAN_CORRECT_TO`). With `unpaired` too, the `+C` followed a `-C` of
+      another key.
     """
 
-    pending_key: tuple[Any, ...] | None = field(default=None)
-    pending: bool = False
+    unit: tuple[T] | tuple[T, T] | None
+    unpaired: T | None
+    orphan: T | None
 
-    def feed(self, op: Op, key: tuple[Any, ...]) -> str | None:
-        if self.pending:
-            self.pending = False
-            pending_key, self.pending_key = self.pending_key, None
-            if op is not Op.CORRECT_TO:
-                return Reason.UNPAIRED_CORRECT_FROM
-            if key != pending_key:
-                return Reason.PAIR_KEY_DIFFERS
-            return None
+    @property
+    def problem(self) -> Reason | None:
+        """The step's problem as one reason, for a writer that stops at the first."""
+        if self.orphan is not None:
+            return Reason.PAIR_KEY_DIFFERS if self.unpaired is not None else Reason.ORPHAN_CORRECT_TO
+        if self.unpaired is not None:
+            return Reason.UNPAIRED_CORRECT_FROM
+        return None
+
+
+class Pairing(Generic[T]):
+    """The `-C`/`+C` rule over one partition's events, in offset order: every `-C` is
+    immediately followed by its `+C` for the same key (keys compare with `==`: a Kafka
+    message key, a tuple of key columns).
+
+    `feed(op, key, item)` takes the next event; `item` is what the caller gets back
+    (never None). A `-C` is held until the next event decides on it. After a broken
+    pair the next event is judged on its own, so one bad event refuses nothing more.
+    `release()` returns the held `-C` and forgets it: at the end of the input, or when
+    the next event cannot be read (so cannot be its `+C`).
+    """
+
+    __slots__ = ("_held", "_held_key")
+
+    def __init__(self) -> None:
+        self._held: T | None = None
+        self._held_key: object = None
+
+    def feed(self, op: Op, key: object, item: T) -> PairStep[T]:
+        held = self._held
+        if held is not None:
+            self._held = None
+            if op is Op.CORRECT_TO:
+                if key == self._held_key:
+                    return PairStep((held, item), None, None)
+                return PairStep(None, held, item)
         if op is Op.CORRECT_TO:
-            return Reason.ORPHAN_CORRECT_TO
+            return PairStep(None, None, item)
         if op is Op.CORRECT_FROM:
-            self.pending = True
-            self.pending_key = key
-        return None
+            self._held, self._held_key = item, key
+            return PairStep(None, held, None)
+        return PairStep((item,), held, None)
 
-    def finish(self) -> str | None:
-        if self.pending:
-            self.pending = False
-            self.pending_key = None
-            return Reason.UNPAIRED_AT_END
-        return None
+    def release(self) -> T | None:
+        held, self._held = self._held, None
+        return held
 
 
-def live_rows(events: Iterable[ChangelogEvent]) -> dict[bytes, int]:
-    """The multiset of live rows a changelog describes: canonical row → count.
+class PairingValidator:
+    """`Pairing` for a writer that refuses the input at its first bad event (`refold
+    produce`): `feed` returns None while the events are fine, else the reason;
+    `finish` returns a reason when the input ends on an unpaired `-C`."""
 
-    Raises ValueError if an event removes a row that is not live.
-    """
-    live: dict[bytes, int] = {}
-    for event in events:
-        canon = canonical_row(event.row)
-        if event.op.adds:
-            live[canon] = live.get(canon, 0) + 1
-        else:
-            count = live.get(canon, 0)
-            if count == 0:
-                raise ValueError(f"{event.op.code} of a row that is not live")
-            if count == 1:
-                del live[canon]
-            else:
-                live[canon] = count - 1
-    return live
+    __slots__ = ("_pairing",)
+
+    def __init__(self) -> None:
+        self._pairing: Pairing[tuple[Any, ...]] = Pairing()
+
+    def feed(self, op: Op, key: tuple[Any, ...]) -> Reason | None:
+        return self._pairing.feed(op, key, key).problem
+
+    def finish(self) -> Reason | None:
+        return Reason.UNPAIRED_AT_END if self._pairing.release() is not None else None
 
 
 def canonical_row(row: Mapping[str, Any]) -> bytes:
@@ -180,15 +204,3 @@ def canonical_row(row: Mapping[str, Any]) -> bytes:
     so `1` and `1.0` are different values, as they are on the wire.
     """
     return orjson.dumps(row, option=orjson.OPT_SORT_KEYS)
-
-
-def iter_pairs(events: Sequence[ChangelogEvent]) -> Iterator[tuple[ChangelogEvent, ...]]:
-    """Group a valid changelog into units: each `-C`/`+C` pair is one unit, others alone."""
-    i = 0
-    while i < len(events):
-        if events[i].op is Op.CORRECT_FROM and i + 1 < len(events):
-            yield (events[i], events[i + 1])
-            i += 2
-        else:
-            yield (events[i],)
-            i += 1

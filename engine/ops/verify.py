@@ -20,6 +20,7 @@ from refold.config import Pipeline
 from refold.errors import RecordError
 from refold.kafka.io import read_to_end
 from refold.model.changelog import Op
+from refold.model.forms import RETRACT_FORM
 from refold.reduce import SourceEvent, ViewChange
 from refold.reference import fold_changelog, fold_deltas, merge_partitions, reference_changelog
 
@@ -147,7 +148,7 @@ def verify(pipeline: Pipeline, settings: Mapping[str, Any], *, exact_order: bool
         report.view_records = len(actual)
         want = expected.changes
         if spec.form == "retract":
-            want = [ViewChange({Op.CORRECT_FROM: Op.RETRACT, Op.CORRECT_TO: Op.APPEND}.get(c.op, c.op), c.key, c.row) for c in want]
+            want = [ViewChange(RETRACT_FORM[c.op], c.key, c.row) for c in want]
         if spec.emit == "per_event" and (exact_order or not pipeline.view.is_top_n):
             _compare_sequences(report, by_key(want), by_key(actual))
         try:

@@ -30,12 +30,10 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Recovered:
+    """A writer's committed checkpoint (None on a first start) and the state as of it."""
+
     checkpoint: Checkpoint | None
     state: list[tuple[bytes, bytes]]  # latest value per state key, tombstones dropped
-
-    @property
-    def offsets(self) -> dict[int, int]:
-        return dict(self.checkpoint.offsets) if self.checkpoint else {}
 
 
 def load_checkpoint(pipeline: Pipeline, settings: Mapping[str, Any]) -> Checkpoint | None:
@@ -49,17 +47,6 @@ def load_checkpoint(pipeline: Pipeline, settings: Mapping[str, Any]) -> Checkpoi
     return latest
 
 
-def checkpoint_history(pipeline: Pipeline, settings: Mapping[str, Any]) -> list[Checkpoint]:
-    """Every committed checkpoint still in the topic, oldest first (batch boundaries)."""
-    writer_key = pipeline.writer.encode()
-    history = []
-    for msg in read_to_end(settings, pipeline.checkpoints_topic):
-        value = msg.value()
-        if msg.key() == writer_key and value is not None:
-            history.append(decode_checkpoint(value))
-    return history
-
-
 def load_state(pipeline: Pipeline, settings: Mapping[str, Any]) -> list[tuple[bytes, bytes]]:
     """The latest value of every live state key in `P.state`."""
     latest: dict[bytes, bytes | None] = {}
@@ -69,6 +56,9 @@ def load_state(pipeline: Pipeline, settings: Mapping[str, Any]) -> list[tuple[by
 
 
 def recover(pipeline: Pipeline, settings: Mapping[str, Any]) -> Recovered:
+    """The checkpoint and the state, read to their ends with read_committed: consistent,
+    as both are written in each batch's transaction. (Call it after the writer's
+    `init_transactions`, which settles any transaction of ours still open.)"""
     checkpoint = load_checkpoint(pipeline, settings)
     state = load_state(pipeline, settings) if checkpoint is not None else []
     return Recovered(checkpoint, state)

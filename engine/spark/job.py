@@ -23,14 +23,16 @@ from typing import Any
 
 import orjson
 
+from refold import environment
 from refold.config import Pipeline
 from refold.connectors.runtime import SparkExecutor
 from refold.errors import RefoldError, UserError
 from refold.kafka.io import TopicSpec, ensure_topics, partitions_of
-from refold.kafka.java import java_client_settings
 from refold.ops.monitor import Monitor
 from refold.recovery.restore import reconcile_spark_checkpoint
-from refold.runtime.processor import BatchProcessor, BatchStats, InputRecord
+from refold.runtime.batch import InputRecord
+from refold.runtime.hooks import Hooks
+from refold.runtime.processor import BatchProcessor, BatchStats
 
 log = logging.getLogger(__name__)
 
@@ -85,9 +87,7 @@ def spark_session(master: str = "local[2]", conf: dict[str, str] | None = None, 
 def spark_checkpoint_dir(pipeline: Pipeline) -> Path:
     if pipeline.spark.checkpoint_dir:
         return Path(pipeline.spark.checkpoint_dir)
-    from refold.environment import home as project_home
-
-    return project_home() / "spark" / pipeline.pipeline / pipeline.writer
+    return environment.home() / "spark" / pipeline.pipeline / pipeline.writer
 
 
 def starting_offsets(topic: str, partitions: list[int], committed: dict[int, int]) -> str:
@@ -135,7 +135,7 @@ def run_pipeline(
     _limit_malloc_arenas()
     # --bootstrap-servers, else REFOLD_BOOTSTRAP_SERVERS, else the pipeline's kafka:, else local
     settings = pipeline.kafka_settings(bootstrap)
-    java_settings = java_client_settings(settings)  # for Spark's source; fails before Spark starts
+    java_settings = pipeline.kafka.java()  # for Spark's source; fails before Spark starts
     topic = pipeline.source.topic
     try:
         partitions = partitions_of(settings, topic)
@@ -143,20 +143,7 @@ def run_pipeline(
         raise UserError(f"source.topic: {exc}") from exc
     ensure_topics(settings, engine_topics(pipeline, max(pipeline.partitions, len(partitions))))
     own_spark = spark is None
-    if own_spark and processor_factory is None:
-        spark, processor = _start_together(pipeline, settings)
-    else:
-        if own_spark:
-            spark = spark_session(pipeline.spark.master, pipeline.spark.conf, f"refold-{pipeline.pipeline}")
-        try:
-            if processor_factory is None:
-                processor = BatchProcessor(pipeline, settings, SparkExecutor(spark.sparkContext))
-            else:
-                processor = processor_factory(pipeline, settings, spark)
-        except BaseException:
-            if own_spark:
-                spark.stop()
-            raise
+    spark, processor = _start_engine(pipeline, settings, spark, processor_factory)
     progress = Progress(pipeline, quiet)
     monitor: Monitor | None = None
     on_batch: _BatchCallback | None = None
@@ -170,21 +157,9 @@ def run_pipeline(
         checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
         reconcile_spark_checkpoint(checkpoint_dir, topic, processor.offsets, settings)
         on_batch = _BatchCallback(processor, progress, monitor, overlap=overlap)
-
-        reader = (
-            spark.readStream.format("kafka")
-            .option("kafka.bootstrap.servers", settings["bootstrap.servers"])
-            .option("subscribe", topic)
-            .option("startingOffsets", starting_offsets(topic, partitions, processor.offsets))
-            .option("kafka.isolation.level", "read_committed")
-            .option("maxOffsetsPerTrigger", str(pipeline.max_batch_events))
-            .option("failOnDataLoss", "false")
-        )
-        for key, value in java_settings.items():
-            reader = reader.option(f"kafka.{key}", value)
-        frame = reader.load().selectExpr("partition", "offset", "key", "value", "unix_millis(timestamp) AS ts")
+        reader = _source(spark, pipeline, settings, java_settings, starting_offsets(topic, partitions, processor.offsets))
         query = (
-            frame.writeStream.foreachBatch(on_batch)
+            reader.writeStream.foreachBatch(on_batch)
             .trigger(processingTime=f"{int(pipeline.trigger_seconds * 1000)} milliseconds")
             .option("checkpointLocation", str(checkpoint_dir))
             .queryName(f"refold-{pipeline.pipeline}")
@@ -192,15 +167,7 @@ def run_pipeline(
         )
         log.info("pipeline %s running: %s → view/delta (Spark checkpoint %s)",
                  pipeline.pipeline, topic, checkpoint_dir)
-        while query.isActive:
-            try:
-                query.awaitTermination(0.25)
-            except Exception:  # the query died: its cause is in progress.failure or query.exception()
-                break
-            if progress.failure is not None:
-                break
-            if until_idle is not None and on_batch.idle and _idle(query, progress, until_idle):
-                break
+        _wait(query, progress, on_batch, until_idle)
     except KeyboardInterrupt:
         log.info("interrupted; stopping after the current batch")
     finally:
@@ -215,6 +182,73 @@ def run_pipeline(
             on_batch.release()
         if own_spark:
             spark.stop()
+    _raise_failure(progress, query)
+    return progress
+
+
+def _start_engine(
+    pipeline: Pipeline,
+    settings: dict[str, Any],
+    spark: Any,
+    processor_factory: Callable[[Pipeline, dict[str, Any], Any], BatchProcessor] | None,
+) -> tuple[Any, BatchProcessor]:
+    """Spark (ours when `spark` is None) and the processor; our Spark stops if the
+    processor cannot start."""
+    own_spark = spark is None
+    if own_spark and processor_factory is None:
+        return _start_together(pipeline, settings)
+    if own_spark:
+        spark = spark_session(pipeline.spark.master, pipeline.spark.conf, f"refold-{pipeline.pipeline}")
+    try:
+        if processor_factory is None:
+            processor = BatchProcessor(pipeline, settings, SparkExecutor(spark.sparkContext), hooks=_test_hooks())
+        else:
+            processor = processor_factory(pipeline, settings, spark)
+    except BaseException:
+        if own_spark:
+            spark.stop()
+        raise
+    return spark, processor
+
+
+def _test_hooks() -> Hooks:
+    """The chaos tests' hooks, from the environment (none in production)."""
+    return Hooks.from_settings(environment.test_hook_settings())
+
+
+def _source(spark: Any, pipeline: Pipeline, settings: dict[str, Any], java_settings: dict[str, str],
+            start: str) -> Any:
+    """The source topic as a streaming frame (read_committed) of the records' partition,
+    offset, key, value and timestamp (epoch ms)."""
+    reader = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", settings["bootstrap.servers"])
+        .option("subscribe", pipeline.source.topic)
+        .option("startingOffsets", start)
+        .option("kafka.isolation.level", "read_committed")
+        .option("maxOffsetsPerTrigger", str(pipeline.max_batch_events))
+        .option("failOnDataLoss", "false")
+    )
+    for key, value in java_settings.items():
+        reader = reader.option(f"kafka.{key}", value)
+    return reader.load().selectExpr("partition", "offset", "key", "value", "unix_millis(timestamp) AS ts")
+
+
+def _wait(query: Any, progress: Progress, on_batch: _BatchCallback, until_idle: float | None) -> None:
+    """Until the query ends, a batch fails, or the engine was idle for `until_idle` seconds."""
+    while query.isActive:
+        try:
+            query.awaitTermination(0.25)
+        except Exception:  # the query died: its cause is in progress.failure or query.exception()
+            break
+        if progress.failure is not None:
+            break
+        if until_idle is not None and on_batch.idle and _idle(query, progress, until_idle):
+            break
+
+
+def _raise_failure(progress: Progress, query: Any) -> None:
+    """A failed batch's error (as it came when it is Refold's), else the query's."""
     if progress.failure is not None:
         failure = progress.failure
         if isinstance(failure, RefoldError):
@@ -222,8 +256,7 @@ def run_pipeline(
         raise RefoldError(f"the engine failed: {failure}") from failure
     query_error = query.exception() if query is not None else None
     if query_error is not None:
-        raise RefoldError(f"the streaming query failed: {query_error}")
-    return progress
+        raise RefoldError(f"the streaming query failed: {query_error}") from query_error
 
 
 def _limit_malloc_arenas(arenas: int = 2) -> None:
@@ -253,7 +286,7 @@ def _start_together(pipeline: Pipeline, settings: dict[str, Any]) -> tuple[Any, 
     with ThreadPoolExecutor(1, thread_name_prefix="refold-spark-start") as pool:
         starting = pool.submit(spark_session, pipeline.spark.master, pipeline.spark.conf, f"refold-{pipeline.pipeline}")
         try:
-            processor = BatchProcessor(pipeline, settings, executor)
+            processor = BatchProcessor(pipeline, settings, executor, hooks=_test_hooks())
         except BaseException:
             with contextlib.suppress(Exception):
                 starting.result().stop()
@@ -345,8 +378,9 @@ class _BatchCallback:
         self.progress.left = handed
 
     def _raise_if_failed(self) -> None:
-        if self.progress.failure is not None:
-            raise RefoldError(f"the engine stopped after a failed batch: {self.progress.failure}")
+        failure = self.progress.failure
+        if failure is not None:
+            raise RefoldError(f"the engine stopped after a failed batch: {failure}") from failure
 
     def _work(self) -> None:
         while True:

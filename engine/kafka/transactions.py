@@ -1,0 +1,336 @@
+"""The transactional writer: the one owner of a transactional Kafka producer.
+
+As Kafka Streams' `StreamsProducer`, `TransactionalWriter` begins, sends, sends the
+consumed offsets, commits and aborts, and turns every outcome of the client into
+one of four:
+
+- **committed**: `commit()` returns; every record sent since `begin()` is visible to
+  read_committed readers, and so are the consumed offsets.
+- **fenced**: `FencedError` (a `UserError`: the engine stops with exit code 2).
+  Another producer took the transactional id within the transaction's timeout;
+  this writer is dead and must not be initialised again (that would fence the
+  new owner in turn).
+- **timed out**: `TransactionTimedOut`, a `TransactionFailed`: a client call did not
+  return within its deadline, or the coordinator aborted a transaction that
+  outlived `transaction.timeout.ms`.
+- **failed**: `TransactionFailed` (an `OperationalError`): the transaction did not
+  commit, or whether it did is unknown (a `commit_transaction` that timed out may
+  still complete). Call `initialise()`, which settles it (a new producer's
+  `init_transactions` aborts it or waits for its commit), then re-read from Kafka
+  whatever was derived from it, and run it again if it is not there.
+
+It knows producer settings, a transactional id, a timeout and the records it is
+given; nothing of batches, views, checkpoints or pipelines. Every librdkafka and
+confluent-kafka workaround lives here, and nowhere else (docs/ENGINE.md, "The
+transactional writer", has their stories).
+
+Not thread-safe: one thread drives a writer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NoReturn
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from refold.errors import InternalError, OperationalError, UserError
+from refold.kafka.io import consumer_config, delivery_failures, producer_config
+
+log = logging.getLogger(__name__)
+
+Headers = Sequence[tuple[str, bytes]]
+
+# Seconds each client call may take.
+_INIT_SECONDS = 60
+_FLUSH_SECONDS = 120
+_COMMIT_SECONDS = 120
+_ABORT_SECONDS = 60
+_SEND_OFFSETS_SECONDS = 30
+_SEND_OFFSETS_DEADLINE = 45  # past its own timeout: librdkafka#5456
+_FATAL_CAUSE_SECONDS = 5
+_CLOSE_FLUSH_SECONDS = 5
+
+_FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED})
+
+
+class FencedError(UserError):
+    """Another producer took over this transactional id: this one stops for good."""
+
+
+class TransactionFailed(OperationalError):
+    """A transaction did not commit, or whether it did is unknown: `initialise()` the
+    writer again (which settles it), re-read from Kafka what was derived from it, and
+    run it again if it is not there."""
+
+
+class TransactionTimedOut(TransactionFailed):
+    """A client call outlived its deadline, or the transaction outlived
+    `transaction.timeout.ms` and the coordinator aborted it."""
+
+
+class TransactionalWriter:
+    """One transactional id's producer, and every outcome of it as committed, fenced,
+    timed out or failed (see the module's docstring).
+
+    The lifecycle: `initialise()` once, then per transaction `begin()`, `send()`*,
+    `commit()`; after a `TransactionFailed`, `initialise()` again; `close()` at the end.
+    `label` names the owner in messages (e.g. "pipeline 'scores'").
+    """
+
+    def __init__(
+        self,
+        settings: Mapping[str, Any],
+        transactional_id: str,
+        *,
+        timeout_ms: int,
+        consumer_group: str | None = None,
+        label: str | None = None,
+    ) -> None:
+        self.transactional_id = transactional_id
+        self.timeout_ms = timeout_ms
+        self.label = label
+        self._conf = producer_config(
+            settings,
+            **{
+                "transactional.id": transactional_id,
+                "transaction.timeout.ms": timeout_ms,
+                # a Python callback per failed record only, not per record (docs/ENGINE.md)
+                "delivery.report.only.error": True,
+            },
+        )
+        self._group_conf = (
+            consumer_config(settings, **{"group.id": consumer_group}) if consumer_group is not None else None
+        )
+        self._group: Consumer | None = None  # only for the group metadata send_offsets needs
+        self._producer: Producer | None = None
+        self._wedged: list[Producer] = []  # stuck in a call that ignored its timeout: never destroyed
+        self._errors: list[KafkaError] = []
+        self._on_delivery: Callable[..., None] | None = None
+        self._began = 0.0  # monotonic time of begin()
+
+    @property
+    def closed(self) -> bool:
+        """No producer: never initialised, closed, or fenced."""
+        return self._producer is None
+
+    # Lifecycle -----------------------------------------------------------------------
+
+    def initialise(self) -> None:
+        """Start, or start again after a failed transaction: a new producer whose
+        `init_transactions` fences every older producer of this transactional id (a
+        zombie, or this writer's own stuck one) and aborts their open transaction, so a
+        read_committed reader sees the topics settled when it returns.
+
+        Raises UserError naming the id when Kafka refuses it (an ACL, an unreachable broker).
+        """
+        self._drop_producer()
+        producer = Producer(self._conf)
+        try:
+            producer.init_transactions(_INIT_SECONDS)
+        except KafkaException as exc:
+            raise UserError(
+                f"cannot initialise transactions as {self.transactional_id!r}: {describe_kafka_error(exc)}"
+            ) from exc
+        self._producer = producer
+
+    def close(self) -> None:
+        """Flush what is still queued (briefly) and let go of the clients."""
+        self._drop_producer()
+        if self._group is not None:
+            self._group.close()
+            self._group = None
+
+    def _drop_producer(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None and producer not in self._wedged:
+            with contextlib.suppress(KafkaException):
+                producer.flush(_CLOSE_FLUSH_SECONDS)
+
+    # The transaction -----------------------------------------------------------------
+
+    def begin(self) -> None:
+        """Open a transaction. Raises FencedError or TransactionFailed."""
+        producer = self._ready()
+        self._errors, self._on_delivery = delivery_failures()
+        self._began = time.monotonic()
+        try:
+            producer.begin_transaction()
+        except (KafkaException, SystemError) as exc:
+            self._fail(exc)
+
+    def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers | None = None) -> None:
+        """Queue one record in the open transaction (waiting while the client's queue is
+        full). A record the broker refuses shows at `commit()`. Raises FencedError or
+        TransactionFailed when the client already knows the transaction is lost."""
+        producer = self._ready()
+        kafka_headers: list[tuple[str, str | bytes | None]] | None = None if headers is None else list(headers)
+        while True:
+            try:
+                producer.produce(topic, value, key, on_delivery=self._on_delivery, headers=kafka_headers)
+                return
+            except BufferError:
+                producer.poll(0.05)
+            except (KafkaException, SystemError) as exc:
+                self._fail(exc)
+
+    def commit(self, consumed: Mapping[str, Mapping[int, int]] | None = None) -> None:
+        """Commit the open transaction, with `consumed` (topic → partition → next offset)
+        as the consumer group's offsets. Returns once committed; raises FencedError,
+        TransactionTimedOut or TransactionFailed (see the module's docstring)."""
+        producer = self._ready()
+        try:
+            producer.flush(_FLUSH_SECONDS)
+            if self._errors:
+                raise KafkaException(self._errors[0])
+            positions = [
+                TopicPartition(topic, partition, offset)
+                for topic, offsets in sorted((consumed or {}).items())
+                for partition, offset in sorted(offsets.items())
+            ]
+            if positions:
+                metadata = self._group_metadata()
+                self._bounded(
+                    "send_offsets_to_transaction",
+                    _SEND_OFFSETS_DEADLINE,
+                    lambda: producer.send_offsets_to_transaction(positions, metadata, _SEND_OFFSETS_SECONDS),
+                )
+            producer.commit_transaction(_COMMIT_SECONDS)
+        except (KafkaException, SystemError) as exc:
+            self._fail(exc)
+
+    def _ready(self) -> Producer:
+        producer = self._producer
+        if producer is None:
+            raise InternalError(
+                f"the writer of transactional id {self.transactional_id!r} is not initialised (or was fenced)"
+            )
+        return producer
+
+    def _group_metadata(self) -> Any:
+        if self._group_conf is None:
+            raise InternalError("consumed offsets given to a writer without a consumer group")
+        if self._group is None:
+            self._group = Consumer(self._group_conf)
+        return self._group.consumer_group_metadata()
+
+    # The client's outcomes -----------------------------------------------------------
+
+    def _bounded(self, what: str, seconds: float, call: Callable[[], None]) -> None:
+        """Run a client call that may ignore its own timeout under a deadline. Past it,
+        TransactionTimedOut; the stuck producer stays referenced (never destroyed under
+        the thread still waiting in it) until a new one's `init_transactions` fences it.
+        An exception of the call is raised here as it came."""
+        outcome: list[BaseException | None] = []
+        thread = threading.Thread(target=_call_into, args=(call, outcome), name=f"refold-{what}", daemon=True)
+        thread.start()
+        thread.join(seconds)
+        if thread.is_alive():
+            if self._producer is not None:
+                self._wedged.append(self._producer)
+            raise TransactionTimedOut(f"{what} did not return within {seconds:.0f}s (librdkafka#5456)")
+        error = outcome[0] if outcome else None
+        if error is not None:
+            raise error
+
+    def _fail(self, exc: KafkaException | SystemError) -> NoReturn:
+        """Raise the outcome of a client error: FencedError, TransactionTimedOut or
+        TransactionFailed (after aborting the transaction when the client asks for it)."""
+        if isinstance(exc, SystemError):
+            # A fatal error (a fence while records are in flight) is raised inside flush()
+            # while the client goes on calling the failed records' delivery callbacks, so
+            # flush() ends in a SystemError caused by it (confluent-kafka-python#865).
+            if not isinstance(exc.__cause__, KafkaException):
+                raise exc
+            kafka_exc: KafkaException = exc.__cause__
+        else:
+            kafka_exc = exc
+        err = _kafka_error(kafka_exc)
+        if err is not None and err.code() == KafkaError._FATAL:
+            err = self._fatal_cause(err)
+        fenced = err is not None and err.code() in _FENCED_CODES
+        # The coordinator aborts a transaction that outlives transaction.timeout.ms by
+        # bumping the epoch, which the client reports as a fence: only a fence inside the
+        # timeout is another producer taking over.
+        if fenced and (time.monotonic() - self._began) * 1000 < self.timeout_ms:
+            self._producer = None  # fenced for good: nothing of it to flush or abort
+            owner = f"another instance of {self.label}" if self.label else "another producer"
+            raise FencedError(
+                f"fenced: {owner} took over transactional id {self.transactional_id!r}; this one stops"
+            ) from exc
+        if err is not None and err.txn_requires_abort():
+            self._abort()
+        failure = TransactionTimedOut if fenced else TransactionFailed
+        raise failure(describe_kafka_error(kafka_exc)) from exc
+
+    def abort(self) -> None:
+        """Abort the open transaction (nothing of it becomes visible); a failure to abort
+        is logged, and the next `initialise()` settles it."""
+        self._abort()
+
+    def _abort(self) -> None:
+        producer = self._producer
+        if producer is None:
+            return
+        try:
+            producer.abort_transaction(_ABORT_SECONDS)
+        except KafkaException as abort_exc:
+            log.warning("abort failed too: %s", describe_kafka_error(abort_exc))
+
+    def _fatal_cause(self, err: KafkaError) -> KafkaError:
+        """Why the producer is in a fatal state: `produce()` says only `_FATAL` (a zombie
+        fenced while it sends), the transactional API names the cause."""
+        if self._producer is not None:
+            try:
+                self._producer.abort_transaction(_FATAL_CAUSE_SECONDS)
+            except KafkaException as exc:
+                cause = _kafka_error(exc)
+                if cause is not None:
+                    return cause
+        return err
+
+
+def _kafka_error(exc: BaseException) -> KafkaError | None:
+    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+        return exc.args[0]
+    return None
+
+
+def _call_into(call: Callable[[], None], outcome: list[BaseException | None]) -> None:
+    try:
+        call()
+    except BaseException as exc:  # handed to the waiting thread
+        outcome.append(exc)
+    else:
+        outcome.append(None)
+
+
+def describe_kafka_error(exc: BaseException) -> str:
+    """A client error for a message: its name, its kind, its text, and for a refused
+    authorization the ACL a transactional writer needs."""
+    err = _kafka_error(exc)
+    if err is not None:
+        kind = "fatal" if err.fatal() else ("retriable" if err.retriable() else "error")
+        hint = _ACL_HINTS.get(err.code(), "")
+        return f"{err.name()} ({kind}): {err.str()}{hint}"
+    return str(exc)
+
+
+_ACL_HINTS = {
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: (
+        " (the user needs WRITE and DESCRIBE on the TransactionalId: a PREFIXED ACL on the "
+        "pipeline's transactional_id_prefix; see docs/SECURITY.md)"
+    ),
+    KafkaError.GROUP_AUTHORIZATION_FAILED: (
+        " (the user needs READ on the consumer group refold.<pipeline>; see docs/SECURITY.md)"
+    ),
+    KafkaError.TOPIC_AUTHORIZATION_FAILED: " (the user needs ACLs on the topic; see docs/SECURITY.md)",
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED: (
+        " (brokers older than Kafka 3.0 want IDEMPOTENT_WRITE on the cluster for "
+        "idempotent and transactional writes)"
+    ),
+}

@@ -1,0 +1,158 @@
+"""A batch from input records to units: decode each partition, pair `-C`/`+C`, merge.
+
+Guarantees of `UnitReader.read`:
+
+- Units come in the order to apply them: each partition's in offset order, the
+  partitions merged by the tag of each unit's first event (`event_time`, partition,
+  offset), so the order is a function of the batch's records.
+- Every input record ends up in exactly one place: in a unit, in `Outgoing.dlq` (a
+  dead letter with its reason), counted as a tombstone (a record with no change, e.g.
+  a Debezium tombstone), or held over: a `-C` at the end of its partition's records
+  waits, raw, in the checkpoint's `pending` for its `+C` in the next batch, where it
+  is replayed in front of its partition's records.
+- In strict mode the first refused record raises its RecordError instead.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from refold.codecs import source_decoder
+from refold.config import Pipeline
+from refold.errors import RecordError, RecordSource
+from refold.model.changelog import ChangelogEvent, Pairing
+from refold.model.reasons import Reason
+from refold.recovery.records import DeadLetter, PendingRecord
+from refold.reduce import SourceEvent
+
+
+class InputRecord(NamedTuple):
+    """One Kafka record of the source topic, as the Spark job hands it over."""
+
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp: int  # epoch ms
+
+
+Item = tuple[SourceEvent, InputRecord]
+Unit = tuple[Item] | tuple[Item, Item]  # an event alone, or a -C and its +C
+
+
+@dataclass(slots=True)
+class Outgoing:
+    """The records of one batch, in the order they will be produced."""
+
+    view: list[tuple[bytes, bytes | None, int | None]] = field(default_factory=list)
+    delta: list[tuple[bytes, bytes]] = field(default_factory=list)
+    dlq: list[DeadLetter] = field(default_factory=list)
+    state: list[tuple[bytes, bytes | None]] = field(default_factory=list)
+    delta_rows: list[dict[str, Any]] = field(default_factory=list)  # for delta materializations
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetters:
+    """Where refused input records go: `Outgoing.dlq`, or in strict mode a RecordError
+    naming the record."""
+
+    topic: str
+    pipeline: str
+    strict: bool
+
+    def add(self, out: Outgoing, record: InputRecord, reason: str, detail: str | None = None) -> None:
+        if self.strict:
+            raise RecordError(reason, RecordSource(self.topic, record.partition, record.offset), detail=detail)
+        out.dlq.append(
+            DeadLetter(
+                reason=reason,
+                detail=detail,
+                topic=self.topic,
+                partition=record.partition,
+                offset=record.offset,
+                timestamp=record.timestamp,
+                key=record.key,
+                value=record.value,
+                pipeline=self.pipeline,
+            )
+        )
+
+
+class Units(NamedTuple):
+    units: list[Unit]  # in the order to apply them
+    pending: dict[int, PendingRecord]  # partition -> its held-over -C, for the checkpoint
+    tombstones: int
+
+
+class UnitReader:
+    """Decodes, pairs and merges a batch's records (see the module's docstring)."""
+
+    def __init__(self, pipeline: Pipeline, dead_letters: DeadLetters) -> None:
+        self.topic = pipeline.source.topic
+        self.decoder = source_decoder(pipeline)
+        self.dead_letters = dead_letters
+
+    def read(self, fresh: Sequence[InputRecord], pending: Mapping[int, PendingRecord], out: Outgoing) -> Units:
+        """The units of `fresh` (records no checkpoint covers yet), after the `-C`s
+        `pending` held over from the last batch."""
+        by_partition: dict[int, list[InputRecord]] = {}
+        for record in fresh:
+            by_partition.setdefault(record.partition, []).append(record)
+        pending_out = dict(pending)
+        streams = []
+        tombstones = 0
+        for partition in sorted(by_partition):
+            rows = sorted(by_partition[partition], key=lambda r: r.offset)
+            held = pending_out.pop(partition, None)
+            if held is not None:
+                rows.insert(0, InputRecord(partition, held.offset, held.key, held.value, held.timestamp))
+            units, unpaired, dropped = self._partition(partition, rows, out)
+            if unpaired is not None:  # its +C comes in a later batch
+                pending_out[partition] = PendingRecord(
+                    unpaired.offset, unpaired.key, unpaired.value or b"", unpaired.timestamp
+                )
+            streams.append(units)
+            tombstones += dropped
+        merged = list(heapq.merge(*streams, key=lambda unit: unit[0][0].tag))
+        return Units(merged, pending_out, tombstones)
+
+    def _partition(
+        self, partition: int, rows: Sequence[InputRecord], out: Outgoing
+    ) -> tuple[list[Unit], InputRecord | None, int]:
+        """One partition's units in offset order, its `-C` left unpaired at the end, and
+        how many tombstones it had."""
+        decoded = self.decoder.decode_records(
+            [r.value for r in rows], [r.offset for r in rows], topic=self.topic, partition=partition
+        )
+        pairing: Pairing[Item] = Pairing()
+        units: list[Unit] = []
+        tombstones = 0
+        for record, result in zip(rows, decoded, strict=True):
+            if isinstance(result, RecordError):
+                self.dead_letters.add(out, record, result.reason, result.detail)
+                self._unpaired(pairing.release(), out)  # a bad record cannot be the +C
+            elif not result:
+                tombstones += 1  # changes nothing, breaks no pair
+            else:
+                for event in result:
+                    step = pairing.feed(event.op, record.key, (_source_event(record, event), record))
+                    self._unpaired(step.unpaired, out)
+                    if step.orphan is not None:
+                        self.dead_letters.add(out, record, Reason.ORPHAN_CORRECT_TO)
+                    elif step.unit is not None:
+                        units.append(step.unit)
+        held = pairing.release()
+        return units, held[1] if held is not None else None, tombstones
+
+    def _unpaired(self, held: Item | None, out: Outgoing) -> None:
+        if held is not None:
+            self.dead_letters.add(out, held[1], Reason.UNPAIRED_CORRECT_FROM)
+
+
+def _source_event(record: InputRecord, event: ChangelogEvent) -> SourceEvent:
+    event_time = event.event_time if event.event_time is not None else record.timestamp
+    row = event.row  # decoders make a fresh dict per event; other mappings are copied
+    return SourceEvent(event.op, row if type(row) is dict else dict(row), (event_time, record.partition, record.offset))
