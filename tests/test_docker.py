@@ -109,7 +109,7 @@ def test_dockerfile_installs_the_entrypoint_as_a_non_root_user() -> None:
 def test_compose_wires_kafka_postgres_and_the_engine() -> None:
     spec = compose()
     services = spec["services"]
-    assert set(services) == {"kafka", "postgres", "engine"}
+    assert set(services) == {"kafka", "postgres", "engine", "spark-master", "spark-worker"}
     kafka, postgres, engine = services["kafka"], services["postgres"], services["engine"]
     assert kafka["image"].startswith("apache/kafka:")
     kafka_env = kafka["environment"]
@@ -157,3 +157,38 @@ def test_compose_wires_kafka_postgres_and_the_engine() -> None:
     assert engine["environment"]["PGUSER"] == postgres["environment"]["POSTGRES_USER"]
     assert engine["environment"]["PGDATABASE"] == postgres["environment"]["POSTGRES_DB"]
     assert parse_pipeline(yaml.safe_load((DOCKER / host_file).read_text())).pipeline == "leaderboard"
+
+
+def test_compose_runs_a_spark_master_and_a_worker_from_the_engine_image() -> None:
+    services = compose()["services"]
+    engine, master, worker = services["engine"], services["spark-master"], services["spark-worker"]
+    # the engine's image and build: the daemons run the driver's Spark and Python packages
+    for daemon in (master, worker):
+        assert daemon["image"] == engine["image"] and daemon["build"] == engine["build"]
+        assert daemon["entrypoint"][:2] == ["/usr/bin/tini", "--"]
+        spark_class = Path(daemon["entrypoint"][2])
+        assert spark_class.name == "spark-class"
+        assert daemon["environment"]["SPARK_HOME"] == str(spark_class.parent.parent)
+        # the venv the Dockerfile makes, on the image's Python
+        python = next(line for line in dockerfile() if line.startswith("FROM ")).split()[1]
+        version = re.match(r"python:(\d+\.\d+)", python)
+        assert version is not None
+        assert spark_class.is_relative_to(f"/opt/venv/lib/python{version[1]}/site-packages/pyspark")
+        assert "spark.master.rest.enabled=false" in daemon["environment"]["SPARK_DAEMON_JAVA_OPTS"]
+        assert "volumes" not in daemon, "Spark keeps no state"
+    assert master["command"][0] == "org.apache.spark.deploy.master.Master"
+    assert worker["command"][0] == "org.apache.spark.deploy.worker.Worker"
+    options = dict(zip(master["command"][1::2], master["command"][2::2], strict=True))
+    # the worker registers with the master under its service name and port …
+    assert options["--host"] == "spark-master"
+    assert worker["command"][-1] == f"spark://spark-master:{options['--port']}"
+    assert worker["depends_on"] == {"spark-master": {"condition": "service_healthy"}}
+    # … and is healthy once the master, whose UI port its health check asks, lists it
+    ui = options["--webui-port"]
+    assert f"http://spark-master:{ui}/json/" in worker["healthcheck"]["test"][-1]
+    assert f"http://127.0.0.1:{ui}/json/" in master["healthcheck"]["test"][-1]
+    assert master["ports"] == [f"127.0.0.1:{ui}:{ui}"]  # the UI can kill apps: loopback only
+    worker_options = dict(zip(worker["command"][1:-1:2], worker["command"][2:-1:2], strict=True))
+    assert worker_options["--host"] == "spark-worker"
+    assert "'spark-worker'" in worker["healthcheck"]["test"][-1]
+    assert int(worker_options["--cores"]) >= 1 and worker_options["--memory"].endswith("g")

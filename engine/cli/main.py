@@ -15,21 +15,25 @@ from refold.errors import OperationalError, RefoldError, UserError
 def _settings(args: argparse.Namespace) -> dict[str, object]:
     """librdkafka settings: --kafka-config FILE and -X on top of the bootstrap servers."""
     from refold.dev.localkafka import ensure_broker
-    from refold.kafka.clientconf import client_settings
+    from refold.kafka.connection import KafkaConnection, client_settings, command_line_where
 
-    extra = client_settings(args.kafka_config, args.kafka_setting)
-    bootstrap = args.bootstrap_servers or extra.get("bootstrap.servers")
-    return {**extra, "bootstrap.servers": ensure_broker(bootstrap)}
+    where = command_line_where(args.kafka_config, args.kafka_setting)
+    connection = KafkaConnection.of(client_settings(args.kafka_config, args.kafka_setting), where)
+    bootstrap = args.bootstrap_servers or connection.bootstrap_servers
+    return {**connection.librdkafka(), "bootstrap.servers": ensure_broker(bootstrap)}
 
 
 def _pipeline(args: argparse.Namespace) -> Any:
     """The pipeline file, its `kafka:` block updated by --kafka-config FILE and -X."""
     from refold.config import load_pipeline
-    from refold.kafka.clientconf import client_settings
+    from refold.kafka.connection import client_settings, command_line_where
 
     pipeline = load_pipeline(args.pipeline)
     extra = client_settings(args.kafka_config, args.kafka_setting)
-    return pipeline.model_copy(update={"kafka": {**pipeline.kafka, **extra}}) if extra else pipeline
+    if not extra:
+        return pipeline
+    where = f"kafka (with {command_line_where(args.kafka_config, args.kafka_setting)})"
+    return pipeline.model_copy(update={"kafka": pipeline.kafka.merged(extra, where)})
 
 
 def cmd_kafka(args: argparse.Namespace) -> int:
@@ -42,6 +46,12 @@ def cmd_pg(args: argparse.Namespace) -> int:
     from refold.dev import localpg
 
     return localpg.cli(args)
+
+
+def cmd_spark(args: argparse.Namespace) -> int:
+    from refold.dev import localspark
+
+    return localspark.cli(args)
 
 
 def cmd_jars(args: argparse.Namespace) -> int:
@@ -140,6 +150,15 @@ def build_parser() -> argparse.ArgumentParser:
     pg.add_argument("action", choices=["start", "stop", "status"])
     pg.add_argument("--port", type=int, help="default: the last start's port if free, else a free one")
     pg.set_defaults(func=cmd_pg)
+
+    spark = sub.add_parser("spark", help="a local Spark standalone cluster (master + workers on 127.0.0.1) under .refold/")
+    spark.add_argument("action", choices=["start", "stop", "status"])
+    spark.add_argument("--workers", type=int, default=2, help="workers to start (default 2)")
+    spark.add_argument("--cores", type=int, default=1, help="cores per worker (default 1)")
+    spark.add_argument("--memory", default="2g", help="memory each worker offers executors, e.g. 2g (default 2g)")
+    spark.add_argument("--port", type=int, help="master port (default 7077 when free, else a free one)")
+    spark.add_argument("--ui-port", type=int, help="master UI port (default 8080 when free, else a free one)")
+    spark.set_defaults(func=cmd_spark)
 
     jars = sub.add_parser("jars", help="resolve the JVM jars (Kafka broker, Spark Kafka connector) with Maven")
     jars.set_defaults(func=cmd_jars)
