@@ -14,13 +14,16 @@ from refold.errors import OperationalError, RefoldError, UserError
 
 def _settings(args: argparse.Namespace) -> dict[str, object]:
     """librdkafka settings: --kafka-config FILE and -X on top of the bootstrap servers."""
-    from refold.dev.localkafka import ensure_broker
     from refold.kafka.connection import KafkaConnection, client_settings, command_line_where
 
     where = command_line_where(args.kafka_config, args.kafka_setting)
     connection = KafkaConnection.of(client_settings(args.kafka_config, args.kafka_setting), where)
     bootstrap = args.bootstrap_servers or connection.bootstrap_servers
-    return {**connection.librdkafka(), "bootstrap.servers": ensure_broker(bootstrap)}
+    if not bootstrap:  # the embedded default: the local broker (refold kafka start)
+        from refold.dev.localkafka import ensure_broker
+
+        bootstrap = ensure_broker(None)
+    return {**connection.librdkafka(), "bootstrap.servers": bootstrap}
 
 
 def _pipeline(args: argparse.Namespace) -> Any:

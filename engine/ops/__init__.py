@@ -1,0 +1,3 @@
+"""Operating a pipeline: `monitor` (Prometheus metrics, progress lines), `status`
+(`refold status`: committed offsets, lag, last batch), `verify` (outputs checked
+record by record against `refold.reference`)."""
