@@ -1,9 +1,12 @@
-"""Process plumbing shared by the local servers Refold starts (`localkafka`, `localpg`).
+"""Process plumbing shared by the local servers Refold starts (`localkafka`, `localpg`,
+`localspark`).
 
-Both run a server as a child process group on 127.0.0.1 with its files under
+Each runs a server as a child process group on 127.0.0.1 with its files under
 a home folder: they need the same answers to "does it still run", "is the port
 free", "stop together with me", and the same lock so that two commands never
-start or stop one home's server at once.
+start or stop one home's server at once. The broker and the Spark daemons are also
+started, found again and stopped the same way: a pid file, a log file the process
+appends to, a command line that tells it from a process that reused its pid.
 """
 
 from __future__ import annotations
@@ -13,14 +16,16 @@ import fcntl
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from refold.errors import PrerequisiteError
 
 HOST = "127.0.0.1"
+LOG_ROTATE_BYTES = 20 * 1024 * 1024
 
 
 def free_port() -> int:
@@ -65,6 +70,58 @@ def wait_gone(pid: int, timeout: float) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def wait_group_gone(pgid: int, timeout: float) -> bool:
+    """Until no live process is left in group `pgid` (zombies do not count: their
+    parent may never reap them); False after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    alive(pgid)  # reaps the leader if it is our exited child
+    while group_members(pgid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+        alive(pgid)
+    return True
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of group `pgid`, from /proc."""
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").exists():  # not Linux: ask the kernel about the group
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return []
+        except PermissionError:
+            pass
+        return [pgid]
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+def end_group(pgid: int, timeout: float, wait: Callable[[int, float], bool] = wait_gone) -> None:
+    """SIGTERM to process group `pgid`; SIGKILL when `wait` (`wait_gone`: the leader,
+    `wait_group_gone`: every member) has not seen it go within `timeout` seconds."""
+    signal_group(pgid, signal.SIGTERM)
+    if not wait(pgid, timeout):
+        kill_group(pgid, wait)
+
+
+def kill_group(pgid: int, wait: Callable[[int, float], bool] = wait_gone) -> None:
+    """kill -9 process group `pgid`, like a crash, and wait (10 s at most) until `wait`
+    sees it gone."""
+    signal_group(pgid, signal.SIGKILL)
+    wait(pgid, 10.0)
 
 
 @contextlib.contextmanager
@@ -119,6 +176,64 @@ def parent_death_signal(parent: int, sig: signal.Signals = signal.SIGTERM) -> Ca
             os.kill(os.getpid(), sig)
 
     return arm
+
+
+def spawn(
+    command: Sequence[str],
+    *,
+    what: str,
+    log_file: Path,
+    pid_file: Path,
+    cwd: Path,
+    env: Mapping[str, str] | None = None,
+    die_with_parent: bool = False,
+) -> subprocess.Popen[bytes]:
+    """Start `command` in a process group of its own (stop and kill reach all of it),
+    its stdout and stderr appended to `log_file` after a line saying that `what`
+    starts, and write its pid to `pid_file`. `env`: None passes ours on.
+    `die_with_parent` (Linux): it gets SIGTERM when the calling thread's process dies."""
+    with log_file.open("ab") as log:
+        log.write(f"--- refold: starting {what} at {time.ctime()}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(
+            list(command),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,  # where a crashing JVM writes its hs_err file
+            env=dict(env) if env is not None else None,
+            start_new_session=True,  # its own process group
+            preexec_fn=parent_death_signal(os.getpid()) if die_with_parent else None,
+        )
+    pid_file.write_text(f"{proc.pid}\n")
+    return proc
+
+
+def running_pid(pid_file: Path, marks: Iterable[str]) -> int | None:
+    """The pid in `pid_file`, if that process lives and (on Linux, where a pid may have
+    been reused by another program) its command line holds every one of `marks`."""
+    try:
+        pid = int(pid_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    if not alive(pid):
+        return None
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    if cmdline.exists():
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            return None
+        if not all(mark.encode() in args for mark in marks):
+            return None
+    return pid
+
+
+def rotate(log_file: Path) -> None:
+    """Move a log over LOG_ROTATE_BYTES aside (to <name>.1, replacing the one there)."""
+    with contextlib.suppress(OSError):
+        if log_file.stat().st_size > LOG_ROTATE_BYTES:
+            log_file.replace(log_file.with_name(log_file.name + ".1"))
 
 
 def tail(log_file: Path, lines: int = 25) -> str:

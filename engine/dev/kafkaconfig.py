@@ -1,0 +1,121 @@
+"""The local broker's files (`refold.dev.localkafka`): server.properties, log4j2.yaml and
+the storage format.
+
+Settings, chosen for one node: replication factor and min ISR 1 for the offsets and
+transaction state topics (so transactions work), no initial rebalance delay, and
+automatic topic creation OFF: Refold creates every topic it uses on purpose, with
+its partition count and cleanup policy, and a typo in a topic name should fail
+rather than make a topic. The controller quorum is static (`controller.quorum.voters`),
+so the controller port may change between starts. server.properties is written on
+every start and read back by `status` for the ports; the storage is formatted once.
+"""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import uuid
+from pathlib import Path
+
+from refold.dev.kafkasecurity import Security
+from refold.dev.localproc import HOST, ServerStartError, tail
+
+LOG4J = """Configuration:
+  Appenders:
+    Console:
+      name: STDOUT
+      PatternLayout:
+        pattern: "[%d] %p %m (%c)%n"
+  Loggers:
+    Root:
+      level: WARN
+      AppenderRef:
+        - ref: STDOUT
+    Logger:
+      - name: kafka.server.KafkaRaftServer
+        level: INFO
+      - name: kafka.server.BrokerLifecycleManager
+        level: INFO
+"""
+
+
+def server_properties(base: Path, port: int, controller_port: int, security: Security | None = None) -> str:
+    """The text of server.properties for a node in `base` on these ports."""
+    settings = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.voters": f"1@{HOST}:{controller_port}",
+        "listeners": f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{HOST}:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "log.dirs": str(base / "data"),
+        "num.partitions": "3",
+        "auto.create.topics.enable": "false",
+        # One node: internal topics with one replica, so that groups and transactions work.
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "5",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.num.partitions": "5",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+        # After a kill -9 the controller keeps the dead broker's registration until its
+        # session times out (9 s by default), and the restarted broker waits for that.
+        "broker.session.timeout.ms": "6000",
+        "broker.heartbeat.interval.ms": "1000",
+        # Abort transactions of crashed producers soon after their timeout (chaos tests).
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms": "2000",
+        "message.max.bytes": "8388608",
+        "log.cleaner.backoff.ms": "2000",
+    }
+    if security is not None:
+        settings.update(security.broker_properties(port, controller_port))
+    return "".join(f"{key}={value}\n" for key, value in settings.items())
+
+
+def configured_ports(base: Path) -> tuple[int, int, bool] | None:
+    """The (broker, controller) ports of the last start and whether it was secured,
+    from its server.properties."""
+    try:
+        lines = (base / "server.properties").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        key, _, value = line.partition("=")
+        if key.strip() == "listeners":
+            ports = {
+                name: int(address.rpartition(":")[2])
+                for name, _, address in (part.partition("://") for part in value.split(","))
+            }
+            for client in ("PLAINTEXT", "SASL_SSL"):
+                if client in ports and "CONTROLLER" in ports:
+                    return ports[client], ports["CONTROLLER"], client == "SASL_SSL"
+    return None
+
+
+def format_storage(jvm: list[str], properties: Path, log_file: Path, security: Security | None) -> None:
+    """Format the storage of a fresh node (static quorum: a cluster id is enough).
+    Secured mode adds its SCRAM users, salted and hashed."""
+    scram = security.scram_arguments() if security is not None else []
+    formatted = subprocess.run(
+        [*jvm, "kafka.tools.StorageTool", "format", "--ignore-formatted",
+         f"--cluster-id={_new_cluster_id()}", "--config", str(properties), *scram],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if formatted.returncode != 0:
+        with log_file.open("a") as log:
+            log.write(formatted.stdout + formatted.stderr)
+        raise ServerStartError(
+            "formatting the Kafka storage failed", log_file=log_file, log_tail=tail(log_file)
+        )
+
+
+def _new_cluster_id() -> str:
+    """A random cluster id as Kafka writes them (URL-safe base64 of 16 bytes)."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if text[0].isalnum():
+            return text
