@@ -346,6 +346,39 @@ def produce_chunk(settings: dict[str, Any], topic: str, rows: Sequence[bytes], p
             time.sleep(5)
 
 
+def _finish_and_verify(engines: list[Engine], result: ChaosResult, settings: dict[str, Any], say: Any) -> None:
+    """Run every engine until idle, then check its outputs record by record against the
+    reference, its checkpoint's count, and that no transaction is left open."""
+    for engine in engines:
+        engine.kill()
+        for _attempt in range(3):
+            code = engine.finish()
+            if code == 0:
+                break
+            say(f"  {engine.name} exited {code} in the final run; again (log {engine.log_dir})")
+        else:
+            result.anomalies.append(f"{engine.name}: the final run did not finish cleanly")
+    for engine in engines:
+        report = verify(engine.pipeline, settings)
+        result.view_records += report.view_records
+        result.delta_records += report.delta_records
+        result.anomalies += [f"{engine.name}: {a}" for a in report.anomalies]
+        if report.events != result.events:
+            result.anomalies.append(f"{engine.name}: verified {report.events} input events, "
+                                    f"expected {result.events}")
+        checkpoint = load_checkpoint(engine.pipeline, settings)
+        if checkpoint is None or checkpoint.records_in != result.events:
+            got = checkpoint.records_in if checkpoint else None
+            result.anomalies.append(f"{engine.name}: the checkpoint counts {got} events read, "
+                                    f"expected {result.events}")
+        p = engine.pipeline
+        topics = [p.outputs.view.topic if p.outputs.view else "", p.outputs.delta.topic if p.outputs.delta else "",
+                  p.state_topic, p.checkpoints_topic, p.dlq_topic]
+        topics = [t for t in topics if t]
+        result.anomalies += open_transactions(settings, topics)
+        result.anomalies += final_markers(settings, [t for t in topics if t != p.checkpoints_topic])
+
+
 def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say: Any = print) -> ChaosResult:
     """Run the whole chaos experiment in `work`; the broker is started (and stopped) here
     unless `bootstrap` names one (then broker restarts are skipped)."""
@@ -397,34 +430,7 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
             say(f"  [{index + 1}/{len(plan)}] {kind} on {target.name} "
                 f"(batch {since}→, {elapsed:.0f}s, {sum(result.faults.values())} faults)")
         say("all faults injected; every engine runs until idle")
-        for engine in engines:
-            engine.kill()
-            for _attempt in range(3):
-                code = engine.finish()
-                if code == 0:
-                    break
-                say(f"  {engine.name} exited {code} in the final run; again (log {engine.log_dir})")
-            else:
-                result.anomalies.append(f"{engine.name}: the final run did not finish cleanly")
-        for engine in engines:
-            report = verify(engine.pipeline, settings)
-            result.view_records += report.view_records
-            result.delta_records += report.delta_records
-            result.anomalies += [f"{engine.name}: {a}" for a in report.anomalies]
-            if report.events != result.events:
-                result.anomalies.append(f"{engine.name}: verified {report.events} input events, "
-                                        f"expected {result.events}")
-            checkpoint = load_checkpoint(engine.pipeline, settings)
-            if checkpoint is None or checkpoint.records_in != result.events:
-                got = checkpoint.records_in if checkpoint else None
-                result.anomalies.append(f"{engine.name}: the checkpoint counts {got} events read, "
-                                        f"expected {result.events}")
-            p = engine.pipeline
-            topics = [p.outputs.view.topic if p.outputs.view else "", p.outputs.delta.topic if p.outputs.delta else "",
-                      p.state_topic, p.checkpoints_topic, p.dlq_topic]
-            topics = [t for t in topics if t]
-            result.anomalies += open_transactions(settings, topics)
-            result.anomalies += final_markers(settings, [t for t in topics if t != p.checkpoints_topic])
+        _finish_and_verify(engines, result, settings, say)
     finally:
         for engine in engines:
             engine.kill()
