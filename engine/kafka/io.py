@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -216,13 +216,17 @@ def read_to_end(
     *,
     timeout: float = 120.0,
     start: Mapping[int, int] | None = None,
+    only: Collection[int] | None = None,
 ) -> Iterator[Message]:
-    """Every committed record of `topic` from the beginning (or `start` offsets) to its
-    current end (the last stable offset: read_committed), in offset order within each
-    partition. Partitions interleave (wherever a fetch ends): a reader that needs one
-    partition's records together must group them by `msg.partition()`.
+    """Every committed record of `topic` (of the partitions `only`, when given) from the
+    beginning (or `start` offsets) to its current end (the last stable offset:
+    read_committed), in offset order within each partition. Partitions interleave
+    (wherever a fetch ends): a reader that needs one partition's records together must
+    group them by `msg.partition()`.
     """
     partitions = partitions_of(settings, topic)
+    if only is not None:
+        partitions = [p for p in partitions if p in only]
     consumer = Consumer(consumer_config(settings))
     try:
         assignment = [
