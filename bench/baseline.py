@@ -14,23 +14,37 @@ from refold.config import Pipeline
 from refold.recovery.records import Checkpoint
 from refold.reduce import make_reducer
 from refold.runtime.batch import Outgoing as _Outgoing
-from refold.runtime.processor import BatchProcessor
+from refold.runtime.processor import BatchProcessor, ShardProcessor
 
 
 class SparkSinkProcessor(BatchProcessor):
     """Reduces exactly like BatchProcessor; writes with Spark's Kafka sink, at least once."""
 
-    spark: Any = None
-
     def __init__(self, pipeline: Pipeline, settings: dict[str, Any], spark: Any) -> None:
         self.spark = spark
+        self.shard_type = SparkSinkShard
         super().__init__(pipeline, settings)
 
-    def _start(self) -> None:  # no transactions, no recovery log: Spark's checkpoint only
+    def _make_shard(self, index: int) -> ShardProcessor:
+        shard = super()._make_shard(index)
+        assert isinstance(shard, SparkSinkShard)
+        shard.spark = self.spark
+        return shard
+
+
+class SparkSinkShard(ShardProcessor):
+    """One shard of the baseline: no transactions, no recovery log."""
+
+    spark: Any = None
+
+    def fence(self) -> None:  # no transactions
+        pass
+
+    def restore(self) -> None:  # no recovery log: Spark's checkpoint only
         self.checkpoint = Checkpoint(
             pipeline=self.pipeline.pipeline, writer=self.pipeline.writer, batch=0,
             source_topic=self.topic, offsets={}, pending={}, records_in=0, records_out=0,
-            dlq=0, committed_at=0, driver_checkpoints={},
+            dlq=0, committed_at=0, driver_checkpoints={}, shard=self.shard,
         )
         self.reducer = make_reducer(self.pipeline.view)
 

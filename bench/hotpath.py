@@ -30,17 +30,27 @@ from refold.kafka.io import ensure_topics
 from refold.recovery.records import Checkpoint
 from refold.runtime.batch import InputRecord
 from refold.runtime.batch import Outgoing as _Outgoing
-from refold.runtime.processor import BatchProcessor
+from refold.runtime.processor import BatchProcessor, ShardProcessor
 from refold.spark.job import engine_topics
 
 
-class DryProcessor(BatchProcessor):
+class DryShard(ShardProcessor):
     """Reduces like the engine; counts the records of each batch instead of sending them."""
 
     sent = 0
 
     def _commit(self, out: _Outgoing, checkpoint: Checkpoint) -> None:
         self.sent += len(out.view) + len(out.delta) + len(out.state) + len(out.dlq)
+
+
+class DryProcessor(BatchProcessor):
+    """The engine's shards, each a `DryShard`."""
+
+    shard_type = DryShard
+
+    @property
+    def sent(self) -> int:
+        return sum(shard.sent for shard in self.shards.values() if isinstance(shard, DryShard))
 
 
 def input_records(workload: Workload, partitions: int) -> list[InputRecord]:

@@ -1,8 +1,8 @@
 """Parquet files: pattern recovery log with idempotent apply (pyarrow).
 
 - Writers (`ParquetWriter`, on Spark executors) stage each part of a transaction
-  as a uniquely named file under `<path>/_staging/<materialization>/`: nothing a
-  reader looks at.
+  as a uniquely named file under `<path>/_staging/<pipeline>-<materialization>-<writer>/`
+  (the writer: `<writer>-<shard>`, one folder per shard): nothing a reader looks at.
 - `StartCommit` returns a driver checkpoint naming every staged file and the name
   it will have once applied; it commits to Kafka with the batch.
 - `Acknowledge` (after the Kafka commit) applies: an atomic rename into
@@ -11,8 +11,10 @@
   names, and `Open` deletes staged files it does not name (a crashed or fenced
   instance's), which are never applied.
 
-Applied file names sort in commit order: `<batch>-<I|F>-<part>-<id>.parquet`
-(`F`: a full refresh, which replaces everything before it). A view file holds
+Applied file names sort in commit order: `<batch>-<I|F>-<part>-<id>@<writer>.parquet`
+(`F`: a full refresh, which replaces everything its writer, i.e. its shard, applied
+before it; files without `@` are from before shards). Shards own disjoint keys, so
+their files fold in any order between them. A view file holds
 `_key` (JSON list), the typed key columns, `_doc` (the row as JSON), `_deleted`
 and `_batch`; a delta file the same without `_deleted`. `read_parquet_view`
 folds a view folder into its rows; `read_parquet_deltas` lists delta rows.
@@ -71,7 +73,7 @@ class ParquetWriter(SinkWriter):
         self.compression = compression
 
     def prepare(self, txn: TxnInfo, part: int, stores: Sequence[Store]) -> CommitInfo:
-        staging = Path(self.root) / STAGING / f"{txn.pipeline}-{txn.materialization}"
+        staging = Path(self.root) / STAGING / _staging_name(txn.pipeline, txn.materialization, txn.writer)
         staged: list[tuple[int, str]] = []
         by_binding: dict[int, list[Store]] = {}
         for store in stores:
@@ -96,7 +98,8 @@ class _Session:
     another thread while `load` and `start_commit` run."""
 
     bindings: tuple[Binding, ...]
-    staging: Path  # <path>/_staging/<pipeline>-<materialization>
+    owner: str  # the shard's writer, `<writer>-<shard>`
+    staging: Path  # <path>/_staging/<pipeline>-<materialization>-<owner>
     committed: list[Applied]  # the files of the last commit Kafka holds
     rows: dict[int, dict[Key, Row]]  # view bindings: the rows as of the last StartCommit
     committing: list[Applied] | None = None  # of the StartCommit not yet acknowledged
@@ -121,7 +124,7 @@ class ParquetDriver(SessionDriver[ParquetSettings, _Session]):
         root = self.root
         if not root.is_dir():
             raise self.config_error("path", f"the folder {str(root)!r} does not exist")
-        staging = root / STAGING / f"{request.pipeline}-{request.materialization}"
+        staging = root / STAGING / _staging_name(request.pipeline, request.materialization, request.writer)
         staging.mkdir(parents=True, exist_ok=True)
         for binding in request.bindings:
             (root / binding.target).mkdir(exist_ok=True)
@@ -138,8 +141,8 @@ class ParquetDriver(SessionDriver[ParquetSettings, _Session]):
                 files = [(f.name, f) for f in _applied(root / binding.target)]
                 files += [(final, staging / staged) for target, staged, final in committed
                           if target == binding.target and (staging / staged).exists()]
-                rows[index] = fold_view_files(_since_refresh(files))
-        self._session = _Session(request.bindings, staging, committed, rows)
+                rows[index] = fold_view_files(_since_refresh(files, request.writer))
+        self._session = _Session(request.bindings, request.writer, staging, committed, rows)
         return Opened(None)
 
     def acknowledge(self, request: Acknowledge) -> Acknowledged:
@@ -183,7 +186,7 @@ class ParquetDriver(SessionDriver[ParquetSettings, _Session]):
         for index, name in staged:
             binding = session.bindings[index]
             _, part, _, ident = name[: -len(".parquet")].split("-")
-            files.append([binding.target, name, f"{batch:012d}-{kind}-{part}-{index}-{ident}.parquet"])
+            files.append([binding.target, name, f"{batch:012d}-{kind}-{part}-{index}-{ident}@{session.owner}.parquet"])
         with session.lock:
             for index, binding in enumerate(session.bindings):
                 if binding.kind != "view":
@@ -258,13 +261,25 @@ def fold_view_files(files: Iterable[Path], rows: dict[Key, Row] | None = None) -
     return out
 
 
-def _since_refresh(files: list[tuple[str, Path]]) -> list[Path]:
-    """(applied name, where to read) in commit order, from the last full refresh's batch on."""
-    files = sorted(files)
-    refreshed = [name.split("-")[0] for name, _ in files if name.split("-")[1] == "F"]
-    if refreshed:
-        files = [(name, path) for name, path in files if name.split("-")[0] >= refreshed[-1]]
-    return [path for _, path in files]
+def _staging_name(pipeline: str, materialization: str, writer: str) -> str:
+    return f"{pipeline}-{materialization}-{writer}"
+
+
+def _owner(name: str) -> str:
+    """The writer (shard) that applied a file: after `@`; '' for files from before shards."""
+    stem = name.removesuffix(".parquet")
+    return stem.rsplit("@", 1)[1] if "@" in stem else ""
+
+
+def _since_refresh(files: list[tuple[str, Path]], only: str | None = None) -> list[Path]:
+    """(applied name, where to read) in commit order, each writer's (shard's) from its
+    last full refresh's batch on; with `only`, that writer's files alone."""
+    files = sorted(f for f in files if only is None or _owner(f[0]) == only)
+    refreshed: dict[str, str] = {}
+    for name, _ in files:
+        if name.split("-")[1] == "F":
+            refreshed[_owner(name)] = name.split("-")[0]
+    return [path for name, path in files if name.split("-")[0] >= refreshed.get(_owner(name), "")]
 
 
 def read_parquet_view(path: str | Path, target: str) -> dict[Key, Row]:

@@ -23,9 +23,14 @@ fence shared with SQLite (`refold.connectors.fence`):
 - A view binding is a table `(_key jsonb PRIMARY KEY, _doc jsonb, _batch bigint)`:
   the key values as a JSON array in the binding's key order, the whole row (what
   `Load` returns; `_doc->>'total'` reads a column), and the batch that wrote it.
-- A delta binding is an append-only table `(_batch, _part, _seq, _key, _doc)`. A
-  replayed batch (the store committed, Kafka did not) first deletes the rows of the
+- A delta binding is an append-only table `(_writer, _batch, _part, _seq, _key, _doc)`.
+  A replayed batch (the store committed, Kafka did not) first deletes the rows of the
   batches it replaces, so every delta row is there exactly once.
+- Every row names the writer that stored it in `_writer` (`<writer>-<shard>`: a
+  view's shards each commit their own rows, with their own checkpoint and nonce):
+  a full refresh replaces the writer's view rows only (and rows from before shards,
+  `_writer` null), a replayed batch only the writer's delta rows. Tables from before
+  shards get the column at `Open` (a delta table's primary key gains it).
 
     outputs:
       materialize:
@@ -152,9 +157,11 @@ class PostgresDriver(SessionDriver[PostgresSettings, _Session]):
                 conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
                 for binding in request.bindings:
                     conn.execute(_create_target(schema, binding))
+                    _add_writer_column(conn, schema, binding)
             table = f"{quote(schema)}.{quote(self.settings.checkpoints_table)}"
             fence = Fence.open(conn, table, POSTGRES, request, f"schema {schema!r}")
-            family = f"{_STAGE_PREFIX}{hashlib.sha256(request.materialization.encode()).hexdigest()[:8]}_"
+            owner = f"{request.materialization}\0{request.writer}"  # one family per shard
+            family = f"{_STAGE_PREFIX}{hashlib.sha256(owner.encode()).hexdigest()[:8]}_"
             # Older instances are fenced now: their staging tables are garbage.
             _drop(conn, schema, _staging_tables(conn, schema, family))
         except BaseException:
@@ -255,10 +262,10 @@ class PostgresDriver(SessionDriver[PostgresSettings, _Session]):
 
 def _merge(conn: Connection, target: sql.Identifier, binding: Binding, rows: Any, start: StartCommit) -> None:
     """Merge one binding's staged rows (`rows`: a query, or None when none) into its table."""
-    batch = start.runtime_checkpoint.batch
+    batch, owner = start.runtime_checkpoint.batch, start.runtime_checkpoint.writer
     if binding.kind == "view":
-        if start.full_refresh:
-            conn.execute(sql.SQL("DELETE FROM {}").format(target))
+        if start.full_refresh:  # this writer's rows (a shard's keys), and those from before shards
+            conn.execute(sql.SQL("DELETE FROM {} WHERE _writer = %s OR _writer IS NULL").format(target), (owner,))
         elif rows is not None:
             conn.execute(
                 sql.SQL("DELETE FROM {t} USING ({rows}) s WHERE s._delete AND {t}._key = s._key").format(
@@ -268,20 +275,22 @@ def _merge(conn: Connection, target: sql.Identifier, binding: Binding, rows: Any
         if rows is not None:
             conn.execute(
                 sql.SQL(
-                    "INSERT INTO {t} (_key, _doc, _batch) SELECT _key, _doc, %s FROM ({rows}) s "
+                    "INSERT INTO {t} (_key, _doc, _batch, _writer) SELECT _key, _doc, %s, %s FROM ({rows}) s "
                     "WHERE NOT _delete ON CONFLICT (_key) DO UPDATE "
-                    "SET _doc = EXCLUDED._doc, _batch = EXCLUDED._batch"
+                    "SET _doc = EXCLUDED._doc, _batch = EXCLUDED._batch, _writer = EXCLUDED._writer"
                 ).format(t=target, rows=rows),
-                (batch,),
+                (batch, owner),
             )
         return
-    conn.execute(sql.SQL("DELETE FROM {} WHERE _batch >= %s").format(target), (batch,))
+    # a replayed batch replaces its rows (this writer's: batches are numbered per shard)
+    conn.execute(sql.SQL("DELETE FROM {} WHERE _batch >= %s AND _writer = %s").format(target), (batch, owner))
     if rows is not None:
         conn.execute(
             sql.SQL(
-                "INSERT INTO {t} (_batch, _part, _seq, _key, _doc) SELECT %s, _part, _seq, _key, _doc FROM ({rows}) s"
+                "INSERT INTO {t} (_writer, _batch, _part, _seq, _key, _doc) "
+                "SELECT %s, %s, _part, _seq, _key, _doc FROM ({rows}) s"
             ).format(t=target, rows=rows),
-            (batch,),
+            (owner, batch),
         )
 
 
@@ -295,7 +304,9 @@ def read_view(dsn: str, table: str, schema: str = "public") -> dict[Key, Row]:
 def read_deltas(dsn: str, table: str, schema: str = "public") -> list[Row]:
     """A delta binding's rows in commit order (batch, part, sequence)."""
     with _connect(SecretStr(dsn), 10) as conn:
-        query = sql.SQL("SELECT _doc FROM {} ORDER BY _batch, _part, _seq").format(sql.Identifier(schema, table))
+        query = sql.SQL("SELECT _doc FROM {} ORDER BY _batch, _writer, _part, _seq").format(
+            sql.Identifier(schema, table)
+        )
         return [doc for (doc,) in conn.execute(query)]
 
 
@@ -311,12 +322,38 @@ def _create_target(schema: str, binding: Binding) -> sql.Composed:
     table = sql.Identifier(schema, binding.target)
     if binding.kind == "view":
         return sql.SQL(
-            "CREATE TABLE IF NOT EXISTS {} (_key jsonb PRIMARY KEY, _doc jsonb NOT NULL, _batch bigint NOT NULL)"
+            "CREATE TABLE IF NOT EXISTS {} (_key jsonb PRIMARY KEY, _doc jsonb NOT NULL, _batch bigint NOT NULL, "
+            "_writer text)"
         ).format(table)
     return sql.SQL(
-        "CREATE TABLE IF NOT EXISTS {} (_batch bigint NOT NULL, _part int NOT NULL, _seq int NOT NULL, "
-        "_key jsonb NOT NULL, _doc jsonb NOT NULL, PRIMARY KEY (_batch, _part, _seq))"
+        "CREATE TABLE IF NOT EXISTS {} (_writer text NOT NULL DEFAULT '', _batch bigint NOT NULL, "
+        "_part int NOT NULL, _seq int NOT NULL, _key jsonb NOT NULL, _doc jsonb NOT NULL, "
+        "PRIMARY KEY (_writer, _batch, _part, _seq))"
     ).format(table)
+
+
+def _add_writer_column(conn: Connection, schema: str, binding: Binding) -> None:
+    """A table from before shards gets `_writer` (null for its view rows, '' for its delta
+    rows), and a delta table's primary key gains it."""
+    found = conn.execute(
+        "SELECT 1 FROM information_schema.columns WHERE table_schema = %s AND table_name = %s "
+        "AND column_name = '_writer'",
+        (schema, binding.target),
+    ).fetchone()
+    if found is not None:
+        return
+    table = sql.Identifier(schema, binding.target)
+    if binding.kind == "view":
+        conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN _writer text").format(table))
+        return
+    (constraint,) = conn.execute(
+        "SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'p'",
+        (f"{quote(schema)}.{quote(binding.target)}",),
+    ).fetchone() or (None,)
+    conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN _writer text NOT NULL DEFAULT ''").format(table))
+    if constraint is not None:
+        conn.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(table, sql.Identifier(constraint)))
+    conn.execute(sql.SQL("ALTER TABLE {} ADD PRIMARY KEY (_writer, _batch, _part, _seq)").format(table))
 
 
 def _copy(conn: Connection, table: sql.Identifier, stores: Iterable[Store], first_seq: int = 0) -> None:

@@ -142,18 +142,23 @@ class _Driven:
 
 
 class Materializations:
-    """Every materialization of one pipeline writer, driven through Flow's protocol."""
+    """Every materialization of one shard of a pipeline writer, driven through Flow's
+    protocol. `writer` names the shard's sessions (`<writer>-<shard>`, see
+    `refold.runtime.shards.shard_writer`; the pipeline's writer when not given): the
+    owner in each driver's fence, runtime checkpoint and staged names."""
 
     def __init__(
         self,
         pipeline: Pipeline,
         drivers: Sequence[Driver[Any]],
         executor: Executor | None = None,
+        writer: str | None = None,
         *,
         commit_attempts: int = 4,
         retry_seconds: float = 0.2,
     ) -> None:
         self.pipeline = pipeline
+        self.writer = writer if writer is not None else pipeline.writer
         self.executor: Executor = executor or ThreadExecutor()
         self.commit_attempts = commit_attempts
         self.retry_seconds = retry_seconds
@@ -162,12 +167,14 @@ class Materializations:
         self.transactions = 0
 
     @classmethod
-    def from_pipeline(cls, pipeline: Pipeline, executor: Executor | None = None) -> Materializations | None:
+    def from_pipeline(
+        cls, pipeline: Pipeline, executor: Executor | None = None, writer: str | None = None
+    ) -> Materializations | None:
         """The pipeline's `outputs.materialize` drivers (their settings validated when the
         pipeline was read; nothing connects before `open`), or None when it has none."""
         if not pipeline.outputs.materialize:
             return None
-        return cls(pipeline, build_drivers(pipeline.outputs.materialize), executor)
+        return cls(pipeline, build_drivers(pipeline.outputs.materialize), executor, writer)
 
     def _describe(self, driver: Driver[Any]) -> _Driven:
         """The driver's bindings. The pipeline's validation guarantees at least one, and
@@ -199,7 +206,7 @@ class Materializations:
             request = Open(
                 materialization=driven.name,
                 pipeline=self.pipeline.pipeline,
-                writer=self.pipeline.writer,
+                writer=self.writer,
                 bindings=driven.bindings,
                 driver_checkpoint=checkpoint.driver_checkpoints.get(driven.name),
             )
@@ -221,7 +228,7 @@ class Materializations:
             held = opened.runtime_checkpoint
             if held is None:
                 return checkpoint.batch > 0
-            if (held.pipeline, held.writer) != (self.pipeline.pipeline, self.pipeline.writer):
+            if (held.pipeline, held.writer) != (self.pipeline.pipeline, self.writer):
                 return True  # another pipeline's rows: replace them
             if held.batch > checkpoint.batch:
                 log.info("materialization %s is ahead of Kafka (batch %d > %d): the replay re-stores it",
@@ -265,7 +272,7 @@ class Materializations:
         """Run the transaction of the batch `checkpoint` is about to commit; return the
         driver checkpoints by materialization name."""
         runtime_checkpoint = RuntimeCheckpoint(
-            self.pipeline.pipeline, self.pipeline.writer, checkpoint.batch, dict(checkpoint.offsets)
+            self.pipeline.pipeline, self.writer, checkpoint.batch, dict(checkpoint.offsets)
         )
         final: dict[Key, Row | None] = {}
         for change in changes:
@@ -340,7 +347,7 @@ class Materializations:
         for store in stores:
             parts[zlib.crc32(orjson.dumps([store.binding, list(store.key)], default=str)) % count].append(store)
         work = [(part, items) for part, items in enumerate(parts) if items]
-        txn = TxnInfo(driven.name, self.pipeline.pipeline, self.pipeline.writer, batch, driven.bindings)
+        txn = TxnInfo(driven.name, self.pipeline.pipeline, self.writer, batch, driven.bindings)
         try:
             infos = self.executor.prepare(sink.writer, txn, work)
         except Exception as exc:

@@ -18,6 +18,10 @@ one SQLite transaction at `StartCommit`, through the shared fence
 - A delta binding is an append-only table with `_batch`. A replayed batch (the
   store committed, Kafka did not) first deletes the rows of batches it replaces,
   so every delta row is there exactly once.
+- Every row names the writer that stored it in `_writer` (`<writer>-<shard>`: a
+  view's shards each commit their own rows, with their own checkpoint and nonce):
+  a full refresh replaces the writer's rows only (and rows from before shards,
+  `_writer` null), a replayed batch only the writer's delta rows.
 
     outputs:
       materialize:
@@ -130,7 +134,11 @@ class SQLiteDriver(SessionDriver[SQLiteSettings, _Session]):
             body = ", ".join(quote(c) for c in columns)
             db.execute(f"CREATE TABLE IF NOT EXISTS {table} ({body})")
             db.execute(f"CREATE INDEX IF NOT EXISTS {quote(binding.target + '_batch')} ON {table} (_batch)")
-        return [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
+        columns = [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
+        if _WRITER not in columns:  # a new table, or one from before shards
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {_WRITER}")
+        # `_doc` last (columns added later come after it in the table); `_writer` apart
+        return [c for c in columns if c not in (_WRITER, "_doc")] + ["_doc"]
 
     # The transaction ---------------------------------------------------------------------------
 
@@ -168,20 +176,21 @@ class SQLiteDriver(SessionDriver[SQLiteSettings, _Session]):
         with session.fence.commit(session.db, request.runtime_checkpoint):
             for index, binding in enumerate(session.bindings):
                 mine = [s for s in stores if s.binding == index]
+                owner = request.runtime_checkpoint.writer
                 if binding.kind == "view":
-                    self._store_view(session, index, mine, request.full_refresh)
+                    self._store_view(session, index, mine, request.full_refresh, owner)
                 else:
-                    self._store_deltas(session, index, mine, request.runtime_checkpoint.batch)
+                    self._store_deltas(session, index, mine, request.runtime_checkpoint.batch, owner)
         return StartedCommit(b"")
 
     @classmethod
-    def _store_view(cls, session: _Session, index: int, stores: list[Store], full: bool) -> None:
+    def _store_view(cls, session: _Session, index: int, stores: list[Store], full: bool, owner: str) -> None:
         db, binding = session.db, session.bindings[index]
         table = quote(binding.target)
         keys = ", ".join(quote(k) for k in binding.key)
         match = " AND ".join(f"{quote(k)} = ?" for k in binding.key)
-        if full:
-            db.execute(f"DELETE FROM {table}")
+        if full:  # this writer's rows (a shard's keys), and those from before shards
+            db.execute(f"DELETE FROM {table} WHERE {_WRITER} = ? OR {_WRITER} IS NULL", (owner,))
         deletes = [[_cell(v) for v in s.key] for s in stores if s.delete]
         if deletes:
             db.executemany(f"DELETE FROM {table} WHERE {match}", deletes)
@@ -189,29 +198,30 @@ class SQLiteDriver(SessionDriver[SQLiteSettings, _Session]):
         if not upserts:
             return
         columns = cls._ensure_columns(session, index, upserts)
-        names = ", ".join(quote(c) for c in columns)
-        marks = ", ".join("?" for _ in columns)
-        updates = ", ".join(f"{quote(c)} = excluded.{quote(c)}" for c in columns if c not in binding.key)
+        names = ", ".join(quote(c) for c in [*columns, _WRITER])
+        marks = ", ".join("?" for _ in range(len(columns) + 1))
+        updates = ", ".join(f"{quote(c)} = excluded.{quote(c)}" for c in [*columns, _WRITER] if c not in binding.key)
         db.executemany(
             f"INSERT INTO {table} ({names}) VALUES ({marks}) ON CONFLICT ({keys}) DO UPDATE SET {updates}",
-            [_values(columns, s.doc) for s in upserts if s.doc is not None],
+            [[*_values(columns, s.doc), owner] for s in upserts if s.doc is not None],
         )
 
     @classmethod
-    def _store_deltas(cls, session: _Session, index: int, stores: list[Store], batch: int) -> None:
+    def _store_deltas(cls, session: _Session, index: int, stores: list[Store], batch: int, owner: str) -> None:
         db, table = session.db, quote(session.bindings[index].target)
-        db.execute(f"DELETE FROM {table} WHERE _batch >= ?", (batch,))  # a replayed batch replaces its rows
+        # a replayed batch replaces its rows (this writer's: batches are numbered per shard)
+        db.execute(f"DELETE FROM {table} WHERE _batch >= ? AND {_WRITER} = ?", (batch, owner))
         if not stores:
             return
         columns = cls._ensure_columns(session, index, stores)
-        names = ", ".join(quote(c) for c in columns)
-        marks = ", ".join("?" for _ in columns)
+        names = ", ".join(quote(c) for c in [*columns, _WRITER])
+        marks = ", ".join("?" for _ in range(len(columns) + 1))
         rows = []
         for s in stores:
             assert s.doc is not None
             values = _values(columns, s.doc)
             values[columns.index("_batch")] = batch
-            rows.append(values)
+            rows.append([*values, owner])
         db.executemany(f"INSERT INTO {table} ({names}) VALUES ({marks})", rows)
 
     @staticmethod
@@ -256,6 +266,9 @@ def _cell(value: Any) -> Any:
     if isinstance(value, list | dict):
         return orjson.dumps(value).decode()
     return value
+
+
+_WRITER = "_writer"  # the writer (shard) that stored a row
 
 
 def _values(columns: list[str], doc: Row) -> list[Any]:

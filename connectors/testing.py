@@ -126,9 +126,18 @@ class Harness:
     each batch and ("-- crash",) at each crash; `driver` is the current instance's
     recording wrapper, `committed` what "Kafka" holds."""
 
-    def __init__(self, pipeline: Pipeline, *, ack_waits_for_load: bool = False, kafka: Harness | None = None) -> None:
-        """`kafka`: start from another instance's committed checkpoint and state."""
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        *,
+        ack_waits_for_load: bool = False,
+        kafka: Harness | None = None,
+        writer: str | None = None,
+    ) -> None:
+        """`kafka`: start from another instance's committed checkpoint and state;
+        `writer`: the shard's writer (`<writer>-<shard>`) the sessions run as."""
         self.pipeline = pipeline
+        self.writer = writer
         self.ack_waits_for_load = ack_waits_for_load
         self.log: list[Entry] = []
         self.committed = Checkpoint(
@@ -146,7 +155,9 @@ class Harness:
         self.reducer.restore(self.state.items())
         drivers = p.build_drivers(self.pipeline.outputs.materialize)
         self.driver = Recording(drivers[0], self.log, ack_waits_for_load=self.ack_waits_for_load)
-        self.runtime = Materializations(self.pipeline, [self.driver], RecordingExecutor(self.log), retry_seconds=0.01)
+        self.runtime = Materializations(
+            self.pipeline, [self.driver], RecordingExecutor(self.log), self.writer, retry_seconds=0.01
+        )
         self.runtime.open(self.committed)
 
     def batch(self, units: Sequence[Sequence[SourceEvent]], crash: str | None = None) -> None:

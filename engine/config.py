@@ -117,12 +117,22 @@ class ViewSpec(_Model):
 
 class SourceSpec(_Model):
     """The input changelog topic. `debezium-json` reads Debezium change events (JSON
-    converter, with or without its `payload` wrapper) as changelog events."""
+    converter, with or without its `payload` wrapper) as changelog events.
+
+    `key` names the columns the messages are keyed by (default: the view key; for a
+    Top-N, `partition_by`). A view whose key includes every one of them is
+    co-partitioned with its source and runs one shard per source partition; any other
+    view runs as one shard that merges the partitions. For a co-partitioned view the
+    engine checks the message keys (the JSON object of these columns, as
+    `refold produce --key` writes it): when the first records of a run are keyed
+    otherwise it stops before committing anything; a later record keyed otherwise is
+    a dead letter (`key mismatch`). Debezium's keys (the table's key, with or without
+    their `schema`/`payload` envelope) are checked on a run's first record only."""
 
     topic: str
     format: Literal["jsonl", "avro", "debezium-json"] = "jsonl"
     schema_path: str | None = Field(default=None, alias="schema")
-    key: list[str] = []  # the message key columns, when they differ from the view key
+    key: list[str] = []  # the message-key columns, when they differ from the view key
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
     # `format: avro` needs `schema:` unless a schema registry names each record's
@@ -255,9 +265,9 @@ class Pipeline(_Model):
     def dlq_topic(self) -> str:
         return f"{self.pipeline}.dlq"
 
-    @property
-    def transactional_id(self) -> str:
-        return f"{self.transactional_id_prefix or self.pipeline}-{self.writer}"
+    def transactional_id(self, shard: int) -> str:
+        """The transactional id of one shard of this writer: `<prefix>-<writer>-<shard>`."""
+        return f"{self.transactional_id_prefix or self.pipeline}-{self.writer}-{shard}"
 
     @property
     def trigger_seconds(self) -> float:

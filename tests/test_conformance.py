@@ -19,6 +19,7 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -364,6 +365,59 @@ def test_a_store_behind_kafka_is_backfilled(view_case: DriverCase, tmp_path: Pat
     harness.batch(units[400:])
     harness.close()
     assert ("StartCommit", 8, True) in harness.log  # a full refresh
+    assert view_case.read_view is not None
+    assert view_case.read_view() == expected(pipeline, units)
+
+
+def _by_shard(units: list[list[SourceEvent]], shards: int = 2) -> list[list[list[SourceEvent]]]:
+    """Units split as a co-partitioned view's shards see them: by key, in order."""
+    parts: list[list[list[SourceEvent]]] = [[] for _ in range(shards)]
+    for unit in units:
+        parts[zlib.crc32(unit[0].row["player_name"].encode()) % shards].append(unit)
+    return parts
+
+
+def test_two_shards_of_one_driver_commit_independently(driver_case: DriverCase) -> None:
+    """Two shards (writers `0-0`, `0-1`) of one materialization: each commits its own
+    rows with its own checkpoint, nonce and batch numbers; one crashes and replays."""
+    pipeline = make_pipeline(driver_case.settings)
+    units = changelog(1200, 90, seed=31)
+    parts = _by_shard(units)
+    shards = [Harness(pipeline, writer=f"0-{n}") for n in range(2)]
+    batches = [batches_of(part, seed=n + 1) for n, part in enumerate(parts)]
+    for i in range(max(len(b) for b in batches)):
+        for n, shard in enumerate(shards):
+            if i < len(batches[n]):
+                crash = "after_start_commit" if (n, i) == (1, 2) else None
+                shard.batch(batches[n][i], crash=crash)
+                if crash:  # Kafka never committed it: the shard replays it
+                    shard.batch(batches[n][i])
+    for shard in shards:
+        shard.close()
+    assert shards[0].committed.batch == len(batches[0]) and shards[1].committed.batch == len(batches[1])
+    assert_store_equals_reference(driver_case, pipeline, units)
+
+
+def test_a_backfilled_shard_leaves_the_other_shards_rows(view_case: DriverCase) -> None:
+    pipeline = make_pipeline({k: v for k, v in view_case.settings.items() if k != "delta"})
+    units = changelog(800, 60, seed=12)
+    parts = _by_shard(units)
+    first = Harness(pipeline, writer="0-0")
+    for batch in batches_of(parts[0], seed=3):
+        first.batch(batch)
+    first.close()
+    reducer = make_reducer(pipeline.view)  # shard 1: Kafka has 5 batches, the store none
+    half = len(parts[1]) // 2
+    for unit in parts[1][:half]:
+        reducer.apply(unit)
+    reducer.take_deltas()
+    second = Harness(pipeline, writer="0-1")
+    second.committed = replace(second.committed, batch=5)
+    second.state = {k: v for k, v in reducer.take_state_changes() if v is not None}
+    second.start()
+    second.batch(parts[1][half:])
+    second.close()
+    assert ("StartCommit", 6, True) in second.log  # shard 1's full refresh: its own rows only
     assert view_case.read_view is not None
     assert view_case.read_view() == expected(pipeline, units)
 

@@ -19,7 +19,7 @@ from refold.cli.produce import produce
 from refold.config import Pipeline, load_pipeline
 from refold.dev.testing import Workload, generate
 from refold.ops.verify import verify
-from refold.recovery.restore import load_checkpoint
+from refold.recovery.restore import load_checkpoint, load_checkpoints
 from refold.spark.job import spark_checkpoint_dir
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
@@ -104,6 +104,23 @@ def test_kill_9_then_restart(bootstrap_servers, loaded_source, tmp_path, crash) 
     code, err = finish(start_engine(path))
     assert code == 0, err[-3000:]
     assert_exact(pipeline, bootstrap_servers, events)
+
+
+def test_kill_9_between_two_shards_commits_of_one_batch(bootstrap_servers, loaded_source, tmp_path) -> None:
+    # Batches are atomic per shard: shard 0 committed its part of batch 1, shards 1 and 2
+    # did not; the restart runs their parts (and nothing of shard 0's) again.
+    source, events = loaded_source
+    path = write_pipeline(tmp_path, source, bootstrap_servers)
+    code, err = finish(start_engine(path, crash="after_commit:1"))
+    assert code == -9, err[-2000:]
+    pipeline = load_pipeline(path)
+    settings = {"bootstrap.servers": bootstrap_servers}
+    shards = load_checkpoints(pipeline, settings)
+    assert list(shards) == [0] and shards[0].batch == 1 and set(shards[0].offsets) == {0}
+    code, err = finish(start_engine(path))
+    assert code == 0, err[-3000:]
+    assert_exact(pipeline, bootstrap_servers, events)
+    assert sorted(load_checkpoints(pipeline, settings)) == [0, 1, 2]
 
 
 def test_kill_9_then_restart_without_spark_checkpoint(bootstrap_servers, loaded_source, tmp_path) -> None:

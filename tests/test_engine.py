@@ -14,12 +14,12 @@ import pytest
 from refold.cli.produce import produce
 from refold.config import Pipeline, parse_pipeline
 from refold.dev.testing import Workload, generate
-from refold.errors import RecordError, RefoldError
+from refold.errors import RecordError, RefoldError, UserError
 from refold.kafka.io import read_to_end
 from refold.ops.status import pipeline_status
 from refold.ops.verify import read_view_changes, verify
-from refold.recovery.records import decode_dead_letter
-from refold.recovery.restore import load_checkpoint
+from refold.recovery.records import decode_checkpoint, decode_dead_letter
+from refold.recovery.restore import load_checkpoint, load_checkpoints
 from refold.runtime.processor import BatchProcessor
 from refold.spark.job import (
     Progress,
@@ -54,7 +54,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def pipeline_for(source: str, view: dict[str, Any], *, tmp: Any, form: str = "changelog", delta: bool = True,
-                 emit: str = "per_event", **extra: Any) -> Pipeline:
+                 emit: str = "per_event", source_key: list[str] | None = None, **extra: Any) -> Pipeline:
     name = f"p{uuid.uuid4().hex[:10]}"
     outputs: dict[str, Any] = {"view": {"topic": f"{name}.view", "form": form, "emit": emit}}
     if delta and "top_n" not in view:
@@ -62,7 +62,7 @@ def pipeline_for(source: str, view: dict[str, Any], *, tmp: Any, form: str = "ch
     return parse_pipeline(
         {
             "pipeline": name,
-            "source": {"topic": source, "format": "jsonl"},
+            "source": {"topic": source, "format": "jsonl", **({"key": source_key} if source_key else {})},
             "view": view,
             "outputs": outputs,
             "trigger": "200ms",
@@ -74,6 +74,16 @@ def pipeline_for(source: str, view: dict[str, Any], *, tmp: Any, form: str = "ch
 
 def produce_rows(settings: dict[str, Any], topic: str, rows: list[dict[str, Any]], key: str = "player_name") -> None:
     produce(settings, topic, [orjson.dumps(r) for r in rows], [key], progress=False, per_transaction=500)
+
+
+def message_key(value: bytes, column: str = "player_name") -> bytes:
+    """Refold's message key of a record (the JSON object of its key column); b"k" for one
+    without (undecodable, a null key): those are dead letters before any key check."""
+    try:
+        row = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return b"k"
+    return orjson.dumps({column: row[column]}) if isinstance(row, dict) and row.get(column) else b"k"
 
 
 def run(pipeline: Pipeline, bootstrap: str, spark: Any, idle: float = 2.0) -> Any:
@@ -153,7 +163,7 @@ def test_top_n_with_retractions_equals_reference(bootstrap_servers, topic, tmp_p
     source = topic(partitions=3)
     produce_rows(settings, source, list(generate(Workload(events=2000, keys=200, seed=3))))
     pipeline = pipeline_for(source, {"top_n": {"n": 3, "order_by": {"score": "desc"}, "partition_by": ["team"]}},
-                            tmp=tmp_path)  # one batch: the merge order equals the reference's
+                            tmp=tmp_path, source_key=["player_name"])  # one batch: the merge order equals the reference's
     run(pipeline, bootstrap_servers, spark)
     assert_verified(pipeline, settings, exact_order=True)
 
@@ -197,10 +207,10 @@ def test_bad_records_go_to_the_dead_letter_topic(bootstrap_servers, topic, tmp_p
         (orjson.dumps({"op": "-C", "player_name": "Alice", "score": 10}), "-C not immediately followed by its +C"),
     ]
     producer = Producer({"bootstrap.servers": bootstrap_servers})
-    producer.produce(source, orjson.dumps(good), b"k")
+    producer.produce(source, orjson.dumps(good), message_key(orjson.dumps(good)))
     for value, _reason in bad:
-        producer.produce(source, value, b"k")
-    producer.produce(source, orjson.dumps({**good, "score": 20}), b"k")
+        producer.produce(source, value, message_key(value))
+    producer.produce(source, orjson.dumps({**good, "score": 20}), message_key(orjson.dumps(good)))
     producer.flush(30)
 
     pipeline = pipeline_for(source, {"key": ["player_name"], "columns": {"total": {"sum": "score"}}}, tmp=tmp_path)
@@ -224,8 +234,8 @@ def test_strict_mode_fails_naming_the_record(bootstrap_servers, topic, tmp_path,
 
     source = topic(partitions=1)
     producer = Producer({"bootstrap.servers": bootstrap_servers})
-    producer.produce(source, orjson.dumps({"op": "+A", "player_name": "A", "score": 1}), b"k")
-    producer.produce(source, orjson.dumps({"op": 9, "player_name": "A", "score": 1}), b"k")
+    producer.produce(source, orjson.dumps({"op": "+A", "player_name": "A", "score": 1}), b'{"player_name":"A"}')
+    producer.produce(source, orjson.dumps({"op": 9, "player_name": "A", "score": 1}), b'{"player_name":"A"}')
     producer.flush(30)
     pipeline = pipeline_for(source, {"key": ["player_name"], "columns": {"total": {"sum": "score"}}}, tmp=tmp_path,
                             strict=True)
@@ -330,7 +340,7 @@ def test_a_failed_start_leaves_no_worker_and_closes_the_processor(bootstrap_serv
         with pytest.raises(Exception) as failure:  # each case raises its own kind
             run_pipeline(pipeline, bootstrap_servers, until_idle=2.0, spark=spark, quiet=True,
                          processor_factory=factory)
-        assert made[-1].writer.closed, "the processor's producer is closed"
+        assert all(shard.writer.closed for shard in made[-1].shards.values()), "the processor's producers are closed"
         assert not [t for t in threading.enumerate() if t.name == "refold-batches" and t.is_alive()]
         return failure.value
 
@@ -348,3 +358,46 @@ def test_a_failed_start_leaves_no_worker_and_closes_the_processor(bootstrap_serv
     pipeline = pipeline_for(source, {"key": ["player_name"], "columns": {"n": {"count": "*"}}}, tmp=tmp_path)
     assert "injected" in str(start(pipeline))
     assert len(made) == 2
+
+
+def test_a_co_partitioned_view_commits_one_checkpoint_per_shard(bootstrap_servers, topic, tmp_path, spark) -> None:
+    settings = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=3)
+    rows = list(generate(Workload(events=1200, keys=90, seed=21)))
+    produce_rows(settings, source, rows)
+    pipeline = pipeline_for(source, {"key": ["player_name"], "columns": {"n": {"count": "*"}, "t": {"sum": "score"}}},
+                            tmp=tmp_path, max_batch_events=400)
+    run(pipeline, bootstrap_servers, spark)
+    assert_verified(pipeline, settings)
+    shards = load_checkpoints(pipeline, settings)
+    assert sorted(shards) == [0, 1, 2]
+    assert all(set(c.offsets) == {n} and c.shard == n for n, c in shards.items())  # its own partition only
+    assert sum(c.records_in for c in shards.values()) == len(rows)
+    # one record per writer and shard; the shard names its transactional id P-<writer>-<shard>
+    records = list(read_to_end(settings, pipeline.checkpoints_topic))
+    assert {(m.key(), m.partition()) for m in records} == {(b"0/0", 0), (b"0/1", 1), (b"0/2", 2)}
+    assert {pipeline.transactional_id(decode_checkpoint(m.value() or b"").shard) for m in records} == {
+        f"{pipeline.pipeline}-0-{n}" for n in range(3)}
+
+
+def test_a_global_top_n_runs_as_one_shard(bootstrap_servers, topic, tmp_path, spark) -> None:
+    settings = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=3)
+    produce_rows(settings, source, list(generate(Workload(events=800, keys=80, seed=4))))
+    pipeline = pipeline_for(source, {"top_n": {"n": 3, "order_by": {"score": "desc"}}}, tmp=tmp_path)
+    run(pipeline, bootstrap_servers, spark)
+    assert_verified(pipeline, settings, exact_order=True)
+    shards = load_checkpoints(pipeline, settings)
+    assert list(shards) == [0] and set(shards[0].offsets) == {0, 1, 2}
+
+
+def test_messages_keyed_otherwise_stop_the_engine_before_it_commits(bootstrap_servers, topic, tmp_path, spark) -> None:
+    settings = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=2)
+    produce_rows(settings, source, list(generate(Workload(events=50, keys=10, seed=2, retract_share=0.0))), key="team")
+    pipeline = pipeline_for(source, {"key": ["player_name"], "columns": {"n": {"count": "*"}}}, tmp=tmp_path)
+    with pytest.raises(UserError, match=r"fields \['team'\].*set source\.key"):
+        run(pipeline, bootstrap_servers, spark)
+    assert load_checkpoint(pipeline, settings) is None
+    assert list(read_to_end(settings, f"{pipeline.pipeline}.view")) == []
+    assert list(read_to_end(settings, pipeline.dlq_topic)) == []

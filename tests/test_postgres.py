@@ -260,3 +260,27 @@ def test_settings_are_checked() -> None:
     driver = build_driver({"driver": "postgres", "dsn": "postgresql:///x", "schema": "views", "batch_size": 10})
     assert isinstance(driver, PostgresDriver)
     assert (driver.settings.schema_, driver.settings.batch_size, driver.pattern) == ("views", 10, "remote_authoritative")
+
+
+def test_tables_from_before_shards_gain_the_writer_column(postgres_dsn: str) -> None:
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE scores (_key jsonb PRIMARY KEY, _doc jsonb NOT NULL, _batch bigint NOT NULL)")
+        conn.execute("INSERT INTO scores VALUES ('[\"old\"]', '{\"player\": \"old\", \"total\": 1}', 3)")
+        conn.execute("CREATE TABLE scores_delta (_batch bigint NOT NULL, _part int NOT NULL, _seq int NOT NULL, "
+                     "_key jsonb NOT NULL, _doc jsonb NOT NULL, PRIMARY KEY (_batch, _part, _seq))")
+        conn.execute("INSERT INTO scores_delta VALUES (1, 0, 0, '[\"old\"]', "
+                     "'{\"player\": \"old\", \"_count\": 1, \"total\": 1}')")
+    driver = make(postgres_dsn)
+    open_(driver)
+    commit(driver, 1, [row("alice", 2), delta("alice", 2)])  # batch 1 again, by writer "w": no conflict
+    driver.close()
+    assert read_view(postgres_dsn, "scores") == {("old",): {"player": "old", "total": 1},
+                                                 ("alice",): {"player": "alice", "total": 2}}
+    assert len(read_deltas(postgres_dsn, "scores_delta")) == 2
+    with psycopg.connect(postgres_dsn) as conn:
+        key = conn.execute(
+            "SELECT array_agg(a.attname ORDER BY a.attname) FROM pg_index i JOIN pg_attribute a "
+            "ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+            "WHERE i.indrelid = 'scores_delta'::regclass AND i.indisprimary"
+        ).fetchone()
+    assert key == (["_batch", "_part", "_seq", "_writer"],)

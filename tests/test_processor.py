@@ -9,9 +9,13 @@ import orjson
 import pytest
 
 from refold.config import parse_pipeline
-from refold.kafka.io import ensure_topics
+from refold.errors import UserError
+from refold.kafka.io import TopicSpec, ensure_topics, read_to_end
 from refold.kafka.transactions import FencedError, TransactionalWriter, TransactionFailed
-from refold.recovery.restore import load_checkpoint
+from refold.model.reasons import Reason
+from refold.ops.status import print_status
+from refold.recovery.records import decode_checkpoint, decode_dead_letter
+from refold.recovery.restore import load_checkpoint, load_checkpoints
 from refold.runtime.batch import InputRecord
 from refold.runtime.processor import BatchProcessor
 from refold.spark.job import engine_topics
@@ -72,6 +76,113 @@ def test_a_zombie_fenced_while_it_sends_stops_and_leaves_the_new_instance_alone(
         zombie.close()
         if successor is not None:
             successor.close()
+
+
+def _sharded(settings: dict, source: str, partitions: int, view: dict | None = None):
+    name = f"ps{uuid.uuid4().hex[:8]}"
+    pipeline = parse_pipeline({"pipeline": name, "kafka": settings, "source": {"topic": source, "format": "jsonl"},
+                               "view": view or {"key": ["k"], "columns": {"n": {"count": "*"}}},
+                               "outputs": {"view": {"topic": f"{name}.view"}}})
+    ensure_topics(settings, engine_topics(pipeline, partitions))
+    return pipeline
+
+
+def _record(partition: int, offset: int, k: str, message_key: bytes | None = None) -> InputRecord:
+    key = message_key if message_key is not None else orjson.dumps({"k": k})
+    return InputRecord(partition, offset, key, orjson.dumps({"op": "+A", "k": k, "i": offset}), 0)
+
+
+def test_each_shard_commits_its_own_transaction_state_and_checkpoint(bootstrap_servers, topic, capsys) -> None:
+    settings = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=3)
+    pipeline = _sharded(settings, source, 3)
+    processor = BatchProcessor(pipeline, settings)
+    try:
+        assert sorted(processor.shards) == [0, 1, 2]
+        assert [s.writer.transactional_id for s in processor.shards.values()] == [
+            f"{pipeline.pipeline}-0-{n}" for n in range(3)]
+        batch = [_record(p, o, f"k{p}-{o % 2}") for p in (0, 2) for o in range(4)]
+        stats = processor.process(batch)
+        assert stats is not None and stats.records_in == 8 and stats.shards == 2
+        assert processor.process(batch) is None  # replayed: nothing again, no transaction
+    finally:
+        processor.close()
+    shards = load_checkpoints(pipeline, settings)
+    assert sorted(shards) == [0, 2]  # shard 1 had no records: it committed nothing
+    assert shards[0].offsets == {0: 4} and shards[2].offsets == {2: 4} and shards[2].shard == 2
+    # checkpoint records keyed <writer>/<shard>, state records in partition = shard
+    keys = {(m.key(), m.partition()) for m in read_to_end(settings, pipeline.checkpoints_topic)}
+    assert keys == {(b"0/0", 0), (b"0/2", 2)}
+    assert {m.partition() for m in read_to_end(settings, pipeline.state_topic)} == {0, 2}
+    assert all(decode_checkpoint(m.value()).shard == int(m.key().split(b"/")[1])
+               for m in read_to_end(settings, pipeline.checkpoints_topic))
+    restarted = BatchProcessor(pipeline, settings)  # each shard restores its own offsets
+    try:
+        assert restarted.offsets == {0: 4, 2: 4}
+        stats = restarted.process([_record(1, 0, "x"), _record(2, 4, "k2-0")])
+        assert stats is not None and stats.records_in == 2
+    finally:
+        restarted.close()
+    assert load_checkpoint(pipeline, settings).records_in == 10
+    print_status(pipeline)  # `refold status`: one line per shard
+    lines = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["shard", "partitions"])
+    shard_lines = [line.split() for line in lines[header + 1 : header + 4]]
+    assert [(row[0], row[1], row[2], row[3]) for row in shard_lines] == [
+        ("0", "0", "1", "0:4"), ("1", "1", "1", "1:1"), ("2", "2", "2", "2:5")]
+    assert "total lag 0" in lines[-1]
+
+
+def test_a_regrouping_view_runs_as_one_shard(bootstrap_servers, topic) -> None:
+    settings = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=3)
+    pipeline = _sharded(settings, source, 3, {"top_n": {"n": 2, "order_by": {"i": "desc"}}})
+    processor = BatchProcessor(pipeline, settings)
+    try:
+        assert list(processor.shards) == [0] and processor.shards[0].writer.transactional_id.endswith("-0-0")
+        assert processor.process([_record(p, 0, "a", b"whatever") for p in range(3)]) is not None
+    finally:
+        processor.close()
+    shards = load_checkpoints(pipeline, settings)
+    assert list(shards) == [0] and shards[0].offsets == {0: 1, 1: 1, 2: 1}
+
+
+def test_messages_keyed_otherwise_stop_the_run_before_any_commit(bootstrap_servers, topic) -> None:
+    settings = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=2)
+    pipeline = _sharded(settings, source, 2)
+    processor = BatchProcessor(pipeline, settings)
+    try:
+        with pytest.raises(UserError, match=r"keyed by a JSON object of the fields \['id'\].*source\.key"):
+            processor.process([_record(0, 0, "a", b'{"id": 1}'), _record(1, 0, "b")])
+    finally:
+        processor.close()
+    assert load_checkpoints(pipeline, settings) == {}
+    assert list(read_to_end(settings, f"{pipeline.pipeline}.view")) == []
+    # a later record keyed otherwise is a dead letter
+    processor = BatchProcessor(pipeline, settings)
+    try:
+        assert processor.process([_record(0, 0, "a")]) is not None
+        stats = processor.process([_record(0, 1, "a", b'{"k": "b"}'), _record(1, 0, "b", b"b")])
+        assert stats is not None and stats.dead_letters == 2
+    finally:
+        processor.close()
+    letters = [decode_dead_letter(m.value()) for m in read_to_end(settings, pipeline.dlq_topic)]
+    assert sorted((d.partition, d.offset, d.reason) for d in letters) == [
+        (0, 1, Reason.KEY_MISMATCH), (1, 0, Reason.KEY_MISMATCH)]
+
+
+def test_a_state_topic_with_fewer_partitions_than_shards_is_refused(bootstrap_servers, topic) -> None:
+    settings = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=3)
+    name = f"pf{uuid.uuid4().hex[:8]}"
+    ensure_topics(settings, [TopicSpec(f"{name}.state", 1, compacted=True)])
+    pipeline = parse_pipeline(
+        {"pipeline": name, "kafka": settings, "source": {"topic": source},
+         "view": {"key": ["k"], "columns": {"n": {"count": "*"}}}, "outputs": {"view": {"topic": f"{name}.view"}}})
+    ensure_topics(settings, engine_topics(pipeline, 3))
+    with pytest.raises(UserError, match=rf"{name}\.state has 1 partitions.*shard 1.*add partitions"):
+        BatchProcessor(pipeline, settings)
 
 
 class _Cycle:

@@ -424,7 +424,7 @@ def test_engine_runs_under_acls_with_its_transactional_id_prefix(
     done = run_cli(["run", str(path), "--until-idle", "3"], timeout=300)
     assert done.returncode == 0, done.stderr.decode(errors="replace")[-4000:]
     pipeline = load_pipeline(path)
-    assert pipeline.transactional_id == f"{prefix}-0"
+    assert pipeline.transactional_id(0) == f"{prefix}-0-0"
     report = verify(pipeline, secure_broker.settings())
     assert report.anomalies == [], "\n".join(report.anomalies)
     assert report.events == count and report.view_records > 0

@@ -163,15 +163,24 @@ class TransactionalWriter:
         except (KafkaException, SystemError) as exc:
             self._fail(exc)
 
-    def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers | None = None) -> None:
+    def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers | None = None,
+        partition: int | None = None,
+    ) -> None:
         """Queue one record in the open transaction (waiting while the client's queue is
-        full). A record the broker refuses shows at `commit()`. Raises FencedError or
-        TransactionFailed when the client already knows the transaction is lost."""
+        full), to `partition` when given, else where the key's hash puts it. A record the
+        broker refuses shows at `commit()`. Raises FencedError or TransactionFailed when
+        the client already knows the transaction is lost."""
         producer = self._ready()
         kafka_headers: list[tuple[str, str | bytes | None]] | None = None if headers is None else list(headers)
+        where = -1 if partition is None else partition  # -1: the partitioner's choice
         while True:
             try:
-                producer.produce(topic, value, key, on_delivery=self._on_delivery, headers=kafka_headers)
+                producer.produce(topic, value, key, where, on_delivery=self._on_delivery, headers=kafka_headers)
                 return
             except BufferError:
                 producer.poll(0.05)

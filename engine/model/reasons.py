@@ -19,6 +19,7 @@ class Reason(StrEnum):
     # the key
     NULL_KEY = "null key"
     KEY_TOO_LARGE = "key too large"
+    KEY_MISMATCH = "key mismatch"  # the message key is not the JSON object of source.key
     # the changelog's rules: pairing and retraction
     UNPAIRED_CORRECT_FROM = "-C not immediately followed by its +C"
     UNPAIRED_AT_END = "-C at the end of the input without its +C"

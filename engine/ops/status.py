@@ -1,4 +1,5 @@
-"""`refold status`: committed offsets, lag, last batch and counters of a pipeline."""
+"""`refold status`: committed offsets, lag, last batch and counters of a pipeline, and
+one line per shard (its partitions, batch, committed offsets and last commit)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from confluent_kafka import Consumer, TopicPartition
 
 from refold.config import Pipeline
 from refold.kafka.io import consumer_config, partitions_of, read_to_end
-from refold.recovery.restore import load_checkpoint
+from refold.recovery.records import Checkpoint, combined
+from refold.recovery.restore import load_checkpoints
 
 EXACT_LAG_LIMIT = 100_000  # offsets; past this the lag is the offset distance
 
@@ -25,7 +27,18 @@ class PartitionStatus:
 
 
 def pipeline_status(pipeline: Pipeline, settings: dict[str, Any]) -> tuple[Any, list[PartitionStatus]]:
-    checkpoint = load_checkpoint(pipeline, settings)
+    """The writer's shards' checkpoints as one (`records.combined`; None before the first
+    commit) and every source partition's committed offset, end and lag."""
+    checkpoint, rows, _shards = shard_status(pipeline, settings)
+    return checkpoint, rows
+
+
+def shard_status(
+    pipeline: Pipeline, settings: dict[str, Any]
+) -> tuple[Checkpoint | None, list[PartitionStatus], list[Checkpoint]]:
+    """`pipeline_status`, and each shard's own checkpoint, in shard order."""
+    shards = sorted(load_checkpoints(pipeline, settings).values(), key=lambda c: c.shard)
+    checkpoint = combined(shards)
     committed = checkpoint.offsets if checkpoint else {}
     topic = pipeline.source.topic
     consumer = Consumer(consumer_config(settings))
@@ -44,12 +57,12 @@ def pipeline_status(pipeline: Pipeline, settings: dict[str, Any]) -> tuple[Any, 
             counts[msg.partition() or 0] += 1
         gap = counts
     rows = [PartitionStatus(p, committed.get(p), ends[p], gap[p], exact) for p in sorted(ends)]
-    return checkpoint, rows
+    return checkpoint, rows, shards
 
 
 def print_status(pipeline: Pipeline, bootstrap: str | None = None) -> None:
     settings = pipeline.kafka_settings(bootstrap)
-    checkpoint, rows = pipeline_status(pipeline, settings)
+    checkpoint, rows, shards = shard_status(pipeline, settings)
     print(f"pipeline {pipeline.pipeline}  source {pipeline.source.topic}  writer {pipeline.writer}")
     if checkpoint is None:
         print("  no committed batch yet")
@@ -62,9 +75,21 @@ def print_status(pipeline: Pipeline, bootstrap: str | None = None) -> None:
         )
         if checkpoint.pending:
             print(f"  held -C awaiting its +C in partitions {sorted(checkpoint.pending)}")
+        _print_shards(shards)
     print(f"  {'partition':>9}  {'committed':>12}  {'end':>12}  {'lag':>10}")
     for row in rows:
         committed = "-" if row.committed is None else f"{row.committed:,}"
         print(f"  {row.partition:>9}  {committed:>12}  {row.end:>12,}  {row.lag:>10,}")
     approx = "" if all(r.exact for r in rows) else " (offsets, approximate)"
     print(f"  total lag {sum(r.lag for r in rows):,}{approx}")
+
+
+def _print_shards(shards: list[Checkpoint]) -> None:
+    """One line per shard: its partitions, batch, committed offsets and last commit."""
+    print(f"  {'shard':>5}  {'partitions':<12}  {'batch':>8}  {'committed offsets':<28}  last commit")
+    now = time.time()
+    for shard in shards:
+        partitions = ",".join(str(p) for p in sorted(shard.offsets)) or "-"
+        offsets = " ".join(f"{p}:{o:,}" for p, o in sorted(shard.offsets.items())) or "-"
+        age = now - shard.committed_at / 1000
+        print(f"  {shard.shard:>5}  {partitions:<12}  {shard.batch:>8,}  {offsets:<28}  {age:,.0f}s ago")

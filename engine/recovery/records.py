@@ -9,13 +9,16 @@ checkpoint always gives the same bytes.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from io import BytesIO
 from typing import Any
 
-from fastavro import schemaless_reader, schemaless_writer
+import orjson
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
 from refold.codecs import load_schema
+from refold.codecs.schemas import schema_path
 from refold.errors import InternalError
 
 
@@ -32,8 +35,9 @@ class PendingRecord:
 
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
-    """One committed batch of a pipeline's writer (the value keyed by the writer
-    name in the compacted topic `P.checkpoints`)."""
+    """One committed batch of one shard of a pipeline's writer (the value keyed
+    `<writer>/<shard>` in the compacted topic `P.checkpoints`): the offsets and held
+    `-C`s of the partitions the shard covers, its counters and its drivers' checkpoints."""
 
     pipeline: str
     writer: str
@@ -46,6 +50,37 @@ class Checkpoint:
     dlq: int
     committed_at: int  # epoch ms
     driver_checkpoints: dict[str, bytes]  # opaque, by materialization driver
+    shard: int = 0  # the shard of the writer that committed it (P-<writer>-<shard>)
+
+
+def combined(checkpoints: Sequence[Checkpoint]) -> Checkpoint | None:
+    """One writer's shards' checkpoints as one (None for none): the offsets and held
+    `-C`s of every partition (each from the shard that covers it), the counters summed,
+    `batch` the most any shard committed, the latest commit time, every driver's name
+    (the first shard's checkpoint for it). `shard` is -1: it is no shard's record."""
+    if not checkpoints:
+        return None
+    ordered = sorted(checkpoints, key=lambda c: c.shard)
+    offsets: dict[int, int] = {}
+    pending: dict[int, PendingRecord] = {}
+    drivers: dict[str, bytes] = {}
+    for checkpoint in ordered:
+        offsets.update(checkpoint.offsets)
+        pending.update(checkpoint.pending)
+        for name, data in checkpoint.driver_checkpoints.items():
+            drivers.setdefault(name, data)
+    return replace(
+        ordered[0],
+        batch=max(c.batch for c in ordered),
+        offsets=offsets,
+        pending=pending,
+        records_in=sum(c.records_in for c in ordered),
+        records_out=sum(c.records_out for c in ordered),
+        dlq=sum(c.dlq for c in ordered),
+        committed_at=max(c.committed_at for c in ordered),
+        driver_checkpoints=drivers,
+        shard=-1,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +122,16 @@ def _checkpoint_schema() -> dict[str, Any]:
 
 
 @functools.cache
+def _checkpoint_schema_before_shards() -> dict[str, Any]:
+    """The checkpoint schema as written before shards (no `shard` field)."""
+    raw = orjson.loads(schema_path("checkpoint").read_bytes())
+    raw["fields"] = [f for f in raw["fields"] if f["name"] != "shard"]
+    parsed = parse_schema(raw, named_schemas={})
+    assert isinstance(parsed, dict)
+    return parsed
+
+
+@functools.cache
 def _dead_letter_schema() -> dict[str, Any]:
     return load_schema("deadletter")
 
@@ -97,10 +142,10 @@ def _write(schema: dict[str, Any], record: dict[str, Any]) -> bytes:
     return stream.getvalue()
 
 
-def _read(schema: dict[str, Any], data: bytes, what: str) -> dict[str, Any]:
+def _read(schema: dict[str, Any], data: bytes, what: str, reader: dict[str, Any] | None = None) -> dict[str, Any]:
     stream = BytesIO(data)
     try:
-        record = schemaless_reader(stream, schema, None)
+        record = schemaless_reader(stream, schema, reader)
     except Exception as exc:  # any failure to read: not a record we wrote
         raise InternalError(f"cannot decode a {what} record ({len(data)} bytes): {type(exc).__name__}: {exc}") from exc
     left = len(data) - stream.tell()
@@ -128,13 +173,21 @@ def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
             "dlq": checkpoint.dlq,
             "committed_at": checkpoint.committed_at,
             "driver_checkpoints": dict(sorted(checkpoint.driver_checkpoints.items())),
+            "shard": checkpoint.shard,
         },
     )
 
 
 def decode_checkpoint(data: bytes) -> Checkpoint:
-    """Raises InternalError for bytes that are not a checkpoint record."""
-    r = _read(_checkpoint_schema(), data, "checkpoint")
+    """Raises InternalError for bytes that are not a checkpoint record. A record
+    written before shards (no `shard`) reads as shard 0."""
+    try:
+        r = _read(_checkpoint_schema(), data, "checkpoint")
+    except InternalError as exc:
+        try:
+            r = _read(_checkpoint_schema_before_shards(), data, "checkpoint", _checkpoint_schema())
+        except InternalError:
+            raise exc from None
     return Checkpoint(
         pipeline=r["pipeline"],
         writer=r["writer"],
@@ -149,6 +202,7 @@ def decode_checkpoint(data: bytes) -> Checkpoint:
         dlq=r["dlq"],
         committed_at=r["committed_at"],
         driver_checkpoints=r["driver_checkpoints"],
+        shard=r["shard"],
     )
 
 

@@ -1,9 +1,11 @@
 """Kafka as the recovery log (DESIGN.md §3).
 
-`P.checkpoints` (compacted, one record per writer) holds the committed input
-offsets; `P.state` (compacted) holds the changelog of the reducer's state. Both
-are written inside each batch's transaction, so reading them to their end with
-read_committed gives a consistent pair: the state exactly as of the checkpoint.
+`P.checkpoints` (compacted, one record per writer and shard, key `<writer>/<shard>`)
+holds each shard's committed input offsets; `P.state` (compacted, partition = shard)
+holds the changelog of each shard's reducer state. A shard writes both inside each
+of its transactions, so reading its checkpoint record and its state partition to
+their end with read_committed gives a consistent pair: the shard's state exactly as
+of its checkpoint.
 
 Spark's checkpoint directory is only a cache of the offsets: when it does not
 match Kafka's committed offsets it is wiped and the query starts again from
@@ -22,45 +24,65 @@ from typing import Any
 import orjson
 
 from refold.config import Pipeline
+from refold.errors import UserError
 from refold.kafka.io import next_visible_offsets, read_to_end
-from refold.recovery.records import Checkpoint, decode_checkpoint
+from refold.recovery.records import Checkpoint, combined, decode_checkpoint
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
 class Recovered:
-    """A writer's committed checkpoint (None on a first start) and the state as of it."""
+    """A shard's committed checkpoint (None on a first start) and its state as of it."""
 
     checkpoint: Checkpoint | None
     state: list[tuple[bytes, bytes]]  # latest value per state key, tombstones dropped
 
 
-def load_checkpoint(pipeline: Pipeline, settings: Mapping[str, Any]) -> Checkpoint | None:
-    """The last committed checkpoint of this pipeline's writer, or None on a first start."""
-    writer_key = pipeline.writer.encode()
-    latest: Checkpoint | None = None
+def load_checkpoints(pipeline: Pipeline, settings: Mapping[str, Any]) -> dict[int, Checkpoint]:
+    """The last committed checkpoint of each shard of this pipeline's writer, by shard
+    (empty on a first start). Raises UserError for a writer's checkpoint from before
+    shards (key `<writer>`): its state is not laid out by shard."""
+    writer = pipeline.writer
+    prefix = f"{writer}/".encode()
+    latest: dict[int, Checkpoint] = {}
     for msg in read_to_end(settings, pipeline.checkpoints_topic):
-        value = msg.value()
-        if msg.key() == writer_key and value is not None:
-            latest = decode_checkpoint(value)
+        key, value = msg.key() or b"", msg.value()
+        if value is None:
+            continue
+        if key == writer.encode():
+            raise UserError(
+                f"{pipeline.checkpoints_topic}: writer {writer!r} committed with an earlier Refold (one "
+                f"checkpoint per writer, key {writer!r}); this one commits one per shard (key "
+                f"'{writer}/<shard>') with its state in P.state partition = shard. Run it under a new "
+                "`writer` (or pipeline name) to rebuild the views from the source, or delete "
+                f"{pipeline.checkpoints_topic} and {pipeline.state_topic} and their outputs first"
+            )
+        if key.startswith(prefix) and key[len(prefix):].isdigit():
+            latest[int(key[len(prefix):])] = decode_checkpoint(value)
     return latest
 
 
-def load_state(pipeline: Pipeline, settings: Mapping[str, Any]) -> list[tuple[bytes, bytes]]:
-    """The latest value of every live state key in `P.state`."""
+def load_checkpoint(pipeline: Pipeline, settings: Mapping[str, Any]) -> Checkpoint | None:
+    """The writer's shards' last checkpoints as one (`records.combined`: every
+    partition's offsets, counters summed), or None on a first start."""
+    return combined(list(load_checkpoints(pipeline, settings).values()))
+
+
+def load_state(pipeline: Pipeline, settings: Mapping[str, Any], shard: int = 0) -> list[tuple[bytes, bytes]]:
+    """The latest value of every live state key of one shard (its `P.state` partition)."""
     latest: dict[bytes, bytes | None] = {}
-    for msg in read_to_end(settings, pipeline.state_topic):
+    for msg in read_to_end(settings, pipeline.state_topic, only=(shard,)):
         latest[msg.key() or b""] = msg.value()
     return [(k, v) for k, v in latest.items() if v is not None]
 
 
-def recover(pipeline: Pipeline, settings: Mapping[str, Any]) -> Recovered:
-    """The checkpoint and the state, read to their ends with read_committed: consistent,
-    as both are written in each batch's transaction. (Call it after the writer's
-    `init_transactions`, which settles any transaction of ours still open.)"""
-    checkpoint = load_checkpoint(pipeline, settings)
-    state = load_state(pipeline, settings) if checkpoint is not None else []
+def recover(pipeline: Pipeline, settings: Mapping[str, Any], shard: int = 0) -> Recovered:
+    """One shard's checkpoint and state, read to their ends with read_committed:
+    consistent, as the shard writes both in each of its transactions. (Call it after the
+    shard's writer's `init_transactions`, which settles any transaction of its still open.)"""
+    checkpoint = load_checkpoints(pipeline, settings).get(shard)
+    state = load_state(pipeline, settings, shard) if checkpoint is not None else []
     return Recovered(checkpoint, state)
 
 

@@ -11,6 +11,9 @@ Guarantees of `UnitReader.read`:
   waits, raw, in the checkpoint's `pending` for its `+C` in the next batch, where it
   is replayed in front of its partition's records.
 - In strict mode the first refused record raises its RecordError instead.
+- A co-partitioned view's records are checked against their message keys
+  (`refold.runtime.shards.KeyCheck`): a record keyed otherwise is a dead letter
+  (`key mismatch`), or, as the first record of a run, stops the engine (UserError).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from refold.model.changelog import ChangelogEvent, Pairing
 from refold.model.reasons import Reason
 from refold.recovery.records import DeadLetter, PendingRecord
 from refold.reduce import SourceEvent
+from refold.runtime.shards import KeyCheck
 
 
 class InputRecord(NamedTuple):
@@ -90,10 +94,11 @@ class Units(NamedTuple):
 class UnitReader:
     """Decodes, pairs and merges a batch's records (see the module's docstring)."""
 
-    def __init__(self, pipeline: Pipeline, dead_letters: DeadLetters) -> None:
+    def __init__(self, pipeline: Pipeline, dead_letters: DeadLetters, keys: KeyCheck | None = None) -> None:
         self.topic = pipeline.source.topic
         self.decoder = source_decoder(pipeline)
         self.dead_letters = dead_letters
+        self.keys = keys if keys is not None and keys.enabled else None  # None: nothing to check
 
     def read(self, fresh: Sequence[InputRecord], pending: Mapping[int, PendingRecord], out: Outgoing) -> Units:
         """The units of `fresh` (records no checkpoint covers yet), after the `-C`s
@@ -130,12 +135,16 @@ class UnitReader:
         pairing: Pairing[Item] = Pairing()
         units: list[Unit] = []
         tombstones = 0
+        keys = self.keys
         for record, result in zip(rows, decoded, strict=True):
             if isinstance(result, RecordError):
                 self.dead_letters.add(out, record, result.reason, result.detail)
                 self._unpaired(pairing.release(), out)  # a bad record cannot be the +C
             elif not result:
                 tombstones += 1  # changes nothing, breaks no pair
+            elif keys is not None and not keys.matches(record.key, result[0].row):
+                self.dead_letters.add(out, record, Reason.KEY_MISMATCH, f"not keyed by {list(keys.columns)}")
+                self._unpaired(pairing.release(), out)
             else:
                 for event in result:
                     step = pairing.feed(event.op, record.key, (_source_event(record, event), record))

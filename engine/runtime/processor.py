@@ -1,16 +1,19 @@
-"""One micro-batch, exactly once: decode, pair, merge, reduce, commit in one transaction.
+"""A micro-batch, exactly once per shard: split by shard, each shard's part committed in
+the shard's own transaction.
 
-The processor runs on the driver and owns the transactional writer `P-<writer>`
-(`refold.kafka.transactions`). It is independent of Spark: the Spark job hands it the
-records of each micro-batch (partition, offset, key, value, timestamp); tests may too.
+`BatchProcessor` runs on the driver (for now; the next step runs each shard in a
+Spark task). It owns one `ShardProcessor` (`refold.runtime.shard`) per shard of the
+view (`refold.runtime.shards`): one per source partition for a co-partitioned view,
+one for all partitions otherwise. Each batch's records are split by shard and each
+shard with records runs its part, one after the other: a shard without records in a
+batch commits nothing. Batches are atomic per shard (as in Kafka Streams): a crash
+between two shards' commits leaves the first committed and the second to run again
+from its own checkpoint.
 
-Every batch commits, in one Kafka transaction: the view changelog, the delta
-updates, the dead letters, the state changelog (`P.state`), the checkpoint
-(`P.checkpoints`) and the consumer-group offsets. Records at offsets the last
-checkpoint already covers are dropped first, so a replayed batch writes nothing.
-When a transaction fails or times out, the processor throws its in-memory state
-away, re-initialises the writer, rebuilds from Kafka and runs the batch again
-(three times at most); a fence stops it (`FencedError`).
+At start every shard's writer is initialised first (fencing older instances and
+settling their open transactions), then every shard restores its state and
+checkpoint from Kafka; `offsets` are then the starting offsets of every partition,
+each from the shard that covers it.
 """
 
 from __future__ import annotations
@@ -18,52 +21,29 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
 from typing import Any
 
-from refold import environment
 from refold.config import Pipeline
-from refold.connectors.runtime import Executor, Materializations
-from refold.errors import OperationalError
-from refold.kafka.transactions import TransactionalWriter, TransactionFailed
-from refold.model.reasons import Reason
-from refold.recovery.records import (
-    Checkpoint,
-    dead_letter_headers,
-    encode_checkpoint,
-    encode_dead_letter,
-)
-from refold.recovery.restore import recover
-from refold.reduce import Rejected, make_reducer
-from refold.runtime.batch import DeadLetters, InputRecord, Outgoing, Unit, UnitReader
-from refold.runtime.collector import collector_paused
+from refold.connectors.runtime import Executor
+from refold.errors import UserError
+from refold.kafka.io import partitions_of
+from refold.runtime.batch import InputRecord
 from refold.runtime.hooks import NO_HOOKS, Hooks
-from refold.runtime.render import Renderer, UnitChanges
+from refold.runtime.shard import ATTEMPTS, BatchStats, ShardProcessor
+from refold.runtime.shards import KeyCheck, plan_shards
+
+__all__ = ["ATTEMPTS", "BatchProcessor", "BatchStats", "InputRecord", "ShardProcessor"]
 
 log = logging.getLogger(__name__)
-
-ATTEMPTS = 3  # transactions per batch before the processor gives up
-
-
-@dataclass(slots=True)
-class BatchStats:
-    batch: int = 0
-    records_in: int = 0
-    records_out: int = 0
-    dead_letters: int = 0
-    skipped: int = 0
-    tombstones: int = 0  # records that carry no change (Debezium tombstones): counted, not applied
-    seconds: float = 0.0
-    commit_seconds: float = 0.0  # begin_transaction to commit_transaction
-    committed_at: float = 0.0
-    out_by_topic: dict[str, int] = field(default_factory=dict)
 
 
 class BatchProcessor:
     """Called by the Spark job's foreachBatch worker, one batch at a time.
 
     `hooks` are the chaos tests' crash and stall points (`refold.runtime.hooks`);
-    `_start` and `_commit` are the seams the benchmarks replace."""
+    `shard_type` (and `_make_shard`) is the seam the benchmarks replace."""
+
+    shard_type: type[ShardProcessor] = ShardProcessor
 
     def __init__(
         self,
@@ -75,186 +55,115 @@ class BatchProcessor:
     ) -> None:
         self.pipeline = pipeline
         self.settings = settings
-        self.topic = pipeline.source.topic
+        self.executor = executor
         self.hooks = hooks
-        self.dead_letters = DeadLetters(self.topic, pipeline.pipeline, pipeline.strict)
-        self.reader = UnitReader(pipeline, self.dead_letters)
-        self.renderer = Renderer(pipeline)
-        self.aborts = 0  # transactions that failed and were run again
+        self.plan = plan_shards(pipeline)
+        self.keys = KeyCheck(pipeline)  # one per run: the first record checked stops a run keyed otherwise
         self.last = BatchStats()
-        self.writer = TransactionalWriter(
-            settings,
-            pipeline.transactional_id,
-            timeout_ms=environment.transaction_timeout_ms(),
-            consumer_group=f"refold.{pipeline.pipeline}",
-            label=f"pipeline {pipeline.pipeline!r}",
-        )
-        # outputs.materialize: Flow's protocol around each batch (refold.connectors.runtime)
-        self.materializations = Materializations.from_pipeline(pipeline, executor)
-        self._start()
+        self.shards: dict[int, ShardProcessor] = {}
+        self._state_partitions = self._checkpoint_partitions = 0  # read once every shard is fenced
+        try:
+            source = partitions_of(settings, pipeline.source.topic)
+            self._start([shard.index for shard in self.plan.shards(source)])
+        except BaseException:
+            self.close()
+            raise
 
-    # Lifecycle -----------------------------------------------------------------------
+    def _start(self, indexes: Sequence[int]) -> None:
+        """Make the shards, fence every one (older instances' open transactions settle)
+        before any reads Kafka, check the recovery log's topics, restore each."""
+        made = [self._make_shard(index) for index in indexes]
+        self.shards.update(zip(indexes, made, strict=True))
+        for shard in made:
+            shard.fence()
+        if not self._state_partitions:
+            self._state_partitions = len(partitions_of(self.settings, self.pipeline.state_topic))
+            self._checkpoint_partitions = len(partitions_of(self.settings, self.pipeline.checkpoints_topic))
+        for shard in made:
+            self._check_state_topic(shard.shard)
+            shard.checkpoint_partition = shard.shard % self._checkpoint_partitions
+        for shard in made:
+            shard.restore()
 
-    def _start(self) -> None:
-        """Fence older instances, abort our open transaction, rebuild state from Kafka."""
-        self.writer.initialise()  # first: recovery reads read_committed to the end
-        started = time.monotonic()
-        with collector_paused():
-            recovered = recover(self.pipeline, self.settings)
-            self.reducer = make_reducer(self.pipeline.view)
-            self.reducer.restore(recovered.state)
-        self.checkpoint = recovered.checkpoint or Checkpoint(
-            pipeline=self.pipeline.pipeline,
-            writer=self.pipeline.writer,
-            batch=0,
-            source_topic=self.topic,
-            offsets={},
-            pending={},
-            records_in=0,
-            records_out=0,
-            dlq=0,
-            committed_at=0,
-            driver_checkpoints={},
-        )
-        if self.materializations is not None:
-            self.materializations.open(self.checkpoint)
-        log.info(
-            "recovered %s: batch %d, offsets %s, %d state records (%.1fs)",
-            self.pipeline.pipeline,
-            self.checkpoint.batch,
-            self.checkpoint.offsets,
-            len(recovered.state),
-            time.monotonic() - started,
+    def _check_state_topic(self, index: int) -> None:
+        if index >= self._state_partitions:
+            raise UserError(
+                f"{self.pipeline.state_topic} has {self._state_partitions} partitions, and pipeline "
+                f"{self.pipeline.pipeline!r} runs shard {index} (one per partition of "
+                f"{self.pipeline.source.topic!r}), whose state goes to partition {index}: add partitions to "
+                f"{self.pipeline.state_topic} (kafka-topics --alter --partitions N) to at least the source's, "
+                "or start the pipeline under a new name; Refold does not repartition its state"
+            )
+
+    def _make_shard(self, index: int) -> ShardProcessor:
+        """A shard's processor, not started (`fence`, then `restore`; its
+        `checkpoint_partition` is set in between)."""
+        return self.shard_type(
+            self.pipeline,
+            self.settings,
+            index,
+            self.executor,
+            hooks=self.hooks,
+            keys=self.keys,
+            start=False,
         )
 
     def close(self) -> None:
-        if self.materializations is not None:
-            self.materializations.close()
-        self.writer.close()
+        for shard in self.shards.values():
+            shard.close()
 
     @property
     def offsets(self) -> dict[int, int]:
-        """The committed input offsets: partition -> next offset to read."""
-        return dict(self.checkpoint.offsets)
+        """The committed input offsets: partition -> next offset to read, each from the
+        shard that covers it."""
+        offsets: dict[int, int] = {}
+        for shard in self.shards.values():
+            offsets.update(shard.offsets)
+        return offsets
 
-    # The batch -------------------------------------------------------------------------
+    @property
+    def aborts(self) -> int:
+        """Transactions that failed and were run again, all shards."""
+        return sum(shard.aborts for shard in self.shards.values())
 
     def process(self, records: Sequence[InputRecord]) -> BatchStats | None:
-        """Reduce and commit one batch. Returns None when every record was already committed.
+        """Run each shard's records of one batch (each in its shard's transaction).
+        Returns the batch's stats over the shards that committed, or None when no shard
+        committed anything (every record was already committed).
 
-        Raises FencedError (another instance took over), OperationalError (the
-        transaction failed `ATTEMPTS` times), RecordError (strict mode)."""
-        with collector_paused():
-            failure: TransactionFailed | None = None
-            for attempt in range(1, ATTEMPTS + 1):
-                try:
-                    return self._process_once(records)
-                except TransactionFailed as exc:
-                    failure = exc
-                    self.aborts += 1
-                    log.warning("batch transaction failed (attempt %d): %s; re-initialising from Kafka", attempt, exc)
-                    self._start()
-            raise OperationalError(f"the batch's transaction failed {ATTEMPTS} times; giving up") from failure
-
-    def _process_once(self, records: Sequence[InputRecord]) -> BatchStats | None:
+        Raises FencedError (another instance took over), OperationalError (a shard's
+        transaction failed `ATTEMPTS` times), RecordError (strict mode), UserError (the
+        messages are not keyed as `source.key` says)."""
         started = time.monotonic()
-        committed = self.checkpoint.offsets
-        fresh = [r for r in records if r.offset >= committed.get(r.partition, 0)]
-        if not fresh:
+        committed: list[BatchStats] = []
+        for index, part in sorted(self.plan.split(records).items()):
+            if index not in self.shards:  # a partition added to the source while running
+                self._start([index])
+            stats = self.shards[index].process(part)
+            if stats is not None:
+                committed.append(stats)
+        if not committed:
             return None
-        out = Outgoing()
-        read = self.reader.read(fresh, self.checkpoint.pending, out)
-        self.hooks.crash_point("mid_batch", self.checkpoint.batch + 1)
-        changes = self._reduce(read.units, out)
-        out.view = self.renderer.view(changes)
-        out.delta_rows = self.reducer.take_deltas()
-        out.delta = self.renderer.deltas(out.delta_rows)
-        out.dlq.sort(key=lambda letter: (letter.partition, letter.offset))  # input order
-        out.state = self.reducer.take_state_changes()
-        stats = BatchStats(
-            batch=self.checkpoint.batch + 1,
-            records_in=len(fresh),
-            records_out=len(out.view) + len(out.delta),
-            dead_letters=len(out.dlq),
-            skipped=len(records) - len(fresh),
-            tombstones=read.tombstones,
-            out_by_topic=self._out_by_topic(out),
-        )
-        offsets = dict(committed)
-        for record in fresh:
-            offsets[record.partition] = max(offsets.get(record.partition, 0), record.offset + 1)
-        checkpoint = replace(
-            self.checkpoint,
-            batch=stats.batch,
-            offsets=offsets,
-            pending=read.pending,
-            records_in=self.checkpoint.records_in + stats.records_in,
-            records_out=self.checkpoint.records_out + stats.records_out,
-            dlq=self.checkpoint.dlq + stats.dead_letters,
-            committed_at=int(time.time() * 1000),
-        )
-        if self.materializations is not None:  # Load, Flush, Store, StartCommit
-            flat = [change for unit_changes, _ in changes for change in unit_changes]
-            driver_checkpoints = self.materializations.commit(checkpoint, flat, out.delta_rows, self.reducer.view)
-            checkpoint = replace(checkpoint, driver_checkpoints=driver_checkpoints)
-        commit_started = time.monotonic()
-        self._commit(out, checkpoint)
-        stats.commit_seconds = time.monotonic() - commit_started
-        self.hooks.crash_point("after_commit", checkpoint.batch)
-        if self.materializations is not None:
-            self.materializations.acknowledge(checkpoint.batch)
-        self.checkpoint = checkpoint
-        stats.seconds = time.monotonic() - started
-        stats.committed_at = time.time()
-        self.last = stats
-        return stats
+        self.last = _together(committed, time.monotonic() - started)
+        return self.last
 
-    def _reduce(self, units: Sequence[Unit], out: Outgoing) -> list[UnitChanges]:
-        """Apply each unit; a refused unit changes nothing and is dead-lettered, one
-        dead letter per input record (a Debezium update is a pair from one record)."""
-        changes: list[UnitChanges] = []
-        for unit in units:
-            try:
-                changes.append((self.reducer.apply([event for event, _ in unit]), unit[0][0].tag[0]))
-            except Rejected as rejected:
-                refused = unit[rejected.index][1]
-                for index, (_event, record) in enumerate(unit):
-                    if index == rejected.index:
-                        self.dead_letters.add(out, record, rejected.reason)
-                    elif record is not refused:
-                        self.dead_letters.add(out, record, Reason.CORRECTION_PAIR_REJECTED)
-        return changes
 
-    def _out_by_topic(self, out: Outgoing) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        if self.pipeline.outputs.view is not None:
-            counts[self.pipeline.outputs.view.topic] = len(out.view)
-        if self.pipeline.outputs.delta is not None:
-            counts[self.pipeline.outputs.delta.topic] = len(out.delta)
-        counts[self.pipeline.dlq_topic] = len(out.dlq)
-        return counts
-
-    # The transaction -----------------------------------------------------------------
-
-    def _commit(self, out: Outgoing, checkpoint: Checkpoint) -> None:
-        """The batch's records, its checkpoint and the consumed offsets in one transaction.
-        Record timestamps are the engine's clock, never event times: an old event time
-        would let retention delete the record."""
-        writer, pipeline = self.writer, self.pipeline
-        writer.begin()
-        if pipeline.outputs.view is not None:
-            view_topic = pipeline.outputs.view.topic
-            for key, value, _ts in out.view:
-                writer.send(view_topic, key, value)
-        if pipeline.outputs.delta is not None:
-            delta_topic = pipeline.outputs.delta.topic
-            for key, value in out.delta:
-                writer.send(delta_topic, key, value)
-        for letter in out.dlq:
-            writer.send(pipeline.dlq_topic, letter.key, encode_dead_letter(letter), dead_letter_headers(letter))
-        for key, value in out.state:
-            writer.send(pipeline.state_topic, key, value)
-        writer.send(pipeline.checkpoints_topic, pipeline.writer.encode(), encode_checkpoint(checkpoint))
-        self.hooks.stall_in_transaction()
-        self.hooks.crash_point("in_txn", checkpoint.batch)
-        writer.commit({self.topic: checkpoint.offsets})
+def _together(parts: Sequence[BatchStats], seconds: float) -> BatchStats:
+    """One batch's stats over the shards that committed it."""
+    out_by_topic: dict[str, int] = {}
+    for stats in parts:
+        for topic, count in stats.out_by_topic.items():
+            out_by_topic[topic] = out_by_topic.get(topic, 0) + count
+    return BatchStats(
+        batch=max(s.batch for s in parts),
+        records_in=sum(s.records_in for s in parts),
+        records_out=sum(s.records_out for s in parts),
+        dead_letters=sum(s.dead_letters for s in parts),
+        skipped=sum(s.skipped for s in parts),
+        tombstones=sum(s.tombstones for s in parts),
+        seconds=seconds,
+        commit_seconds=sum(s.commit_seconds for s in parts),
+        committed_at=max(s.committed_at for s in parts),
+        out_by_topic=out_by_topic,
+        shards=len(parts),
+    )

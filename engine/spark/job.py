@@ -1,8 +1,9 @@
 """`refold run`: the Spark Structured Streaming job.
 
 Spark's Kafka source reads the changelog topic (read_committed) in micro-batches;
-`foreachBatch` hands each batch to the `BatchProcessor`, which reduces it and
-commits its outputs, state and offsets in one Kafka transaction. The query
+`foreachBatch` hands each batch to the `BatchProcessor`, which splits it by shard
+and commits each shard's outputs, state and offsets in the shard's own Kafka
+transaction. The query
 starts from the offsets committed in `P.checkpoints`; Spark's own checkpoint
 directory is kept only while it agrees with them.
 """
@@ -38,9 +39,11 @@ log = logging.getLogger(__name__)
 
 
 def engine_topics(pipeline: Pipeline, partitions: int) -> list[TopicSpec]:
-    """The topics the engine writes: its outputs and its recovery log (DESIGN.md §3)."""
+    """The topics the engine writes: its outputs and its recovery log (DESIGN.md §3).
+    `P.state` and `P.checkpoints` get as many partitions as the source (or
+    `partitions`): a shard's state goes to `P.state` partition = shard."""
     specs = [
-        TopicSpec(pipeline.checkpoints_topic, 1, compacted=True),
+        TopicSpec(pipeline.checkpoints_topic, partitions, compacted=True),
         TopicSpec(pipeline.state_topic, partitions, compacted=True),
         TopicSpec(pipeline.dlq_topic, 1),
     ]

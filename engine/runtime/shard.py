@@ -1,0 +1,298 @@
+"""One shard's part of a micro-batch, exactly once: decode, pair, merge, reduce, commit
+in one transaction.
+
+A `ShardProcessor` owns one shard of a view (`refold.runtime.shards`): its
+transactional writer `P-<writer>-<shard>` (`refold.kafka.transactions`), its reducer
+and state, its checkpoint and its materialization sessions. It is independent of
+Spark: the records of its partitions in each micro-batch (partition, offset, key,
+value, timestamp) are handed to it (`refold.runtime.processor.BatchProcessor` splits
+a batch by shard); tests may hand them too.
+
+Every batch commits, in one Kafka transaction of the shard: the view changelog, the
+delta updates, the dead letters, the state changelog (`P.state`, partition = shard),
+the shard's checkpoint (`P.checkpoints`, key `<writer>/<shard>`) and the consumer
+group's offsets of its partitions. Records at offsets the last checkpoint already
+covers are dropped first, so a replayed batch writes nothing. When a transaction
+fails or times out, the shard throws its in-memory state away, re-initialises the
+writer, rebuilds from Kafka and runs the batch again (three times at most); a fence
+stops it (`FencedError`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from refold import environment
+from refold.config import Pipeline
+from refold.connectors.runtime import Executor, Materializations
+from refold.errors import OperationalError
+from refold.kafka.transactions import TransactionalWriter, TransactionFailed
+from refold.model.reasons import Reason
+from refold.recovery.records import (
+    Checkpoint,
+    dead_letter_headers,
+    encode_checkpoint,
+    encode_dead_letter,
+)
+from refold.recovery.restore import recover
+from refold.reduce import Rejected, make_reducer
+from refold.runtime.batch import DeadLetters, InputRecord, Outgoing, Unit, UnitReader
+from refold.runtime.collector import collector_paused
+from refold.runtime.hooks import NO_HOOKS, Hooks
+from refold.runtime.render import Renderer, UnitChanges
+from refold.runtime.shards import KeyCheck, checkpoint_key, shard_writer
+
+log = logging.getLogger(__name__)
+
+ATTEMPTS = 3  # transactions per batch before the processor gives up
+
+
+@dataclass(slots=True)
+class BatchStats:
+    batch: int = 0
+    records_in: int = 0
+    records_out: int = 0
+    dead_letters: int = 0
+    skipped: int = 0
+    tombstones: int = 0  # records that carry no change (Debezium tombstones): counted, not applied
+    seconds: float = 0.0
+    commit_seconds: float = 0.0  # begin_transaction to commit_transaction
+    committed_at: float = 0.0
+    out_by_topic: dict[str, int] = field(default_factory=dict)
+    shards: int = 1  # how many shards committed a part of the batch
+
+
+class ShardProcessor:
+    """One shard's batches, one at a time (see the module's docstring).
+
+    `hooks` are the chaos tests' crash and stall points (`refold.runtime.hooks`);
+    `keys` checks the message keys of a co-partitioned view (shared by a run's
+    shards); `checkpoint_partition` is where the shard's checkpoint records go;
+    `start=False` leaves `fence()` then `restore()` to the caller (the
+    `BatchProcessor` fences every shard before any restores). `fence`, `restore` and
+    `_commit` are the seams the benchmarks replace."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        settings: dict[str, Any],
+        shard: int = 0,
+        executor: Executor | None = None,
+        *,
+        hooks: Hooks = NO_HOOKS,
+        keys: KeyCheck | None = None,
+        checkpoint_partition: int = 0,
+        start: bool = True,
+    ) -> None:
+        self.pipeline = pipeline
+        self.settings = settings
+        self.shard = shard
+        self.checkpoint_partition = checkpoint_partition
+        self.topic = pipeline.source.topic
+        self.hooks = hooks
+        self.dead_letters = DeadLetters(self.topic, pipeline.pipeline, pipeline.strict)
+        self.reader = UnitReader(pipeline, self.dead_letters, keys)
+        self.renderer = Renderer(pipeline)
+        self.aborts = 0  # transactions that failed and were run again
+        self.last = BatchStats()
+        self.writer = TransactionalWriter(
+            settings,
+            pipeline.transactional_id(shard),
+            timeout_ms=environment.transaction_timeout_ms(),
+            consumer_group=f"refold.{pipeline.pipeline}",
+            label=f"pipeline {pipeline.pipeline!r} (shard {shard})",
+        )
+        # outputs.materialize: Flow's protocol around each batch (refold.connectors.runtime),
+        # fenced and checkpointed per shard (writer `<writer>-<shard>`)
+        self.materializations = Materializations.from_pipeline(pipeline, executor, shard_writer(pipeline, shard))
+        if start:
+            self._start()
+
+    # Lifecycle -----------------------------------------------------------------------
+
+    def _start(self) -> None:
+        """Fence older instances, abort our open transaction, rebuild state from Kafka."""
+        self.fence()  # first: recovery reads read_committed to the end
+        self.restore()
+
+    def fence(self) -> None:
+        """Initialise the writer: fences older instances of this shard and settles their
+        open transaction."""
+        self.writer.initialise()
+
+    def restore(self) -> None:
+        """Rebuild the shard's state and checkpoint from Kafka (after every shard of the
+        run is fenced: an open transaction of another shard would hold the read up)."""
+        started = time.monotonic()
+        with collector_paused():
+            recovered = recover(self.pipeline, self.settings, self.shard)
+            self.reducer = make_reducer(self.pipeline.view)
+            self.reducer.restore(recovered.state)
+        self.checkpoint = recovered.checkpoint or Checkpoint(
+            pipeline=self.pipeline.pipeline,
+            writer=self.pipeline.writer,
+            batch=0,
+            source_topic=self.topic,
+            offsets={},
+            pending={},
+            records_in=0,
+            records_out=0,
+            dlq=0,
+            committed_at=0,
+            driver_checkpoints={},
+            shard=self.shard,
+        )
+        if self.materializations is not None:
+            self.materializations.open(self.checkpoint)
+        log.info(
+            "recovered %s shard %d: batch %d, offsets %s, %d state records (%.1fs)",
+            self.pipeline.pipeline,
+            self.shard,
+            self.checkpoint.batch,
+            self.checkpoint.offsets,
+            len(recovered.state),
+            time.monotonic() - started,
+        )
+
+    def close(self) -> None:
+        if self.materializations is not None:
+            self.materializations.close()
+        self.writer.close()
+
+    @property
+    def offsets(self) -> dict[int, int]:
+        """The committed input offsets: partition -> next offset to read."""
+        return dict(self.checkpoint.offsets)
+
+    # The batch -------------------------------------------------------------------------
+
+    def process(self, records: Sequence[InputRecord]) -> BatchStats | None:
+        """Reduce and commit the shard's records of one batch. Returns None when every
+        record was already committed (nothing is committed then).
+
+        Raises FencedError (another instance took over), OperationalError (the
+        transaction failed `ATTEMPTS` times), RecordError (strict mode)."""
+        with collector_paused():
+            failure: TransactionFailed | None = None
+            for attempt in range(1, ATTEMPTS + 1):
+                try:
+                    return self._process_once(records)
+                except TransactionFailed as exc:
+                    failure = exc
+                    self.aborts += 1
+                    log.warning("batch transaction failed (attempt %d): %s; re-initialising from Kafka", attempt, exc)
+                    self._start()
+            raise OperationalError(f"the batch's transaction failed {ATTEMPTS} times; giving up") from failure
+
+    def _process_once(self, records: Sequence[InputRecord]) -> BatchStats | None:
+        started = time.monotonic()
+        committed = self.checkpoint.offsets
+        fresh = [r for r in records if r.offset >= committed.get(r.partition, 0)]
+        if not fresh:
+            return None
+        out = Outgoing()
+        read = self.reader.read(fresh, self.checkpoint.pending, out)
+        self.hooks.crash_point("mid_batch", self.checkpoint.batch + 1)
+        changes = self._reduce(read.units, out)
+        out.view = self.renderer.view(changes)
+        out.delta_rows = self.reducer.take_deltas()
+        out.delta = self.renderer.deltas(out.delta_rows)
+        out.dlq.sort(key=lambda letter: (letter.partition, letter.offset))  # input order
+        out.state = self.reducer.take_state_changes()
+        stats = BatchStats(
+            batch=self.checkpoint.batch + 1,
+            records_in=len(fresh),
+            records_out=len(out.view) + len(out.delta),
+            dead_letters=len(out.dlq),
+            skipped=len(records) - len(fresh),
+            tombstones=read.tombstones,
+            out_by_topic=self._out_by_topic(out),
+        )
+        offsets = dict(committed)
+        for record in fresh:
+            offsets[record.partition] = max(offsets.get(record.partition, 0), record.offset + 1)
+        checkpoint = replace(
+            self.checkpoint,
+            batch=stats.batch,
+            offsets=offsets,
+            pending=read.pending,
+            records_in=self.checkpoint.records_in + stats.records_in,
+            records_out=self.checkpoint.records_out + stats.records_out,
+            dlq=self.checkpoint.dlq + stats.dead_letters,
+            committed_at=int(time.time() * 1000),
+        )
+        if self.materializations is not None:  # Load, Flush, Store, StartCommit
+            flat = [change for unit_changes, _ in changes for change in unit_changes]
+            driver_checkpoints = self.materializations.commit(checkpoint, flat, out.delta_rows, self.reducer.view)
+            checkpoint = replace(checkpoint, driver_checkpoints=driver_checkpoints)
+        commit_started = time.monotonic()
+        self._commit(out, checkpoint)
+        stats.commit_seconds = time.monotonic() - commit_started
+        self.hooks.crash_point("after_commit", checkpoint.batch)
+        if self.materializations is not None:
+            self.materializations.acknowledge(checkpoint.batch)
+        self.checkpoint = checkpoint
+        stats.seconds = time.monotonic() - started
+        stats.committed_at = time.time()
+        self.last = stats
+        return stats
+
+    def _reduce(self, units: Sequence[Unit], out: Outgoing) -> list[UnitChanges]:
+        """Apply each unit; a refused unit changes nothing and is dead-lettered, one
+        dead letter per input record (a Debezium update is a pair from one record)."""
+        changes: list[UnitChanges] = []
+        for unit in units:
+            try:
+                changes.append((self.reducer.apply([event for event, _ in unit]), unit[0][0].tag[0]))
+            except Rejected as rejected:
+                refused = unit[rejected.index][1]
+                for index, (_event, record) in enumerate(unit):
+                    if index == rejected.index:
+                        self.dead_letters.add(out, record, rejected.reason)
+                    elif record is not refused:
+                        self.dead_letters.add(out, record, Reason.CORRECTION_PAIR_REJECTED)
+        return changes
+
+    def _out_by_topic(self, out: Outgoing) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        if self.pipeline.outputs.view is not None:
+            counts[self.pipeline.outputs.view.topic] = len(out.view)
+        if self.pipeline.outputs.delta is not None:
+            counts[self.pipeline.outputs.delta.topic] = len(out.delta)
+        counts[self.pipeline.dlq_topic] = len(out.dlq)
+        return counts
+
+    # The transaction -----------------------------------------------------------------
+
+    def _commit(self, out: Outgoing, checkpoint: Checkpoint) -> None:
+        """The shard's records of the batch, its state changes (to its `P.state`
+        partition), its checkpoint and its partitions' consumed offsets in one transaction.
+        Record timestamps are the engine's clock, never event times: an old event time
+        would let retention delete the record."""
+        writer, pipeline = self.writer, self.pipeline
+        writer.begin()
+        if pipeline.outputs.view is not None:
+            view_topic = pipeline.outputs.view.topic
+            for key, value, _ts in out.view:
+                writer.send(view_topic, key, value)
+        if pipeline.outputs.delta is not None:
+            delta_topic = pipeline.outputs.delta.topic
+            for key, value in out.delta:
+                writer.send(delta_topic, key, value)
+        for letter in out.dlq:
+            writer.send(pipeline.dlq_topic, letter.key, encode_dead_letter(letter), dead_letter_headers(letter))
+        for key, value in out.state:
+            writer.send(pipeline.state_topic, key, value, partition=self.shard)
+        writer.send(
+            pipeline.checkpoints_topic,
+            checkpoint_key(pipeline.writer, self.shard),
+            encode_checkpoint(checkpoint),
+            partition=self.checkpoint_partition,
+        )
+        self.hooks.stall_in_transaction()
+        self.hooks.crash_point("in_txn", checkpoint.batch)
+        writer.commit({self.topic: checkpoint.offsets})

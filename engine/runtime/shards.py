@@ -1,0 +1,167 @@
+"""Shards: which input partitions each of a view's tasks covers (DESIGN.md §1, §3).
+
+A view is **co-partitioned** with its source when the message-key columns
+(`source.key`, by default the view key) are a subset of the view-key columns (for a
+Top-N, `partition_by`): each view key's events then all lie in one partition, and the
+view runs one shard per source partition (shard p covers partition p). Any other view
+(a view key without some message-key column, a global Top-N) runs as one shard, shard
+0, that covers every partition and merges them (`event_time`, partition, offset).
+
+Each shard has its own transaction (`P-<writer>-<shard>`), its own state (`P.state`
+partition = shard) and its own checkpoint record (key `<writer>/<shard>`).
+
+`KeyCheck` checks that a co-partitioned view's messages are keyed as Refold keys them
+(the JSON object of the `source.key` columns): the first record of a run keyed
+otherwise stops the engine with a `UserError` before anything commits; a later one is
+a dead letter (`key mismatch`). Debezium's keys are its own (the table's key, with or
+without its `schema`/`payload` envelope): only a run's first record is checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from refold.config import Pipeline, ViewSpec
+from refold.errors import UserError
+
+
+def view_key(view: ViewSpec) -> tuple[str, ...]:
+    """The view's grouping columns: `key`, or a Top-N's `partition_by` (empty: global)."""
+    if view.top_n is not None:
+        return tuple(view.top_n.partition_by)
+    return tuple(view.key)
+
+
+def message_key(pipeline: Pipeline) -> tuple[str, ...]:
+    """The columns the source's messages are keyed by: `source.key`, else the view key."""
+    return tuple(pipeline.source.key) or view_key(pipeline.view)
+
+
+def co_partitioned(pipeline: Pipeline) -> bool:
+    """Whether every view key's events lie in one source partition: the message-key
+    columns are a (non-empty) subset of the view-key columns."""
+    keys = message_key(pipeline)
+    return bool(keys) and set(keys) <= set(view_key(pipeline.view))
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """One task of a view: its number and the source partitions it covers (None: all)."""
+
+    index: int
+    partitions: frozenset[int] | None
+
+    def covers(self, partition: int) -> bool:
+        return self.partitions is None or partition in self.partitions
+
+
+@dataclass(frozen=True, slots=True)
+class ShardPlan:
+    """How a view splits into shards (see the module's docstring)."""
+
+    co_partitioned: bool
+
+    def shard_of(self, partition: int) -> int:
+        return partition if self.co_partitioned else 0
+
+    def shard(self, index: int) -> Shard:
+        if self.co_partitioned:
+            return Shard(index, frozenset({index}))
+        if index != 0:
+            raise UserError(f"a view that re-groups partitions runs as one shard (0), not shard {index}")
+        return Shard(0, None)
+
+    def shards(self, partitions: Iterable[int]) -> list[Shard]:
+        """The shards that cover `partitions` (the source's), in shard order."""
+        return [self.shard(index) for index in sorted({self.shard_of(p) for p in partitions} | {0})]
+
+    def split(self, records: Sequence[Any]) -> dict[int, list[Any]]:
+        """Records (anything with a `partition`) by shard, each shard's in their order."""
+        if not self.co_partitioned:
+            return {0: list(records)} if records else {}
+        by_shard: dict[int, list[Any]] = {}
+        for record in records:
+            by_shard.setdefault(record.partition, []).append(record)
+        return by_shard
+
+
+def plan_shards(pipeline: Pipeline) -> ShardPlan:
+    return ShardPlan(co_partitioned(pipeline))
+
+
+def shard_writer(pipeline: Pipeline, shard: int) -> str:
+    """The shard's writer name, `<writer>-<shard>`: its materializations' fence and
+    checkpoint owner (the writer part of `P-<writer>-<shard>`)."""
+    return f"{pipeline.writer}-{shard}"
+
+
+def checkpoint_key(writer: str, shard: int) -> bytes:
+    """The key of a shard's record in `P.checkpoints`."""
+    return f"{writer}/{shard}".encode()
+
+
+class KeyCheck:
+    """Checks message keys against the rows of a co-partitioned view (see the module's
+    docstring). One per run, shared by its shards: `verified` once a record matched."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.topic = pipeline.source.topic
+        self.columns = message_key(pipeline)
+        self.enabled = co_partitioned(pipeline)
+        # Debezium's keys are not Refold's bytes: comparing them means parsing each one
+        self.every_record = pipeline.source.format != "debezium-json"
+        self.verified = False
+
+    def matches(self, key: bytes | None, row: Mapping[str, Any]) -> bool:
+        """Whether the message key is the JSON object of the row's key columns (a row
+        with a missing or null key column passes: the reducer dead-letters it). Raises
+        UserError for the first record of a run keyed otherwise."""
+        if not self.enabled or (self.verified and not self.every_record):
+            return True
+        values = {}
+        for column in self.columns:
+            value = row.get(column)
+            if value is None:
+                return True
+            values[column] = value
+        if key is not None and (key == orjson.dumps(values) or _same_object(key, values)):
+            self.verified = True
+            return True
+        if not self.verified:
+            raise UserError(
+                f"source.key: the messages of topic {self.topic!r} are keyed {describe_key(key)}, not by the "
+                f"JSON object of the columns {list(self.columns)} (as `refold produce --key "
+                f"{','.join(self.columns)}` keys them); set source.key to the columns the messages are keyed "
+                "by (a view whose key does not include them all runs as one shard)"
+            )
+        return False
+
+
+def _same_object(key: bytes, values: Mapping[str, Any]) -> bool:
+    """The key as a JSON object equal to `values` (another spacing or field order, or
+    in a Debezium `schema`/`payload` envelope)."""
+    try:
+        parsed = orjson.loads(key)
+    except orjson.JSONDecodeError:
+        return False
+    if isinstance(parsed, dict) and set(parsed) == {"schema", "payload"}:
+        parsed = parsed["payload"]
+    return isinstance(parsed, dict) and parsed == values
+
+
+def describe_key(key: bytes | None) -> str:
+    """How one message is keyed, for a message: its JSON object's field names, or what
+    else it is."""
+    if key is None:
+        return "by nothing (a null key)"
+    try:
+        parsed = orjson.loads(key)
+    except orjson.JSONDecodeError:
+        return f"by bytes that are not JSON ({key[:40]!r}): not a JSON object"
+    if isinstance(parsed, dict):
+        return f"by a JSON object of the fields {sorted(parsed)}"
+    return f"by JSON that is not a JSON object ({key[:40].decode(errors='replace')})"
