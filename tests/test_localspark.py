@@ -108,8 +108,8 @@ def test_cluster_runs_a_job_on_two_executors_survives_kill_9_and_stops(
         master = localspark.master_state(info.ui_port)
         assert master is not None and master["status"] == "ALIVE" and master["aliveworkers"] == 2
         assert "Starting Spark master at " + info.url in info.log_file.read_text()
-        for worker in info.workers:
-            assert "Successfully registered with master" in worker.log_file.read_text()
+        for worker in info.workers:  # the master lists a worker before its log says so
+            assert _eventually_in(worker.log_file, "Successfully registered with master")
 
         rows = _run_driver(info.url)
         assert sum(count for _, _, count in rows) == 100
@@ -192,3 +192,12 @@ def test_nothing_runs_in_a_fresh_home(
     assert "Spark was not running" in capsys.readouterr().out
     assert cli_main(["spark", "start", "--memory", "lots"]) == 2
     assert "memory_per_worker" in capsys.readouterr().err
+
+
+def _eventually_in(log: Path, text: str, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if text in log.read_text():
+            return True
+        time.sleep(0.2)
+    return text in log.read_text()
