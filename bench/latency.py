@@ -58,7 +58,6 @@ from confluent_kafka import (
 )
 
 from bench.run import RESULTS, pipeline
-from refold.cli.produce import key_bytes
 from refold.config import Pipeline, parse_duration
 from refold.kafka.io import (
     TopicSpec,
@@ -68,6 +67,7 @@ from refold.kafka.io import (
     partitions_of,
     producer_config,
 )
+from refold.model.changelog import message_key_bytes
 from refold.spark.job import engine_topics, run_pipeline, spark_session
 
 SLICE = 0.02  # the producer's pacing step, seconds
@@ -165,7 +165,7 @@ def send_paced(settings: dict[str, Any], topic: str, rate: float, timeline: Time
     prefix = uuid.uuid4().hex[:8]
     started = time.monotonic()
     probe = f"lat-{prefix}-probe"
-    probe_key = key_bytes(KEY, (probe,))
+    probe_key = message_key_bytes(KEY, (probe,))
     timeline.sent[probe_key] = started
     producer.produce(topic, append_event(probe, 0, int(time.time() * 1000)), probe_key, on_delivery=on_delivery)
     producer.flush(30)
@@ -183,9 +183,9 @@ def send_paced(settings: dict[str, Any], topic: str, rate: float, timeline: Time
         while sent < int(rate * elapsed) + 1:
             key = f"lat-{prefix}-{sent:09d}"
             value = append_event(key, sent % 1000, int(time.time() * 1000))
-            message_key = key_bytes(KEY, (key,))
-            timeline.sent[message_key] = time.monotonic()
-            producer.produce(topic, value, message_key, on_delivery=on_delivery)
+            sent_key = message_key_bytes(KEY, (key,))
+            timeline.sent[sent_key] = time.monotonic()
+            producer.produce(topic, value, sent_key, on_delivery=on_delivery)
             sent += 1
         producer.poll(0)
         next_slice = (int((time.monotonic() - started) / SLICE) + 1) * SLICE

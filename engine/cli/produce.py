@@ -15,13 +15,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-import orjson
-
 from refold.codecs import JsonlCodec, codec_for
 from refold.errors import InvalidEventError, RecordSource, UserError
 from refold.kafka.io import TopicSpec, ensure_topics, eprint
 from refold.kafka.transactions import TransactionalWriter, TransactionFailed
-from refold.model.changelog import ChangelogEvent, Op, PairingValidator, key_of
+from refold.model.changelog import ChangelogEvent, Op, PairingValidator, key_of, message_key_bytes
 from refold.model.reasons import Reason
 
 
@@ -30,11 +28,6 @@ class ProduceResult:
     events: int
     transactions: int
     seconds: float
-
-
-def key_bytes(key_columns: Sequence[str], key: tuple[Any, ...]) -> bytes:
-    """The Kafka message key: a JSON object of the key columns, in their order."""
-    return orjson.dumps(dict(zip(key_columns, key, strict=True)))
 
 
 def parse_lines(lines: Iterable[bytes], key_columns: Sequence[str]) -> Iterator[tuple[int, ChangelogEvent, tuple[Any, ...]]]:
@@ -94,7 +87,7 @@ def produce(
                 open_txn = True
             # The record timestamp stays the producer's clock: event_time travels in the
             # value. (Old event times as record timestamps would let retention delete them.)
-            writer.send(topic, key_bytes(key_columns, key), codec.encode(event))
+            writer.send(topic, message_key_bytes(key_columns, key), codec.encode(event))
             events += 1
             in_txn += 1
             # End transactions only between units: never between a -C and its +C.

@@ -118,6 +118,12 @@ def key_of(row: Mapping[str, Any], key_columns: Sequence[str]) -> tuple[Any, ...
     return tuple(values)
 
 
+def message_key_bytes(key_columns: Sequence[str], key: Sequence[Any]) -> bytes:
+    """The Kafka message key Refold writes and expects: the JSON object of the key
+    columns, in their order (`refold produce --key`; a co-partitioned view's check)."""
+    return orjson.dumps(dict(zip(key_columns, key, strict=True)))
+
+
 class PairStep(NamedTuple, Generic[T]):
     """What one event fed to a `Pairing` completes.
 

@@ -27,6 +27,7 @@ import orjson
 
 from refold.config import Pipeline, ViewSpec
 from refold.errors import UserError
+from refold.model.changelog import message_key_bytes
 
 
 def view_key(view: ViewSpec) -> tuple[str, ...]:
@@ -122,13 +123,13 @@ class KeyCheck:
         UserError for the first record of a run keyed otherwise."""
         if not self.enabled or (self.verified and not self.every_record):
             return True
-        values = {}
+        values = []
         for column in self.columns:
             value = row.get(column)
             if value is None:
                 return True
-            values[column] = value
-        if key is not None and (key == orjson.dumps(values) or _same_object(key, values)):
+            values.append(value)
+        if key is not None and (key == message_key_bytes(self.columns, values) or _same_object(key, self.columns, values)):
             self.verified = True
             return True
         if not self.verified:
@@ -141,16 +142,16 @@ class KeyCheck:
         return False
 
 
-def _same_object(key: bytes, values: Mapping[str, Any]) -> bool:
-    """The key as a JSON object equal to `values` (another spacing or field order, or
-    in a Debezium `schema`/`payload` envelope)."""
+def _same_object(key: bytes, columns: Sequence[str], values: Sequence[Any]) -> bool:
+    """The key as a JSON object of `columns` = `values` (another spacing or field order,
+    or in a Debezium `schema`/`payload` envelope)."""
     try:
         parsed = orjson.loads(key)
     except orjson.JSONDecodeError:
         return False
     if isinstance(parsed, dict) and set(parsed) == {"schema", "payload"}:
         parsed = parsed["payload"]
-    return isinstance(parsed, dict) and parsed == values
+    return isinstance(parsed, dict) and parsed == dict(zip(columns, values, strict=True))
 
 
 def describe_key(key: bytes | None) -> str:
