@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,14 +39,17 @@ class Recovered:
     state: list[tuple[bytes, bytes]]  # latest value per state key, tombstones dropped
 
 
-def load_checkpoints(pipeline: Pipeline, settings: Mapping[str, Any]) -> dict[int, Checkpoint]:
+def load_checkpoints(
+    pipeline: Pipeline, settings: Mapping[str, Any], only: Collection[int] | None = None
+) -> dict[int, Checkpoint]:
     """The last committed checkpoint of each shard of this pipeline's writer, by shard
-    (empty on a first start). Raises UserError for a writer's checkpoint from before
-    shards (key `<writer>`): its state is not laid out by shard."""
+    (empty on a first start), read from the partitions `only` of `P.checkpoints` when
+    given. Raises UserError for a writer's checkpoint from before shards (key
+    `<writer>`): its state is not laid out by shard."""
     writer = pipeline.writer
     prefix = f"{writer}/".encode()
     latest: dict[int, Checkpoint] = {}
-    for msg in read_to_end(settings, pipeline.checkpoints_topic):
+    for msg in read_to_end(settings, pipeline.checkpoints_topic, only=only):
         key, value = msg.key() or b"", msg.value()
         if value is None:
             continue
@@ -77,11 +80,12 @@ def load_state(pipeline: Pipeline, settings: Mapping[str, Any], shard: int = 0) 
     return [(k, v) for k, v in latest.items() if v is not None]
 
 
-def recover(pipeline: Pipeline, settings: Mapping[str, Any], shard: int = 0) -> Recovered:
-    """One shard's checkpoint and state, read to their ends with read_committed:
-    consistent, as the shard writes both in each of its transactions. (Call it after the
-    shard's writer's `init_transactions`, which settles any transaction of its still open.)"""
-    checkpoint = load_checkpoints(pipeline, settings).get(shard)
+def recover(pipeline: Pipeline, settings: Mapping[str, Any], shard: int, checkpoint_partition: int) -> Recovered:
+    """One shard's checkpoint (from the `P.checkpoints` partition its records go to) and
+    state (its `P.state` partition), read to their ends with read_committed: consistent,
+    as the shard writes both in each of its transactions. (Call it after the shard's
+    writer's `init_transactions`, which settles any transaction of its still open.)"""
+    checkpoint = load_checkpoints(pipeline, settings, only=(checkpoint_partition,)).get(shard)
     state = load_state(pipeline, settings, shard) if checkpoint is not None else []
     return Recovered(checkpoint, state)
 

@@ -129,7 +129,7 @@ class ShardProcessor:
         run is fenced: an open transaction of another shard would hold the read up)."""
         started = time.monotonic()
         with collector_paused():
-            recovered = recover(self.pipeline, self.settings, self.shard)
+            recovered = recover(self.pipeline, self.settings, self.shard, self.checkpoint_partition)
             self.reducer = make_reducer(self.pipeline.view)
             self.reducer.restore(recovered.state)
         self.checkpoint = recovered.checkpoint or Checkpoint(
