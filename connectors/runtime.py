@@ -236,6 +236,11 @@ class Materializations:
             return held.batch < checkpoint.batch
         return checkpoint.batch > 0 and driven.name not in checkpoint.driver_checkpoints
 
+    @property
+    def backfilling(self) -> bool:
+        """Whether the next transaction stores the whole view (a driver behind Kafka)."""
+        return any(driven.backfill for driven in self.driven)
+
     def acknowledge(self, batch: int) -> None:
         """The batch committed to Kafka: Acknowledge it to every driver (answered in the background)."""
         for driven in self.driven:

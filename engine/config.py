@@ -208,6 +208,24 @@ class SparkSpec(_Model):
     master: str = "local[2]"
     conf: dict[str, str] = {}
     checkpoint_dir: str | None = None  # a cache; Kafka is authoritative
+    # view keys a shard's task keeps in memory in front of its local store (then it starts empty)
+    state_cache_keys: Annotated[int, Field(ge=1)] = 200_000
+    state_dir: str | None = None  # the executors' local stores; default <Refold home>/state
+
+    @field_validator("conf")
+    @classmethod
+    def _conf(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if key.rsplit(".", 1)[-1] in _SPLITTING_OPTIONS:
+                raise ValueError(
+                    f"{key}: Refold runs one task per source partition (a shard's transaction, state and "
+                    "checkpoint follow the partition); an option that splits partitions into several tasks "
+                    "would run one shard twice at once"
+                )
+        return value
+
+
+_SPLITTING_OPTIONS = frozenset({"minPartitions", "maxRecordsPerPartition"})
 
 
 class Pipeline(_Model):

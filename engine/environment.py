@@ -18,6 +18,7 @@ PG_BINDIR = "REFOLD_PG_BINDIR"  # the PostgreSQL server binaries for `refold pg`
 TRANSACTION_TIMEOUT_MS = "REFOLD_TRANSACTION_TIMEOUT_MS"  # the engine producer's transaction.timeout.ms
 # Test hooks: read by refold.spark.job, parsed by refold.runtime.hooks; never set in production.
 TEST_CRASH = "REFOLD_TEST_CRASH"
+TEST_CRASH_WORKER = "REFOLD_TEST_CRASH_WORKER"
 TEST_STALL_IN_TXN_SECONDS = "REFOLD_TEST_STALL_IN_TXN_SECONDS"
 TEST_STALL_UNTIL = "REFOLD_TEST_STALL_UNTIL"
 
@@ -68,5 +69,5 @@ def transaction_timeout_ms(default: int = 60_000) -> int:
 
 def test_hook_settings() -> dict[str, str]:
     """The test-hook variables that are set (empty in production)."""
-    names = (TEST_CRASH, TEST_STALL_IN_TXN_SECONDS, TEST_STALL_UNTIL)
+    names = (TEST_CRASH, TEST_CRASH_WORKER, TEST_STALL_IN_TXN_SECONDS, TEST_STALL_UNTIL)
     return {name: value for name in names if (value := _get(name))}

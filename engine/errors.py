@@ -7,7 +7,9 @@ instead of flattening the failure into a string.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Any
 
 
 class RefoldError(Exception):
@@ -89,6 +91,11 @@ class RecordError(UserError):
         if detail:
             text += f" ({detail})"
         super().__init__(text)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled whole (a Spark task hands it to the driver)."""
+        return (functools.partial(type(self), detail=self.detail, key=self.key, value=self.value),
+                (self.reason, self.source))
 
 
 class DecodeError(RecordError):

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import gc
 import shutil
-import threading
 import uuid
-from typing import Any, cast
+from typing import Any
 
 import orjson
 import pytest
@@ -14,16 +13,14 @@ import pytest
 from refold.cli.produce import produce
 from refold.config import Pipeline, parse_pipeline
 from refold.dev.testing import Workload, generate
-from refold.errors import RecordError, RefoldError, UserError
+from refold.errors import RecordError, UserError
 from refold.kafka.io import read_to_end
 from refold.ops.status import pipeline_status
 from refold.ops.verify import read_view_changes, verify
 from refold.recovery.records import decode_checkpoint, decode_dead_letter
 from refold.recovery.restore import load_checkpoint, load_checkpoints
-from refold.runtime.processor import BatchProcessor
+from refold.runtime.shard import ShardProcessor
 from refold.spark.job import (
-    Progress,
-    _BatchCallback,
     run_pipeline,
     spark_checkpoint_dir,
     spark_session,
@@ -187,9 +184,9 @@ def test_restart_continues_exactly_once(bootstrap_servers, topic, tmp_path, spar
     run(pipeline, bootstrap_servers, spark)  # no Spark checkpoint: state from P.state
     report = assert_verified(pipeline, settings)
     assert report.events == len(rows)
-    # a finished run leaves nothing behind (py4j keeps its foreachBatch callback)
+    # the driver reduces nothing: every shard ran in a Spark task, in a Python worker
     gc.collect()
-    assert not [o for o in gc.get_objects() if isinstance(o, BatchProcessor)]
+    assert not [o for o in gc.get_objects() if isinstance(o, ShardProcessor)]
 
 
 def test_bad_records_go_to_the_dead_letter_topic(bootstrap_servers, topic, tmp_path, spark) -> None:
@@ -245,119 +242,6 @@ def test_strict_mode_fails_naming_the_record(bootstrap_servers, topic, tmp_path,
     assert f"{source}[0]@1" in str(failure.value)
     settings = {"bootstrap.servers": bootstrap_servers}
     assert load_checkpoint(pipeline, settings) is None  # nothing of the failed batch committed
-
-
-class GatedProcessor:
-    """Stands in for the BatchProcessor in the handoff tests: each batch waits for the
-    test's go-ahead (so the order of events is forced, not timed), or fails."""
-
-    aborts = 0
-
-    def __init__(self, fail_at: int | None = None) -> None:
-        self.seen: list[int] = []
-        self.started = threading.Semaphore(0)
-        self.go = threading.Semaphore(0)
-        self.fail_at = fail_at
-
-    def process(self, records: list[Any]) -> None:
-        self.started.release()
-        assert self.go.acquire(timeout=60)
-        self.seen.append(records[0].offset)
-        if records[0].offset == self.fail_at:
-            raise RefoldError("this batch fails")
-        return None
-
-
-def batch_frame(spark: Any, offset: int) -> Any:
-    return spark.createDataFrame([(0, offset, b"k", b"v", 1)], "partition int, offset long, key binary, value binary, ts long")
-
-
-def test_spark_hands_over_the_next_batch_while_one_is_processed(spark) -> None:
-    processor = GatedProcessor()
-    callback = _BatchCallback(cast(Any, processor), Progress(cast(Any, None), quiet=True), cast(Any, object()))
-    callback(batch_frame(spark, 0), 0)
-    assert processor.started.acquire(timeout=60)  # batch 0 is being processed ...
-    callback(batch_frame(spark, 1), 1)  # ... and batch 1 is fetched and handed over meanwhile
-    third = threading.Thread(target=callback, args=(batch_frame(spark, 2), 2))
-    third.start()
-    third.join(1.0)
-    assert third.is_alive(), "a second batch waited beside the one in the works"
-    processor.go.release()  # batch 0 done: batch 1 starts, batch 2 is taken in
-    third.join(60)
-    assert not third.is_alive()
-    assert not callback.idle
-    processor.go.release()
-    processor.go.release()
-    callback.close()  # commits what was handed over before it returns
-    assert processor.seen == [0, 1, 2]
-    assert callback.idle
-
-
-def test_a_failed_batch_stops_the_next_handover(spark) -> None:
-    processor = GatedProcessor(fail_at=0)
-    progress = Progress(cast(Any, None), quiet=True)
-    callback = _BatchCallback(cast(Any, processor), progress, cast(Any, object()))
-    callback(batch_frame(spark, 0), 0)
-    processor.go.release()
-    callback.close()
-    assert isinstance(progress.failure, RefoldError)
-    with pytest.raises(RefoldError, match="stopped after a failed batch: this batch fails"):
-        callback(batch_frame(spark, 1), 1)
-    assert processor.seen == [0]
-
-
-def test_without_overlap_spark_waits_for_each_batch(spark) -> None:
-    processor = GatedProcessor()
-    callback = _BatchCallback(cast(Any, processor), Progress(cast(Any, None), quiet=True), cast(Any, object()),
-                              overlap=False)
-    call = threading.Thread(target=callback, args=(batch_frame(spark, 0), 0))
-    call.start()
-    assert processor.started.acquire(timeout=60)
-    call.join(1.0)
-    assert call.is_alive(), "Spark went on before the batch was committed"
-    processor.go.release()
-    call.join(60)
-    assert not call.is_alive() and processor.seen == [0] and callback.idle
-    callback.close()
-
-
-def test_a_failed_start_leaves_no_worker_and_closes_the_processor(bootstrap_servers, topic, tmp_path, spark,
-                                                                  monkeypatch) -> None:
-    # Whatever fails between the processor's start and the query's, the processor's
-    # producer is closed and no batch worker is left waiting.
-    from refold.spark import job
-
-    settings = {"bootstrap.servers": bootstrap_servers}
-    source = topic(partitions=1)
-    produce_rows(settings, source, list(generate(Workload(events=20, keys=5, seed=3))))
-    made: list[BatchProcessor] = []
-
-    def factory(p: Pipeline, s: dict[str, Any], _spark: Any) -> BatchProcessor:
-        made.append(BatchProcessor(p, s))
-        return made[-1]
-
-    def start(pipeline: Pipeline) -> Exception:
-        with pytest.raises(Exception) as failure:  # each case raises its own kind
-            run_pipeline(pipeline, bootstrap_servers, until_idle=2.0, spark=spark, quiet=True,
-                         processor_factory=factory)
-        assert all(shard.writer.closed for shard in made[-1].shards.values()), "the processor's producers are closed"
-        assert not [t for t in threading.enumerate() if t.name == "refold-batches" and t.is_alive()]
-        return failure.value
-
-    # Spark's checkpoint location is a file
-    pipeline = pipeline_for(source, {"key": ["player_name"], "columns": {"n": {"count": "*"}}}, tmp=tmp_path)
-    spark_checkpoint_dir(pipeline).parent.mkdir(parents=True, exist_ok=True)
-    spark_checkpoint_dir(pipeline).write_text("not a directory")
-    assert isinstance(start(pipeline), NotADirectoryError)
-
-    # the query's definition fails after the batch worker started
-    def refuse(*_args: Any) -> str:
-        raise RuntimeError("injected: no starting offsets")
-
-    monkeypatch.setattr(job, "starting_offsets", refuse)
-    pipeline = pipeline_for(source, {"key": ["player_name"], "columns": {"n": {"count": "*"}}}, tmp=tmp_path)
-    assert "injected" in str(start(pipeline))
-    assert len(made) == 2
 
 
 def test_a_co_partitioned_view_commits_one_checkpoint_per_shard(bootstrap_servers, topic, tmp_path, spark) -> None:

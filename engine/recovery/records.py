@@ -12,7 +12,7 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from io import BytesIO
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
@@ -20,6 +20,9 @@ from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from refold.codecs import load_schema
 from refold.codecs.schemas import schema_path
 from refold.errors import InternalError
+
+if TYPE_CHECKING:
+    from refold.config import Pipeline
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +54,25 @@ class Checkpoint:
     committed_at: int  # epoch ms
     driver_checkpoints: dict[str, bytes]  # opaque, by materialization driver
     shard: int = 0  # the shard of the writer that committed it (P-<writer>-<shard>)
+    run: int = 0  # the engine run that committed it (its driver's start, epoch ms)
+
+
+def first_checkpoint(pipeline: Pipeline, shard: int) -> Checkpoint:
+    """A shard's checkpoint before its first batch: batch 0, no offsets."""
+    return Checkpoint(
+        pipeline=pipeline.pipeline,
+        writer=pipeline.writer,
+        batch=0,
+        source_topic=pipeline.source.topic,
+        offsets={},
+        pending={},
+        records_in=0,
+        records_out=0,
+        dlq=0,
+        committed_at=0,
+        driver_checkpoints={},
+        shard=shard,
+    )
 
 
 def combined(checkpoints: Sequence[Checkpoint]) -> Checkpoint | None:
@@ -77,6 +99,7 @@ def combined(checkpoints: Sequence[Checkpoint]) -> Checkpoint | None:
         records_in=sum(c.records_in for c in ordered),
         records_out=sum(c.records_out for c in ordered),
         dlq=sum(c.dlq for c in ordered),
+        run=max(c.run for c in ordered),
         committed_at=max(c.committed_at for c in ordered),
         driver_checkpoints=drivers,
         shard=-1,
@@ -122,13 +145,16 @@ def _checkpoint_schema() -> dict[str, Any]:
 
 
 @functools.cache
-def _checkpoint_schema_before_shards() -> dict[str, Any]:
-    """The checkpoint schema as written before shards (no `shard` field)."""
+def _checkpoint_schema_without(*names: str) -> dict[str, Any]:
+    """The checkpoint schema as written before its fields `names` existed."""
     raw = orjson.loads(schema_path("checkpoint").read_bytes())
-    raw["fields"] = [f for f in raw["fields"] if f["name"] != "shard"]
+    raw["fields"] = [f for f in raw["fields"] if f["name"] not in names]
     parsed = parse_schema(raw, named_schemas={})
     assert isinstance(parsed, dict)
     return parsed
+
+
+_OLDER_CHECKPOINTS = (("run",), ("run", "shard"))  # fields added since: before runs, before shards
 
 
 @functools.cache
@@ -174,19 +200,24 @@ def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
             "committed_at": checkpoint.committed_at,
             "driver_checkpoints": dict(sorted(checkpoint.driver_checkpoints.items())),
             "shard": checkpoint.shard,
+            "run": checkpoint.run,
         },
     )
 
 
 def decode_checkpoint(data: bytes) -> Checkpoint:
     """Raises InternalError for bytes that are not a checkpoint record. A record
-    written before shards (no `shard`) reads as shard 0."""
+    written before shards (no `shard`) reads as shard 0, one before runs as run 0."""
     try:
         r = _read(_checkpoint_schema(), data, "checkpoint")
     except InternalError as exc:
-        try:
-            r = _read(_checkpoint_schema_before_shards(), data, "checkpoint", _checkpoint_schema())
-        except InternalError:
+        for missing in _OLDER_CHECKPOINTS:
+            try:
+                r = _read(_checkpoint_schema_without(*missing), data, "checkpoint", _checkpoint_schema())
+                break
+            except InternalError:
+                continue
+        else:
             raise exc from None
     return Checkpoint(
         pipeline=r["pipeline"],
@@ -203,6 +234,7 @@ def decode_checkpoint(data: bytes) -> Checkpoint:
         committed_at=r["committed_at"],
         driver_checkpoints=r["driver_checkpoints"],
         shard=r["shard"],
+        run=r["run"],
     )
 
 

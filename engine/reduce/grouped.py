@@ -445,14 +445,26 @@ class GroupedReducer:
         records.sort(key=lambda r: r[0])
         return records
 
+    def state_key(self, event: SourceEvent) -> tuple[Any, ...] | None:
+        """The view key whose state the event reads (None: the event is refused anyway)."""
+        try:
+            return checked_key(event.row, self.key_columns, "key", self.plan.multiset_columns, 0)
+        except Rejected:
+            return None
+
     def restore(self, records: Iterable[tuple[bytes, bytes]]) -> None:
+        """Add the keys these records hold (every record of each: `[key]` and its rows);
+        keys already held are left as they are unless records of theirs come again."""
         plan = self.plan
+        restored: set[tuple[Any, ...]] = set()
         for record_key, value in records:
             record = decode_state(value)
             key = record["key"]
-            state = self.keys.get(key)
-            if state is None:
+            if key not in restored:
+                restored.add(key)
                 state = self.keys[key] = _Key(plan)
+            else:
+                state = self.keys[key]
             if record["kind"] == "KEY_SUMMARY":
                 state.total = record["count"]
                 for column, (total, floats) in record["values"]["s"].items():
@@ -471,7 +483,8 @@ class GroupedReducer:
             if state.order is not None and entry.tags is not None:
                 for tag in entry.tags:
                     state.order.add((tag, fp))
-        for key, state in list(self.keys.items()):
+        for key in restored:
+            state = self.keys[key]
             if state.total == 0:
                 del self.keys[key]
             else:

@@ -152,20 +152,33 @@ class TopNReducer:
         records.sort(key=lambda r: r[0])
         return records
 
+    def state_key(self, event: SourceEvent) -> tuple[Any, ...] | None:
+        """The group whose state the event reads (None: the event is refused anyway)."""
+        try:
+            return checked_key(event.row, self.partition_by, "partition", self.order_columns, 0)
+        except Rejected:
+            return None
+
     def restore(self, records: Iterable[tuple[bytes, bytes]]) -> None:
+        """Add the groups these records hold (every row of each); groups already held
+        are left as they are unless records of theirs come again."""
+        restored: set[tuple[Any, ...]] = set()
         for record_key, value in records:
             record = decode_state(value)
             group = record["key"]
-            state = self.groups.get(group)
-            if state is None:
+            if group not in restored:
+                restored.add(group)
                 state = self.groups[group] = _Group()
+            else:
+                state = self.groups[group]
             fp = row_fingerprint(record_key)
             row, tags = record["values"], list(record["tags"])
             state.rows[fp] = (row, tags)
             sort_key = self._sort_key(row)
             for tag in tags:
                 state.ranked.add((sort_key, tag, fp))
-        for group, state in self.groups.items():
+        for group in restored:
+            state = self.groups[group]
             state.top = self._top(group, state)
 
     def view(self) -> dict[tuple[Any, ...], dict[str, Any]]:

@@ -52,7 +52,8 @@ class Rejected(Exception):
 class ViewReducer(Protocol):
     """A view's reducer, as the batch processor drives it: `apply` per unit in input
     order, `take_deltas` and `take_state_changes` once per batch (inside its
-    transaction), `restore` once at start with the latest `P.state` records."""
+    transaction), `restore` with the latest `P.state` records of the keys a batch is
+    about to touch (`state_key`) and does not hold yet."""
 
     def apply(self, unit: Sequence[SourceEvent]) -> list[ViewChange]:
         """Apply one unit; return its view records in order. Raises Rejected, changing nothing."""
@@ -66,8 +67,14 @@ class ViewReducer(Protocol):
         """`P.state` records (key, value or None = tombstone) for state touched since the last call."""
         ...
 
+    def state_key(self, event: SourceEvent) -> tuple[Any, ...] | None:
+        """The view key (a Top-N's group) whose state `apply` reads for this event; None
+        when `apply` refuses the event without reading any."""
+        ...
+
     def restore(self, records: Iterable[tuple[bytes, bytes]]) -> None:
-        """Rebuild from the latest value of each `P.state` key. Called before any apply."""
+        """Hold the keys these records are of (the latest value of every `P.state` record
+        of each such key), replacing what was held of them; other keys stay."""
         ...
 
     def view(self) -> dict[tuple[Any, ...], dict[str, Any]]:

@@ -4,9 +4,13 @@ Injected, never read inline: whoever starts the engine builds them once from
 `refold.environment.test_hook_settings()` (`Hooks.from_settings`); everyone else gets
 `NO_HOOKS`, whose calls do nothing. The variables (never set in production):
 
-- `REFOLD_TEST_CRASH=<where>:<batch>`: SIGKILL at that point of that batch
-  (`mid_batch`: the batch is decoded, nothing reduced or sent; `in_txn`: its records
-  sent, not committed; `after_commit`: committed, before Spark records the batch).
+- `REFOLD_TEST_CRASH=<where>:<batch>`: SIGKILL of the engine (the driver process,
+  with its Spark and tasks) at that point of a shard's batch (`mid_batch`: the batch
+  is decoded, nothing reduced or sent; `in_txn`: its records sent, not committed;
+  `after_commit`: committed, before the local store and Spark record it).
+- `REFOLD_TEST_CRASH_WORKER=<where>:<batch>`: the same points, SIGKILL of the Python
+  worker that runs the shard's task (Spark runs the task again), once per `marker`
+  file: the first worker to get there kills itself.
 - `REFOLD_TEST_STALL_IN_TXN_SECONDS`: keep the first transaction open that long, or,
   with `REFOLD_TEST_STALL_UNTIL=<path>`, until that file exists (at most that long).
 """
@@ -28,14 +32,25 @@ log = logging.getLogger(__name__)
 class Hooks:
     """Where to crash and how long to stall; all off by default."""
 
-    __slots__ = ("_stalled", "crash_at", "stall_seconds", "stall_until")
+    __slots__ = ("_stalled", "crash_at", "crash_pid", "stall_seconds", "stall_until", "worker_crash_at",
+                 "worker_crash_marker")
 
     def __init__(
-        self, crash_at: str | None = None, stall_seconds: float | None = None, stall_until: Path | None = None
+        self,
+        crash_at: str | None = None,
+        stall_seconds: float | None = None,
+        stall_until: Path | None = None,
+        *,
+        crash_pid: int | None = None,
+        worker_crash_at: str | None = None,
+        worker_crash_marker: Path | None = None,
     ) -> None:
         self.crash_at = crash_at
+        self.crash_pid = crash_pid  # the engine's process (None: this one)
         self.stall_seconds = stall_seconds
         self.stall_until = stall_until
+        self.worker_crash_at = worker_crash_at
+        self.worker_crash_marker = worker_crash_marker
         self._stalled = False
 
     @classmethod
@@ -43,17 +58,38 @@ class Hooks:
         """From the variables `refold.environment.test_hook_settings()` found set."""
         seconds = settings.get(environment.TEST_STALL_IN_TXN_SECONDS)
         until = settings.get(environment.TEST_STALL_UNTIL)
+        worker = settings.get(environment.TEST_CRASH_WORKER)
         return cls(
             crash_at=settings.get(environment.TEST_CRASH),
             stall_seconds=float(seconds) if seconds else None,
             stall_until=Path(until) if until else None,
+            crash_pid=os.getpid(),  # where the hooks are built: the engine's driver
+            worker_crash_at=worker,
+            worker_crash_marker=environment.home() / f"crash-worker-{os.getpid()}" if worker else None,
         )
 
     def crash_point(self, where: str, batch: int) -> None:
-        """Kill this process with SIGKILL when `<where>:<batch>` is the crash asked for."""
-        if self.crash_at is not None and self.crash_at == f"{where}:{batch}":
-            log.warning("test hook: kill -9 at %s of batch %d", where, batch)
+        """SIGKILL the engine when `<where>:<batch>` is the crash asked for; SIGKILL this
+        Python worker when it is the worker crash asked for (once)."""
+        point = f"{where}:{batch}"
+        if self.crash_at == point:
+            log.warning("test hook: kill -9 of the engine at %s of batch %d", where, batch)
+            os.kill(self.crash_pid or os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGKILL)  # a worker outlives its driver by a moment
+        if self.worker_crash_at == point and self._first_worker_crash():
+            log.warning("test hook: kill -9 of Python worker %d at %s of batch %d", os.getpid(), where, batch)
             os.kill(os.getpid(), signal.SIGKILL)
+
+    def _first_worker_crash(self) -> bool:
+        marker = self.worker_crash_marker
+        if marker is None:
+            return True
+        try:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.open("x").close()
+        except FileExistsError:
+            return False
+        return True
 
     def stall_in_transaction(self) -> None:
         """Inside the first transaction only: wait the stall asked for."""

@@ -25,12 +25,12 @@ from typing import Any
 
 from refold.config import Pipeline
 from refold.connectors.runtime import Executor
-from refold.errors import UserError
 from refold.kafka.io import partitions_of
+from refold.kafka.transactions import FencedError
 from refold.runtime.batch import InputRecord
 from refold.runtime.hooks import NO_HOOKS, Hooks
 from refold.runtime.shard import ATTEMPTS, BatchStats, ShardProcessor
-from refold.runtime.shards import KeyCheck, plan_shards
+from refold.runtime.shards import KeyCheck, check_state_partitions, plan_shards
 
 __all__ = ["ATTEMPTS", "BatchProcessor", "BatchStats", "InputRecord", "ShardProcessor"]
 
@@ -75,25 +75,17 @@ class BatchProcessor:
         made = [self._make_shard(index) for index in indexes]
         self.shards.update(zip(indexes, made, strict=True))
         for shard in made:
+            shard.lock()  # its store: a second attempt on this machine waits here
             shard.fence()
         if not self._state_partitions:
             self._state_partitions = len(partitions_of(self.settings, self.pipeline.state_topic))
             self._checkpoint_partitions = len(partitions_of(self.settings, self.pipeline.checkpoints_topic))
         for shard in made:
-            self._check_state_topic(shard.shard)
+            check_state_partitions(self.pipeline, self._state_partitions, shard.shard)
             shard.checkpoint_partition = shard.shard % self._checkpoint_partitions
         for shard in made:
             shard.restore()
-
-    def _check_state_topic(self, index: int) -> None:
-        if index >= self._state_partitions:
-            raise UserError(
-                f"{self.pipeline.state_topic} has {self._state_partitions} partitions, and pipeline "
-                f"{self.pipeline.pipeline!r} runs shard {index} (one per partition of "
-                f"{self.pipeline.source.topic!r}), whose state goes to partition {index}: add partitions to "
-                f"{self.pipeline.state_topic} (kafka-topics --alter --partitions N) to at least the source's, "
-                "or start the pipeline under a new name; Refold does not repartition its state"
-            )
+            shard.suspend()  # its store's lock is held only while it runs a batch
 
     def _make_shard(self, index: int) -> ShardProcessor:
         """A shard's processor, not started (`fence`, then `restore`; its
@@ -139,16 +131,31 @@ class BatchProcessor:
         for index, part in sorted(self.plan.split(records).items()):
             if index not in self.shards:  # a partition added to the source while running
                 self._start([index])
-            stats = self.shards[index].process(part)
+            stats = _run_shard(self.shards[index], part)
             if stats is not None:
                 committed.append(stats)
         if not committed:
             return None
-        self.last = _together(committed, time.monotonic() - started)
+        self.last = together(committed, time.monotonic() - started)
         return self.last
 
 
-def _together(parts: Sequence[BatchStats], seconds: float) -> BatchStats:
+def _run_shard(shard: ShardProcessor, part: Sequence[InputRecord]) -> BatchStats | None:
+    """One shard's part, with its store held for the length of it. A store that moved
+    since the shard's last batch means another instance ran the shard: this one is
+    fenced (FencedError), as its next transaction would be."""
+    try:
+        if not shard.resume():
+            raise FencedError(
+                f"pipeline {shard.pipeline.pipeline!r} shard {shard.shard}: another instance committed "
+                "batches of this shard since this one's last; this instance stops"
+            )
+        return shard.process(part)
+    finally:
+        shard.suspend()
+
+
+def together(parts: Sequence[BatchStats], seconds: float) -> BatchStats:
     """One batch's stats over the shards that committed it."""
     out_by_topic: dict[str, int] = {}
     for stats in parts:

@@ -2,20 +2,35 @@
 in one transaction.
 
 A `ShardProcessor` owns one shard of a view (`refold.runtime.shards`): its
-transactional writer `P-<writer>-<shard>` (`refold.kafka.transactions`), its reducer
-and state, its checkpoint and its materialization sessions. It is independent of
-Spark: the records of its partitions in each micro-batch (partition, offset, key,
-value, timestamp) are handed to it (`refold.runtime.processor.BatchProcessor` splits
-a batch by shard); tests may hand them too.
+transactional writer `P-<writer>-<shard>` (`refold.kafka.transactions`), its local
+state store (`refold.state`), its reducer, its checkpoint and its materialization
+sessions. It is independent of Spark: the records of its partitions in each
+micro-batch (partition, offset, key, value, timestamp) are handed to it (a Spark task,
+`refold.spark.tasks`, or `refold.runtime.processor.BatchProcessor`); tests may hand
+them too.
 
-Every batch commits, in one Kafka transaction of the shard: the view changelog, the
-delta updates, the dead letters, the state changelog (`P.state`, partition = shard),
-the shard's checkpoint (`P.checkpoints`, key `<writer>/<shard>`) and the consumer
-group's offsets of its partitions. Records at offsets the last checkpoint already
-covers are dropped first, so a replayed batch writes nothing. When a transaction
-fails or times out, the shard throws its in-memory state away, re-initialises the
-writer, rebuilds from Kafka and runs the batch again (three times at most); a fence
-stops it (`FencedError`).
+Start (`_start`): take the store's lock (a second attempt of the shard on this
+machine waits here until the first is done), initialise the writer (fences every
+older attempt, settles its open transaction), read the shard's committed checkpoint,
+bring the store to it (`refold.state.bring_to`: as is, caught up or restored from
+`P.state` partition = shard).
+
+The reducer holds only the keys the shard's batches touched (up to
+`spark.state_cache_keys`; then it starts empty again): before a batch it loads the
+keys it is about to touch from the store. Every batch commits, in one Kafka
+transaction of the shard: the view changelog, the delta updates, the dead letters,
+the state changelog (`P.state`, partition = shard), the shard's checkpoint
+(`P.checkpoints`, key `<writer>/<shard>`) and the consumer group's offsets of its
+partitions. After the commit, and only then, the store takes the same state changes
+with the checkpoint's stamp in one write batch: the store is never ahead of Kafka.
+Records at offsets the last checkpoint already covers are dropped first, so a
+replayed batch writes nothing. When a transaction fails or times out, the shard
+throws its reducer away, starts again and runs the batch again (three times at most);
+a fence stops it (`FencedError`).
+
+`suspend()` lets go of the store's lock between a Spark task and the next (any
+Python worker of an executor may run the shard's next task); `resume()` takes it
+again and says whether the store still holds what this processor last committed.
 """
 
 from __future__ import annotations
@@ -24,12 +39,16 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
 
 from refold import environment
 from refold.config import Pipeline
 from refold.connectors.runtime import Executor, Materializations
 from refold.errors import OperationalError
+from refold.kafka.io import consumer_config
 from refold.kafka.transactions import TransactionalWriter, TransactionFailed
 from refold.model.reasons import Reason
 from refold.recovery.records import (
@@ -37,18 +56,22 @@ from refold.recovery.records import (
     dead_letter_headers,
     encode_checkpoint,
     encode_dead_letter,
+    first_checkpoint,
 )
-from refold.recovery.restore import recover
+from refold.recovery.restore import load_checkpoints
 from refold.reduce import Rejected, make_reducer
+from refold.reduce.values import key_bytes
 from refold.runtime.batch import DeadLetters, InputRecord, Outgoing, Unit, UnitReader
 from refold.runtime.collector import collector_paused
 from refold.runtime.hooks import NO_HOOKS, Hooks
 from refold.runtime.render import Renderer, UnitChanges
 from refold.runtime.shards import KeyCheck, checkpoint_key, shard_writer
+from refold.state import Recovery, ShardId, ShardStore, Stamp, bring_to
 
 log = logging.getLogger(__name__)
 
 ATTEMPTS = 3  # transactions per batch before the processor gives up
+STORE_LOCK_SECONDS = 120.0  # how long a shard waits for another attempt's hold on its store
 
 
 @dataclass(slots=True)
@@ -72,7 +95,9 @@ class ShardProcessor:
     `hooks` are the chaos tests' crash and stall points (`refold.runtime.hooks`);
     `keys` checks the message keys of a co-partitioned view (shared by a run's
     shards); `checkpoint_partition` is where the shard's checkpoint records go;
-    `start=False` leaves `fence()` then `restore()` to the caller (the
+    `state_root` where its store lives (`spark.state_dir`, else `<Refold home>/state`);
+    `run` the engine run its checkpoints name;
+    `start=False` leaves `lock()`, `fence()` then `restore()` to the caller (the
     `BatchProcessor` fences every shard before any restores). `fence`, `restore` and
     `_commit` are the seams the benchmarks replace."""
 
@@ -86,11 +111,14 @@ class ShardProcessor:
         hooks: Hooks = NO_HOOKS,
         keys: KeyCheck | None = None,
         checkpoint_partition: int = 0,
+        state_root: Path | None = None,
+        run: int = 0,
         start: bool = True,
     ) -> None:
         self.pipeline = pipeline
         self.settings = settings
         self.shard = shard
+        self.run = run  # the engine run whose batches this processor commits (Checkpoint.run)
         self.checkpoint_partition = checkpoint_partition
         self.topic = pipeline.source.topic
         self.hooks = hooks
@@ -99,6 +127,17 @@ class ShardProcessor:
         self.renderer = Renderer(pipeline)
         self.aborts = 0  # transactions that failed and were run again
         self.last = BatchStats()
+        self.recovery: Recovery | None = None  # how the store last came to the checkpoint
+        self.state_id = ShardId(pipeline.pipeline, pipeline.writer, shard)
+        if state_root is None and pipeline.spark.state_dir:
+            state_root = Path(pipeline.spark.state_dir)
+        self.state_root = state_root
+        self.store: ShardStore | None = None
+        self.reducer = make_reducer(pipeline.view)
+        self.held: set[tuple[Any, ...]] = set()  # the keys the reducer holds as the store does
+        self.held_all = False  # the reducer holds the whole store (a backfill needs the whole view)
+        self.checkpoint = self._first_checkpoint()
+        self._watermarks: Consumer | None = None
         self.writer = TransactionalWriter(
             settings,
             pipeline.transactional_id(shard),
@@ -110,14 +149,24 @@ class ShardProcessor:
         # fenced and checkpointed per shard (writer `<writer>-<shard>`)
         self.materializations = Materializations.from_pipeline(pipeline, executor, shard_writer(pipeline, shard))
         if start:
-            self._start()
+            try:
+                self._start()
+            except BaseException:
+                self.close()
+                raise
 
     # Lifecycle -----------------------------------------------------------------------
 
     def _start(self) -> None:
-        """Fence older instances, abort our open transaction, rebuild state from Kafka."""
-        self.fence()  # first: recovery reads read_committed to the end
+        """Lock the store, fence older attempts, read the checkpoint, bring the store to it."""
+        self.lock()
+        self.fence()  # before reading: recovery reads read_committed to the end
         self.restore()
+
+    def lock(self) -> None:
+        """Open the shard's store, taking its lock (waits for another process that holds it)."""
+        if self.store is None:
+            self.store = ShardStore.open(self.state_id, self.state_root, lock_timeout=STORE_LOCK_SECONDS)
 
     def fence(self) -> None:
         """Initialise the writer: fences older instances of this shard and settles their
@@ -125,43 +174,71 @@ class ShardProcessor:
         self.writer.initialise()
 
     def restore(self) -> None:
-        """Rebuild the shard's state and checkpoint from Kafka (after every shard of the
-        run is fenced: an open transaction of another shard would hold the read up)."""
+        """Read the shard's committed checkpoint and bring the store to it (after every
+        shard of the run is fenced: an open transaction of another shard would hold the
+        read up); the reducer starts empty."""
         started = time.monotonic()
+        self.lock()
+        assert self.store is not None
         with collector_paused():
-            recovered = recover(self.pipeline, self.settings, self.shard, self.checkpoint_partition)
-            self.reducer = make_reducer(self.pipeline.view)
-            self.reducer.restore(recovered.state)
-        self.checkpoint = recovered.checkpoint or Checkpoint(
-            pipeline=self.pipeline.pipeline,
-            writer=self.pipeline.writer,
-            batch=0,
-            source_topic=self.topic,
-            offsets={},
-            pending={},
-            records_in=0,
-            records_out=0,
-            dlq=0,
-            committed_at=0,
-            driver_checkpoints={},
-            shard=self.shard,
-        )
+            found = load_checkpoints(self.pipeline, self.settings, only=(self.checkpoint_partition,)).get(self.shard)
+            self.checkpoint = found or self._first_checkpoint()
+            self.recovery = bring_to(
+                self.settings, self.pipeline.state_topic, self.store, self.checkpoint.batch,
+                checkpoint_at=self.checkpoint.committed_at,
+            )
+            self._forget()
         if self.materializations is not None:
             self.materializations.open(self.checkpoint)
         log.info(
-            "recovered %s shard %d: batch %d, offsets %s, %d state records (%.1fs)",
+            "recovered %s shard %d: batch %d, offsets %s; state store %s (%s, %d records read, %.1fs)",
             self.pipeline.pipeline,
             self.shard,
             self.checkpoint.batch,
             self.checkpoint.offsets,
-            len(recovered.state),
+            self.recovery.how,
+            self.recovery.reason,
+            self.recovery.records_read,
             time.monotonic() - started,
         )
 
+    def _first_checkpoint(self) -> Checkpoint:
+        return first_checkpoint(self.pipeline, self.shard)
+
+    def _forget(self) -> None:
+        """An empty reducer: it loads what the next batches touch from the store."""
+        self.reducer = make_reducer(self.pipeline.view)
+        self.held = set()
+        self.held_all = False
+
+    def suspend(self) -> None:
+        """Let go of the store (and its lock) until `resume`; the reducer, the writer and
+        the checkpoint stay."""
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+    def resume(self) -> bool:
+        """Take the store again. True when it still holds exactly what this processor last
+        committed (its stamp is this checkpoint's); False when another process ran the
+        shard since (this processor is stale: close it and start a new one)."""
+        self.lock()
+        assert self.store is not None
+        stamp = self.store.stamp
+        return stamp is not None and (stamp.batch, stamp.checkpoint_at) == (
+            self.checkpoint.batch, self.checkpoint.committed_at
+        )
+
     def close(self) -> None:
-        if self.materializations is not None:
-            self.materializations.close()
-        self.writer.close()
+        try:
+            if self.materializations is not None:
+                self.materializations.close()
+            self.writer.close()
+        finally:
+            if self._watermarks is not None:
+                self._watermarks.close()
+                self._watermarks = None
+            self.suspend()
 
     @property
     def offsets(self) -> dict[int, int]:
@@ -196,6 +273,7 @@ class ShardProcessor:
             return None
         out = Outgoing()
         read = self.reader.read(fresh, self.checkpoint.pending, out)
+        self._load(read.units)
         self.hooks.crash_point("mid_batch", self.checkpoint.batch + 1)
         changes = self._reduce(read.units, out)
         out.view = self.renderer.view(changes)
@@ -224,6 +302,7 @@ class ShardProcessor:
             records_out=self.checkpoint.records_out + stats.records_out,
             dlq=self.checkpoint.dlq + stats.dead_letters,
             committed_at=int(time.time() * 1000),
+            run=self.run,
         )
         if self.materializations is not None:  # Load, Flush, Store, StartCommit
             flat = [change for unit_changes, _ in changes for change in unit_changes]
@@ -233,6 +312,7 @@ class ShardProcessor:
         self._commit(out, checkpoint)
         stats.commit_seconds = time.monotonic() - commit_started
         self.hooks.crash_point("after_commit", checkpoint.batch)
+        self._stamp(out.state, checkpoint)
         if self.materializations is not None:
             self.materializations.acknowledge(checkpoint.batch)
         self.checkpoint = checkpoint
@@ -240,6 +320,42 @@ class ShardProcessor:
         stats.committed_at = time.time()
         self.last = stats
         return stats
+
+    def _load(self, units: Sequence[Unit]) -> None:
+        """Load the keys the batch is about to touch and the reducer does not hold from the
+        store (all of it when a materialization backfills from the whole view). Past
+        `spark.state_cache_keys` held keys the reducer starts empty first."""
+        assert self.store is not None
+        if self.materializations is not None and self.materializations.backfilling:
+            if not self.held_all:
+                self._forget()
+                self.reducer.restore(self.store.items())
+                self.held_all = True
+            return
+        if self.held_all:
+            return
+        wanted = {self.reducer.state_key(event) for unit in units for event, _ in unit}
+        wanted.discard(None)
+        wanted -= self.held
+        if not wanted:
+            return
+        if len(self.held) + len(wanted) > self.pipeline.spark.state_cache_keys:
+            self._forget()
+            wanted = {key for key in (self.reducer.state_key(e) for u in units for e, _ in u) if key is not None}
+        self.reducer.restore(self.store.load_keys(key_bytes(key) for key in wanted))
+        self.held |= wanted
+
+    def _stamp(self, state: Sequence[tuple[bytes, bytes | None]], checkpoint: Checkpoint) -> None:
+        """After the commit: the batch's state changes and the committed checkpoint's stamp
+        into the store, in one write batch. `state_end` is partition p's high watermark
+        (read_uncommitted): past this batch's records; what else lies before it is aborted."""
+        assert self.store is not None
+        if self._watermarks is None:
+            self._watermarks = Consumer(consumer_config(self.settings, **{"isolation.level": "read_uncommitted"}))
+        _low, high = self._watermarks.get_watermark_offsets(
+            TopicPartition(self.pipeline.state_topic, self.shard), timeout=60
+        )
+        self.store.apply(state, Stamp(checkpoint.batch, int(high), checkpoint.committed_at))
 
     def _reduce(self, units: Sequence[Unit], out: Outgoing) -> list[UnitChanges]:
         """Apply each unit; a refused unit changes nothing and is dead-lettered, one

@@ -94,6 +94,18 @@ def plan_shards(pipeline: Pipeline) -> ShardPlan:
     return ShardPlan(co_partitioned(pipeline))
 
 
+def check_state_partitions(pipeline: Pipeline, state_partitions: int, index: int) -> None:
+    """UserError unless `P.state` has a partition for shard `index` (its state goes there)."""
+    if index >= state_partitions:
+        raise UserError(
+            f"{pipeline.state_topic} has {state_partitions} partitions, and pipeline "
+            f"{pipeline.pipeline!r} runs shard {index} (one per partition of "
+            f"{pipeline.source.topic!r}), whose state goes to partition {index}: add partitions to "
+            f"{pipeline.state_topic} (kafka-topics --alter --partitions N) to at least the source's, "
+            "or start the pipeline under a new name; Refold does not repartition its state"
+        )
+
+
 def shard_writer(pipeline: Pipeline, shard: int) -> str:
     """The shard's writer name, `<writer>-<shard>`: its materializations' fence and
     checkpoint owner (the writer part of `P-<writer>-<shard>`)."""

@@ -1,11 +1,12 @@
 """`refold run`: the Spark Structured Streaming job.
 
 Spark's Kafka source reads the changelog topic (read_committed) in micro-batches;
-`foreachBatch` hands each batch to the `BatchProcessor`, which splits it by shard
-and commits each shard's outputs, state and offsets in the shard's own Kafka
-transaction. The query
-starts from the offsets committed in `P.checkpoints`; Spark's own checkpoint
-directory is kept only while it agrees with them.
+`foreachBatch` runs each batch's shards as Spark tasks on the executors
+(`refold.spark.tasks`): each task reduces its shard's records and commits its
+outputs, state and offsets in the shard's own Kafka transaction. The driver fences
+the shards at start, computes the starting offsets from the checkpoints committed in
+`P.checkpoints`, and collects each task's summary; it reduces nothing. Spark's own
+checkpoint directory is kept only while it agrees with Kafka's offsets.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ import contextlib
 import ctypes
 import logging
 import os
+import re
 import sys
-import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +27,16 @@ import orjson
 
 from refold import environment
 from refold.config import Pipeline
-from refold.connectors.runtime import SparkExecutor
 from refold.errors import RefoldError, UserError
 from refold.kafka.io import TopicSpec, ensure_topics, partitions_of
+from refold.kafka.transactions import TransactionalWriter
 from refold.ops.monitor import Monitor
-from refold.recovery.restore import reconcile_spark_checkpoint
-from refold.runtime.batch import InputRecord
+from refold.recovery.records import Checkpoint, combined, encode_checkpoint, first_checkpoint
+from refold.recovery.restore import load_checkpoints, reconcile_spark_checkpoint
 from refold.runtime.hooks import Hooks
-from refold.runtime.processor import BatchProcessor, BatchStats
+from refold.runtime.processor import BatchStats, together
+from refold.runtime.shards import check_state_partitions, checkpoint_key, plan_shards
+from refold.spark.tasks import SUMMARY, ShardTask, reported_error
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +71,7 @@ def spark_session(master: str = "local[2]", conf: dict[str, str] | None = None, 
     # Python workers (materialization writers on executors) need this interpreter's packages
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (
-        SparkSession.builder.master(master)
+        SparkSession.builder.master(local_with_retries(master))
         .appName(name)
         .config("spark.jars", ",".join(str(p) for p in spark_jars()))
         .config("spark.driver.bindAddress", "127.0.0.1")
@@ -85,6 +88,16 @@ def spark_session(master: str = "local[2]", conf: dict[str, str] | None = None, 
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def local_with_retries(master: str, attempts: int = 4) -> str:
+    """`local[N]` as `local[N,attempts]`: in local mode Spark runs a failed task once
+    unless the master says otherwise (`spark.task.maxFailures` is for clusters), and a
+    shard's task that lost its Python worker should run again, as on a cluster."""
+    found = re.fullmatch(r"local(?:\[(\d+|\*)\])?", master.strip())
+    if found is None:
+        return master
+    return f"local[{found.group(1) or 1},{attempts}]"
 
 
 def spark_checkpoint_dir(pipeline: Pipeline) -> Path:
@@ -126,15 +139,13 @@ def run_pipeline(
     *,
     spark: Any = None,
     quiet: bool = False,
-    processor_factory: Callable[[Pipeline, dict[str, Any], Any], BatchProcessor] | None = None,
     metrics_port: int | None = None,
-    overlap: bool = True,
 ) -> Progress:
     """Run the engine until stopped (or until idle for `until_idle` seconds).
 
-    `overlap=False` makes Spark wait for each batch's commit before it fetches the next
-    (Spark's own foreachBatch contract, which an at-least-once writer relies on: the
-    bench's Spark baseline); Refold's exactly-once does not need it."""
+    The driver fences every shard's writer (settling transactions an earlier run left
+    open), reads the committed checkpoints for the starting offsets, and runs each
+    micro-batch's shards as Spark tasks (`refold.spark.tasks`)."""
     _limit_malloc_arenas()
     # --bootstrap-servers, else REFOLD_BOOTSTRAP_SERVERS, else the pipeline's kafka:, else local
     settings = pipeline.kafka_settings(bootstrap)
@@ -146,21 +157,20 @@ def run_pipeline(
         raise UserError(f"source.topic: {exc}") from exc
     ensure_topics(settings, engine_topics(pipeline, max(pipeline.partitions, len(partitions))))
     own_spark = spark is None
-    spark, processor = _start_engine(pipeline, settings, spark, processor_factory)
+    spark, start = _start_engine(pipeline, settings, partitions, spark)
     progress = Progress(pipeline, quiet)
     monitor: Monitor | None = None
-    on_batch: _BatchCallback | None = None
     query: Any = None
     # Whatever fails from here on (a metrics port in use, a bad Spark option, the query's
-    # start), the batch worker, the processor's producer, the monitor and our Spark end.
+    # start), the monitor and our Spark end.
     try:
         monitor = Monitor(pipeline, settings, metrics_port=metrics_port, quiet=quiet)
-        monitor.start(processor)
+        monitor.start(start)
         checkpoint_dir = spark_checkpoint_dir(pipeline)
         checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
-        reconcile_spark_checkpoint(checkpoint_dir, topic, processor.offsets, settings)
-        on_batch = _BatchCallback(processor, progress, monitor, overlap=overlap)
-        reader = _source(spark, pipeline, settings, java_settings, starting_offsets(topic, partitions, processor.offsets))
+        reconcile_spark_checkpoint(checkpoint_dir, topic, start.offsets, settings)
+        on_batch = _Batches(pipeline, settings, start, progress, monitor)
+        reader = _source(spark, pipeline, settings, java_settings, starting_offsets(topic, partitions, start.offsets))
         query = (
             reader.writeStream.foreachBatch(on_batch)
             .trigger(processingTime=f"{int(pipeline.trigger_seconds * 1000)} milliseconds")
@@ -168,50 +178,96 @@ def run_pipeline(
             .queryName(f"refold-{pipeline.pipeline}")
             .start()
         )
-        log.info("pipeline %s running: %s → view/delta (Spark checkpoint %s)",
-                 pipeline.pipeline, topic, checkpoint_dir)
-        _wait(query, progress, on_batch, until_idle)
+        log.info("pipeline %s running: %s → view/delta, %d shard(s) as Spark tasks (Spark checkpoint %s)",
+                 pipeline.pipeline, topic, len(start.shards), checkpoint_dir)
+        _wait(query, progress, until_idle)
     except KeyboardInterrupt:
         log.info("interrupted; stopping after the current batch")
     finally:
         if query is not None:
-            query.stop()  # Spark's side; the worker is not Spark's and is never stopped mid-transaction
-        if on_batch is not None:
-            on_batch.close()
-        processor.close()
+            query.stop()
         if monitor is not None:
             monitor.close()
-        if on_batch is not None:
-            on_batch.release()
         if own_spark:
             spark.stop()
     _raise_failure(progress, query)
     return progress
 
 
-def _start_engine(
-    pipeline: Pipeline,
-    settings: dict[str, Any],
-    spark: Any,
-    processor_factory: Callable[[Pipeline, dict[str, Any], Any], BatchProcessor] | None,
-) -> tuple[Any, BatchProcessor]:
-    """Spark (ours when `spark` is None) and the processor; our Spark stops if the
-    processor cannot start."""
-    own_spark = spark is None
-    if own_spark and processor_factory is None:
-        return _start_together(pipeline, settings)
-    if own_spark:
-        spark = spark_session(pipeline.spark.master, pipeline.spark.conf, f"refold-{pipeline.pipeline}")
+class Start:
+    """What the driver settles before the query starts (`claim_shards`): every shard's
+    writer fenced and its checkpoint claimed for this run, the committed offsets
+    (`offsets`, kept current from the tasks' summaries for the monitor's lag), the run's
+    id, and `P.checkpoints`' partition count."""
+
+    def __init__(self, pipeline: Pipeline, settings: dict[str, Any], partitions: list[int]) -> None:
+        started = time.monotonic()
+        self.run = int(time.time() * 1000)
+        self.plan = plan_shards(pipeline)
+        self.shards = [shard.index for shard in self.plan.shards(partitions)]
+        state_partitions = len(partitions_of(settings, pipeline.state_topic))
+        for index in self.shards:
+            check_state_partitions(pipeline, state_partitions, index)
+        self.checkpoint_partitions = len(partitions_of(settings, pipeline.checkpoints_topic))
+        claimed = claim_shards(pipeline, settings, self.shards, self.run, self.checkpoint_partitions)
+        committed = combined([c for c in claimed.values() if c.batch > 0])
+        self.offsets: dict[int, int] = dict(committed.offsets) if committed is not None else {}
+        self.aborts = 0
+        log.info("recovered %s: %d shard(s) fenced and claimed for run %d, batch %d, offsets %s (%.1fs)",
+                 pipeline.pipeline, len(self.shards), self.run, committed.batch if committed else 0,
+                 self.offsets, time.monotonic() - started)
+
+
+def claim_shards(
+    pipeline: Pipeline, settings: dict[str, Any], shards: list[int], run: int, checkpoint_partitions: int
+) -> dict[int, Checkpoint]:
+    """Fence every shard's writer, then commit each shard's checkpoint again with this
+    `run` (nothing else changes: a local store stamped with it stays current). An older
+    run's task that starts its shard again reads the claim and stops (another engine
+    took over); one still holding a writer is fenced at its next commit. Returns the
+    claimed checkpoints by shard (batch 0 for a shard that never committed)."""
+    writers = {
+        index: TransactionalWriter(
+            settings,
+            pipeline.transactional_id(index),
+            timeout_ms=environment.transaction_timeout_ms(),
+            label=f"pipeline {pipeline.pipeline!r} (shard {index})",
+        )
+        for index in shards
+    }
     try:
-        if processor_factory is None:
-            processor = BatchProcessor(pipeline, settings, SparkExecutor(spark.sparkContext), hooks=_test_hooks())
-        else:
-            processor = processor_factory(pipeline, settings, spark)
-    except BaseException:
-        if own_spark:
-            spark.stop()
-        raise
-    return spark, processor
+        with ThreadPoolExecutor(max(1, min(8, len(shards))), thread_name_prefix="refold-fence") as pool:
+            list(pool.map(lambda writer: writer.initialise(), writers.values()))  # open transactions settle
+        committed = load_checkpoints(pipeline, settings)
+        claimed: dict[int, Checkpoint] = {}
+        for index, writer in writers.items():
+            checkpoint = committed.get(index) or first_checkpoint(pipeline, index)
+            claimed[index] = replace(checkpoint, run=run)
+            writer.begin()
+            writer.send(pipeline.checkpoints_topic, checkpoint_key(pipeline.writer, index),
+                        encode_checkpoint(claimed[index]), partition=index % checkpoint_partitions)
+            writer.commit()
+        return claimed
+    finally:
+        for writer in writers.values():
+            writer.close()
+
+
+def _start_engine(pipeline: Pipeline, settings: dict[str, Any], partitions: list[int], spark: Any) -> tuple[Any, Start]:
+    """Spark (ours when `spark` is None) and the run's start, side by side: the JVM comes
+    up (seconds, mostly outside Python) while the shards are fenced and the checkpoints
+    read. Our Spark stops when the start fails."""
+    if spark is not None:
+        return spark, Start(pipeline, settings, partitions)
+    with ThreadPoolExecutor(1, thread_name_prefix="refold-spark-start") as pool:
+        starting = pool.submit(spark_session, pipeline.spark.master, pipeline.spark.conf, f"refold-{pipeline.pipeline}")
+        try:
+            start = Start(pipeline, settings, partitions)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                starting.result().stop()
+            raise
+        return starting.result(), start
 
 
 def _test_hooks() -> Hooks:
@@ -237,7 +293,7 @@ def _source(spark: Any, pipeline: Pipeline, settings: dict[str, Any], java_setti
     return reader.load().selectExpr("partition", "offset", "key", "value", "unix_millis(timestamp) AS ts")
 
 
-def _wait(query: Any, progress: Progress, on_batch: _BatchCallback, until_idle: float | None) -> None:
+def _wait(query: Any, progress: Progress, until_idle: float | None) -> None:
     """Until the query ends, a batch fails, or the engine was idle for `until_idle` seconds."""
     while query.isActive:
         try:
@@ -246,7 +302,7 @@ def _wait(query: Any, progress: Progress, on_batch: _BatchCallback, until_idle: 
             break
         if progress.failure is not None:
             break
-        if until_idle is not None and on_batch.idle and _idle(query, progress, until_idle):
+        if until_idle is not None and _idle(query, progress, until_idle):
             break
 
 
@@ -280,142 +336,72 @@ def _limit_malloc_arenas(arenas: int = 2) -> None:
 _M_ARENA_MAX = -8  # glibc's malloc.h
 
 
-def _start_together(pipeline: Pipeline, settings: dict[str, Any]) -> tuple[Any, BatchProcessor]:
-    """Spark's session and the processor, started side by side: the JVM comes up (seconds,
-    mostly outside Python) while the processor fences older instances and restores its
-    state from Kafka (seconds to a minute, in Python). Recovery takes the longer of the
-    two, not their sum."""
-    executor = SparkExecutor()
-    with ThreadPoolExecutor(1, thread_name_prefix="refold-spark-start") as pool:
-        starting = pool.submit(spark_session, pipeline.spark.master, pipeline.spark.conf, f"refold-{pipeline.pipeline}")
-        try:
-            processor = BatchProcessor(pipeline, settings, executor, hooks=_test_hooks())
-        except BaseException:
-            with contextlib.suppress(Exception):
-                starting.result().stop()
-            raise
-        try:
-            spark = starting.result()
-        except BaseException:
-            processor.close()
-            raise
-    executor.attach(spark.sparkContext)
-    return spark, processor
+class _Batches:
+    """foreachBatch's function: runs the batch's shards as Spark tasks (`ShardTask` in
+    `mapInArrow`, one task per source partition, or one for the whole batch when the view
+    is not co-partitioned) and collects their summaries: the batch's stats, the shards'
+    offsets, and the first Refold error a shard reported (raised here as it is)."""
 
-
-class _BatchCallback:
-    """foreachBatch's function: Spark's thread fetches a batch and hands it over; the
-    processor reduces and commits batches one after the other on a thread of its own.
-
-    So Spark plans and fetches batch N+1 (mostly in the JVM) while batch N is reduced
-    and committed (in Python): a batch costs the longer of the two, not their sum. One
-    batch waits at most while one is processed. Exactly-once does not depend on it:
-    Kafka's committed offsets are the truth, and Spark's checkpoint, which may now be a
-    batch ahead of them after a crash, is kept only when it agrees
-    (`reconcile_spark_checkpoint`).
-
-    py4j keeps the callback referenced after the query stops; `release()` lets go of
-    the processor (and its reducer's state), or a process that runs one pipeline after
-    another (the tests, bench.scaling) would keep every finished pipeline's state.
-    """
-
-    def __init__(self, processor: BatchProcessor, progress: Progress, monitor: Monitor, *, overlap: bool = True) -> None:
-        self.processor: BatchProcessor | None = processor
-        self.overlap = overlap
+    def __init__(self, pipeline: Pipeline, settings: dict[str, Any], start: Start, progress: Progress,
+                 monitor: Monitor) -> None:
+        self.pipeline = pipeline
+        self.settings = settings
+        self.start = start
         self.progress = progress
-        self.monitor: Monitor | None = monitor
-        self._turn = threading.Condition()
-        self._waiting: list[InputRecord] | None = None  # handed over, not taken yet
-        self._busy = False  # the worker is reducing or committing a batch
-        self._closing = False
-        self._worker = threading.Thread(target=self._work, name="refold-batches", daemon=True)
-        self._worker.start()
-
-    @property
-    def idle(self) -> bool:
-        """No batch handed over and not yet committed."""
-        with self._turn:
-            return self._waiting is None and not self._busy
-
-    def close(self) -> None:
-        """Commit what was handed over, then end the worker (its processor's calls are bounded)."""
-        with self._turn:
-            self._closing = True
-            self._turn.notify_all()
-        self._worker.join()
-
-    def release(self) -> None:
-        self.processor = self.monitor = None
+        self.monitor = monitor
+        self.hooks = _test_hooks()
+        self.first = True  # no batch with records ran yet in this run
 
     def __call__(self, frame: Any, batch_id: int) -> None:
-        entered = time.monotonic()
-        self._raise_if_failed()
-        table = frame.toArrow()
-        if table.num_rows == 0:
+        if self.progress.failure is not None:
+            raise RefoldError(f"the engine stopped after a failed batch: {self.progress.failure}")
+        began = time.monotonic()
+        task = ShardTask(self.pipeline, self.settings, self.hooks, self.start.run,
+                         self.start.checkpoint_partitions, self.first)
+        if not self.start.plan.co_partitioned:
+            frame = frame.coalesce(1)
+        rows = [row.asDict() for row in frame.mapInArrow(task, SUMMARY).collect()]
+        if not rows:
             return
-        fetched = time.monotonic()
-        columns = table.to_pydict()
-        records = [
-            InputRecord(p, o, k, v, ts if ts is not None else 0)
-            for p, o, k, v, ts in zip(
-                columns["partition"], columns["offset"], columns["key"], columns["value"], columns["ts"],
-                strict=True,
-            )
-        ]
-        with self._turn:
-            while self._waiting is not None and self.progress.failure is None and not self._closing:
-                self._turn.wait(0.5)
-            self._raise_if_failed()
-            if self._closing:
-                raise RefoldError("a batch arrived after the engine stopped")
-            self._waiting = records
-            self._turn.notify_all()
-            while not self.overlap and (self._waiting is not None or self._busy):
-                self._turn.wait()  # the worker always ends a batch with busy = False
-        if not self.overlap:
-            self._raise_if_failed()
-        handed = time.monotonic()
-        log.debug("spark batch %d: %d records; %.2fs in Spark before it, %.2fs to fetch, %.2fs waiting for "
-                  "the batch before it", batch_id, table.num_rows, entered - self.progress.left,
-                  fetched - entered, handed - fetched)
-        self.progress.left = handed
+        self.first = False
+        try:
+            self._account(rows, time.monotonic() - began)
+        except BaseException as exc:
+            self.progress.failure = exc
+            raise
+        log.debug("spark batch %d: %d shard task(s) in %.2fs", batch_id, len(rows), time.monotonic() - began)
 
-    def _raise_if_failed(self) -> None:
-        failure = self.progress.failure
-        if failure is not None:
-            raise RefoldError(f"the engine stopped after a failed batch: {failure}") from failure
-
-    def _work(self) -> None:
-        while True:
-            with self._turn:
-                while self._waiting is None and not self._closing:
-                    self._turn.wait()
-                if self._waiting is None:
-                    return  # closing, and everything handed over is committed
-                records, self._waiting = self._waiting, None
-                self._busy = True
-                self._turn.notify_all()
-            try:
-                self._process(records)
-            except BaseException as exc:  # run_pipeline raises it
-                self.progress.failure = exc
-                return
-            finally:
-                with self._turn:
-                    self._busy = False
-                    self._turn.notify_all()
-
-    def _process(self, records: list[InputRecord]) -> None:
-        processor, monitor = self.processor, self.monitor
-        if processor is None or monitor is None:
-            raise RefoldError("a batch arrived after the engine stopped")
-        started = time.monotonic()
-        stats = processor.process(records)
-        log.debug("processed %d records in %.2fs", len(records), time.monotonic() - started)
-        self.progress.last_data = time.monotonic()
-        if stats is not None:
+    def _account(self, rows: list[dict[str, Any]], seconds: float) -> None:
+        committed: list[BatchStats] = []
+        for row in rows:
+            self.start.offsets.update({int(p): o for p, o in orjson.loads(row["offsets"]).items()})
+            if row["error_kind"] is None and row["batch"] > 0:
+                committed.append(_stats(row))
+        self.start.aborts = sum(row["aborts"] for row in rows)
+        if committed:
+            stats = together(committed, seconds)
+            self.progress.last_data = time.monotonic()
             self.progress.committed(stats)
-            monitor.committed(stats, processor.aborts)
+            self.monitor.committed(stats, self.start.aborts)
+        failed = [row for row in rows if row["error_kind"] is not None]
+        if failed:
+            first = min(failed, key=lambda row: row["shard"])
+            raise reported_error(first)
+
+
+def _stats(row: dict[str, Any]) -> BatchStats:
+    return BatchStats(
+        batch=row["batch"],
+        records_in=row["records_in"],
+        records_out=row["records_out"],
+        dead_letters=row["dead_letters"],
+        skipped=row["skipped"],
+        tombstones=row["tombstones"],
+        seconds=row["seconds"],
+        commit_seconds=row["commit_seconds"],
+        committed_at=row["committed_at"],
+        out_by_topic=orjson.loads(row["out_by_topic"]),
+    )
 
 
 def _idle(query: Any, progress: Progress, seconds: float) -> bool:

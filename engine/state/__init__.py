@@ -8,7 +8,7 @@ they are valid, written together; a lock file so one process at a time has it) a
 caught up from `P.state` partition p, or restored from it.
 """
 
-from refold.state.shard import Recovery, open_shard
+from refold.state.shard import Recovery, bring_to, open_shard
 from refold.state.store import ShardId, ShardStore, Stamp, StoreLocked, default_root
 
-__all__ = ["Recovery", "ShardId", "ShardStore", "Stamp", "StoreLocked", "default_root", "open_shard"]
+__all__ = ["Recovery", "ShardId", "ShardStore", "Stamp", "StoreLocked", "bring_to", "default_root", "open_shard"]

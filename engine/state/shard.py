@@ -52,55 +52,76 @@ def open_shard(
     committed_batch: int,
     root: Path | None = None,
     *,
+    checkpoint_at: int = 0,
     lock_timeout: float = 60.0,
     read_timeout: float = 120.0,
     tombstone_retention_ms: int | None = None,
     cache_bytes: int = CACHE_BYTES,
 ) -> tuple[ShardStore, Recovery]:
-    """The shard's store, exactly as of the committed checkpoint (`committed_batch`:
-    its `batch`, 0 when nothing is committed), and how it got there:
-
-    - stamp == committed: as is; nothing read from Kafka;
-    - stamp behind: catch up, reading partition `shard.shard` of `state_topic`
-      (read_committed) from the stamp's `state_end` to the end;
-    - missing, unreadable, ahead of the checkpoint, past the partition's end (a
-      recreated topic), behind its log start, or stamped longer ago than half the
-      topic's `delete.retention.ms` (tombstones it missed may be gone): wiped and
-      restored from the partition's first offset.
-
-    Nothing committed: the store is empty, stamped at the partition's end. The caller
-    closes the store. Raises StoreLocked when another process keeps the store past
-    `lock_timeout` seconds."""
-    began = time.monotonic()
+    """The shard's store (`ShardStore.open`, which takes its lock), brought to the
+    committed checkpoint by `bring_to`. The caller closes the store. Raises StoreLocked
+    when another process keeps the store past `lock_timeout` seconds."""
     store = ShardStore.open(shard, root, lock_timeout=lock_timeout, cache_bytes=cache_bytes)
     try:
-        stamp = store.stamp
-        if stamp is not None and stamp.batch == committed_batch:
-            return store, Recovery("as_is", f"stamped at batch {stamp.batch}", 0, None, time.monotonic() - began)
-        low, high = _offsets(settings, state_topic, shard.shard, read_timeout)
-        reason = _why_restore(store, committed_batch, low, high)
-        if reason is None:
-            assert stamp is not None
-            retention = tombstone_retention_ms or _delete_retention_ms(settings, state_topic)
-            age = time.time() * 1000 - (store.stamped_at or 0)
-            if age > retention / 2:
-                reason = (f"stamped {age / 3_600_000:.1f} h ago, over half the topic's delete.retention.ms "
-                          f"({retention / 3_600_000:.1f} h): tombstones it missed may be gone")
-        if reason is None:
-            assert stamp is not None
-            read = _catch_up(settings, state_topic, store, stamp, committed_batch, read_timeout)
-            why = f"stamped at batch {stamp.batch}, committed {committed_batch}"
-            return store, Recovery("caught_up", why, read, stamp.state_end, time.monotonic() - began)
-        log.info("restoring the state store of %s from %s: %s", shard, state_topic, reason)
-        store.clear()
-        if committed_batch == 0:
-            store.apply((), Stamp(0, high))
-            return store, Recovery("restored", reason, 0, None, time.monotonic() - began)
-        read = _catch_up(settings, state_topic, store, Stamp(RESTORING, low), committed_batch, read_timeout)
-        return store, Recovery("restored", reason, read, low, time.monotonic() - began)
+        recovery = bring_to(
+            settings, state_topic, store, committed_batch, checkpoint_at=checkpoint_at,
+            read_timeout=read_timeout, tombstone_retention_ms=tombstone_retention_ms,
+        )
     except BaseException:
         store.close()
         raise
+    return store, recovery
+
+
+def bring_to(
+    settings: Mapping[str, Any],
+    state_topic: str,
+    store: ShardStore,
+    committed_batch: int,
+    *,
+    checkpoint_at: int = 0,
+    read_timeout: float = 120.0,
+    tombstone_retention_ms: int | None = None,
+) -> Recovery:
+    """Bring an open store exactly to the committed checkpoint (`committed_batch`: its
+    `batch`, 0 when nothing is committed; `checkpoint_at`: its `committed_at`), and say
+    how:
+
+    - stamp == committed (batch and `checkpoint_at`): as is; nothing read from Kafka;
+    - stamp behind: catch up, reading partition `shard.shard` of `state_topic`
+      (read_committed) from the stamp's `state_end` to the end;
+    - missing, unreadable, ahead of the checkpoint or at its batch from another run, past
+      the partition's end (a recreated topic), behind its log start, or stamped longer
+      ago than half the topic's `delete.retention.ms` (tombstones it missed may be
+      gone): wiped and restored from the partition's first offset.
+
+    Nothing committed: the store is empty, stamped at the partition's end."""
+    began = time.monotonic()
+    stamp = store.stamp
+    if stamp is not None and stamp.batch == committed_batch and stamp.checkpoint_at == checkpoint_at:
+        return Recovery("as_is", f"stamped at batch {stamp.batch}", 0, None, time.monotonic() - began)
+    shard = store.shard
+    low, high = _offsets(settings, state_topic, shard.shard, read_timeout)
+    reason = _why_restore(store, committed_batch, low, high)
+    if reason is None:
+        assert stamp is not None
+        retention = tombstone_retention_ms or _delete_retention_ms(settings, state_topic)
+        age = time.time() * 1000 - (store.stamped_at or 0)
+        if age > retention / 2:
+            reason = (f"stamped {age / 3_600_000:.1f} h ago, over half the topic's delete.retention.ms "
+                      f"({retention / 3_600_000:.1f} h): tombstones it missed may be gone")
+    if reason is None:
+        assert stamp is not None
+        read = _catch_up(settings, state_topic, store, stamp, committed_batch, checkpoint_at, read_timeout)
+        why = f"stamped at batch {stamp.batch}, committed {committed_batch}"
+        return Recovery("caught_up", why, read, stamp.state_end, time.monotonic() - began)
+    log.info("restoring the state store of %s from %s: %s", shard, state_topic, reason)
+    store.clear()
+    if committed_batch == 0:
+        store.apply((), Stamp(0, high, checkpoint_at))
+        return Recovery("restored", reason, 0, None, time.monotonic() - began)
+    read = _catch_up(settings, state_topic, store, Stamp(RESTORING, low), committed_batch, checkpoint_at, read_timeout)
+    return Recovery("restored", reason, read, low, time.monotonic() - began)
 
 
 def _why_restore(store: ShardStore, committed_batch: int, low: int, high: int) -> str | None:
@@ -112,6 +133,8 @@ def _why_restore(store: ShardStore, committed_batch: int, low: int, high: int) -
         return f"no usable local store ({store.reset_reason})" if store.reset_reason else "no local store"
     if stamp.batch > committed_batch:
         return f"its stamp (batch {stamp.batch}) is ahead of the committed checkpoint (batch {committed_batch})"
+    if stamp.batch == committed_batch:
+        return f"its stamp is at batch {stamp.batch} of another run (not the committed checkpoint's)"
     if stamp.state_end > high:
         return f"its state_end {stamp.state_end} is past the partition's end {high} (was the topic recreated?)"
     if stamp.state_end < low:
@@ -120,7 +143,13 @@ def _why_restore(store: ShardStore, committed_batch: int, low: int, high: int) -
 
 
 def _catch_up(
-    settings: Mapping[str, Any], topic: str, store: ShardStore, stamp: Stamp, committed_batch: int, timeout: float
+    settings: Mapping[str, Any],
+    topic: str,
+    store: ShardStore,
+    stamp: Stamp,
+    committed_batch: int,
+    checkpoint_at: int,
+    timeout: float,
 ) -> int:
     """Apply partition p's committed records from `stamp.state_end` to its end, in write
     batches that each carry a progress stamp (still behind: a catch-up cut short resumes
@@ -142,7 +171,7 @@ def _catch_up(
             chunk = []
     # `position` is past the last record read: only markers and aborted records can lie
     # between it and the end, so a later catch-up from it reads nothing twice.
-    store.apply(chunk, Stamp(committed_batch, position))
+    store.apply(chunk, Stamp(committed_batch, position, checkpoint_at))
     log.info("state store of %s: %d records of %s[%d] from offset %d", store.shard, read + len(chunk),
              topic, partition, start)
     return read + len(chunk)

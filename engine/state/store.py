@@ -58,10 +58,14 @@ class Stamp:
     """How far a store is valid. `batch`: the committed checkpoint's `batch` (batches
     this writer has committed) whose state the store holds exactly; -1 while a restore
     is under way. `state_end`: the `P.state` partition offset up to which the store
-    holds every record (the next offset to read when catching up)."""
+    holds every record (the next offset to read when catching up). `checkpoint_at`:
+    that checkpoint's `committed_at` (epoch ms), so a store of another run that reached
+    the same batch number (a pipeline recreated under its name) never passes as
+    current; 0 while catching up."""
 
     batch: int
     state_end: int
+    checkpoint_at: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +167,7 @@ class ShardStore:
             self.stamp = self.stamped_at = None
             return
         fields = orjson.loads(raw)
-        self.stamp = Stamp(int(fields["batch"]), int(fields["state_end"]))
+        self.stamp = Stamp(int(fields["batch"]), int(fields["state_end"]), int(fields.get("checkpoint_at", 0)))
         self.stamped_at = int(fields["at"])
 
     # Writing ----------------------------------------------------------------------------
@@ -185,7 +189,9 @@ class ShardStore:
             else:
                 batch.put(key, value)
         now = int(time.time() * 1000)
-        batch.put(STAMP_KEY, orjson.dumps({"batch": stamp.batch, "state_end": stamp.state_end, "at": now}))
+        batch.put(STAMP_KEY, orjson.dumps(
+            {"batch": stamp.batch, "state_end": stamp.state_end, "checkpoint_at": stamp.checkpoint_at, "at": now}
+        ))
         self._rdb().write(batch)
         self.stamp, self.stamped_at = stamp, now
 

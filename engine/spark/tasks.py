@@ -1,0 +1,257 @@
+"""The reducing Spark tasks: each shard's part of a micro-batch runs in a Spark task, on
+an executor's Python worker (`mapInArrow` inside the job's `foreachBatch`).
+
+Spark's Kafka source plans one task per source partition, so a co-partitioned view's
+shard p is the task of partition p; any other view's batch is coalesced to one task,
+shard 0. A task hands its records to the shard's `ShardProcessor`
+(`refold.runtime.shard`), which commits them in the shard's own transaction, and
+yields one small summary row per shard (`SUMMARY`) for the driver's metrics, status
+and errors. The driver reduces nothing.
+
+A Python worker keeps the processors of the shards it ran (`_RUNNING`): their
+transactional producer, their reducer's keys and their checkpoint. That is a speed-up
+only (any idle worker of an executor may get a shard's next task, and idle workers
+exit): a kept processor is used again only when its shard's store still carries the
+stamp of its last commit (`ShardProcessor.resume`), and a kept processor whose writer
+turns out fenced (another worker of this run took the shard over and committed since)
+is replaced by a new one, which initialises the writer and reads the committed
+checkpoint. A processor made in this task that is fenced was overtaken by a newer
+attempt of the shard: when the committed checkpoint is of a newer engine run, the
+task reports `FencedError` (the engine stops: another engine took over); otherwise
+it starts again after a random pause, at most `FENCED_ATTEMPTS` times.
+
+Refold's own errors (a record refused in strict mode, messages keyed otherwise than
+`source.key` says, a fence, a transaction that failed three times) come back in the
+summary, so the driver raises them as they are; anything else fails the task, and
+Spark runs it again (a Python worker killed mid-batch, say).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import pickle
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+from refold.config import Pipeline
+from refold.errors import OperationalError, RecordError, RefoldError, UserError
+from refold.kafka.transactions import FencedError
+from refold.runtime.batch import InputRecord
+from refold.runtime.hooks import Hooks
+from refold.runtime.shard import BatchStats, ShardProcessor
+from refold.runtime.shards import KeyCheck, plan_shards
+
+log = logging.getLogger(__name__)
+
+SUMMARY = (
+    "shard int, batch long, records_in long, records_out long, dead_letters long, skipped long, "
+    "tombstones long, seconds double, commit_seconds double, committed_at double, out_by_topic string, "
+    "offsets string, aborts long, recovered string, worker int, error_kind string, error string, error_pickle binary"
+)
+ERRORS: dict[str, type[RefoldError]] = {  # the most specific first
+    "fenced": FencedError,
+    "record": RecordError,
+    "user": UserError,
+    "operational": OperationalError,
+    "refold": RefoldError,
+}
+
+FENCED_ATTEMPTS = 5  # new processors a task makes after fences before it gives up (Spark may run it again)
+_RUNNING: dict[tuple[str, str, int], _Kept] = {}  # this Python worker's shards, by (pipeline, writer, shard)
+
+
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    processor: ShardProcessor
+    identity: bytes  # the pipeline, settings and run it was made for
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    """`mapInArrow`'s function for one micro-batch (pickled to the executors).
+
+    `run`: the engine run (its driver's start, epoch ms); `checkpoint_partitions`:
+    how many partitions `P.checkpoints` has (a shard's records go to shard mod that);
+    `first_of_run`: this batch is the run's first, whose first record keyed otherwise
+    stops the engine (later ones are dead letters)."""
+
+    pipeline: Pipeline
+    settings: dict[str, Any]
+    hooks: Hooks
+    run: int
+    checkpoint_partitions: int
+    first_of_run: bool
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        records: list[InputRecord] = []
+        for batch in batches:
+            columns = batch.to_pydict()
+            records.extend(
+                InputRecord(p, o, k, v, ts if ts is not None else 0)
+                for p, o, k, v, ts in zip(
+                    columns["partition"], columns["offset"], columns["key"], columns["value"], columns["ts"],
+                    strict=True,
+                )
+            )
+        if not records:
+            return
+        for index, part in sorted(plan_shards(self.pipeline).split(records).items()):
+            yield _summary(index, *self._run_shard(index, part))
+
+    def _run_shard(self, index: int, part: list[InputRecord]) -> tuple[BatchStats | None, ShardProcessor | None,
+                                                                       BaseException | None]:
+        """The shard's part, committed; its stats (None: all of it was committed before),
+        its processor, or the Refold error that stopped it."""
+        processor: ShardProcessor | None = None
+        try:
+            processor = self._processor(index)
+            for attempt in range(FENCED_ATTEMPTS):
+                try:
+                    if not self.first_of_run and processor.reader.keys is not None:
+                        processor.reader.keys.verified = True  # past a run's first batch: dead letters
+                    stats = processor.process(part)
+                    processor.suspend()
+                    return stats, processor, None
+                except FencedError:
+                    # another attempt of this shard (or a newer run) initialised its writer
+                    # since this processor did: start again, unless a newer run holds it.
+                    # Two attempts on two machines fence each other in turn; a random,
+                    # growing pause lets one of them finish while the other waits.
+                    self._forget(index)
+                    time.sleep(random.uniform(0.25, 0.5) * 2**attempt)
+                    processor = self._new(index)
+            raise OperationalError(f"shard {index}: fenced by other attempts of its task {FENCED_ATTEMPTS} times")
+        except RefoldError as exc:
+            self._forget(index)
+            return None, processor, exc
+        except BaseException:
+            self._forget(index)
+            raise
+
+    def _identity(self) -> bytes:
+        return hashlib.sha256(
+            self.pipeline.model_dump_json().encode() + orjson.dumps(self.settings, option=orjson.OPT_SORT_KEYS)
+            + str(self.run).encode()
+        ).digest()
+
+    def _processor(self, index: int) -> ShardProcessor:
+        """The kept processor of the shard when it is still current, else a new one."""
+        kept = _RUNNING.get(self._key(index))
+        if kept is not None and kept.identity == self._identity():
+            try:
+                if kept.processor.resume():
+                    return kept.processor
+            except BaseException:
+                self._forget(index)
+                raise
+            log.info("shard %d: its store moved since this worker's last batch; starting it again", index)
+        self._forget(index)
+        return self._new(index)
+
+    def _new(self, index: int) -> ShardProcessor:
+        """A new processor of the shard (its writer initialised, its checkpoint read, its
+        store brought to it), kept for the worker's next tasks. FencedError when a newer
+        engine run has claimed the shard."""
+        processor = ShardProcessor(
+            self.pipeline,
+            self.settings,
+            index,
+            hooks=self.hooks,
+            keys=KeyCheck(self.pipeline),
+            checkpoint_partition=index % self.checkpoint_partitions,
+            run=self.run,
+        )
+        if processor.checkpoint.run > self.run:
+            processor.close()
+            raise FencedError(
+                f"pipeline {self.pipeline.pipeline!r} shard {index}: a newer engine run (started "
+                f"{processor.checkpoint.run}, this one {self.run}) holds it; this one stops"
+            )
+        _RUNNING[self._key(index)] = _Kept(processor, self._identity())
+        return processor
+
+    def _key(self, index: int) -> tuple[str, str, int]:
+        return (self.pipeline.pipeline, self.pipeline.writer, index)
+
+    def _forget(self, index: int) -> None:
+        kept = _RUNNING.pop(self._key(index), None)
+        if kept is not None:
+            try:
+                kept.processor.close()
+            except Exception as exc:  # closing a processor that failed: its own error is reported
+                log.warning("shard %d: closing its processor: %s", index, exc)
+
+
+def _summary(index: int, stats: BatchStats | None, processor: ShardProcessor | None,
+             error: BaseException | None) -> pa.RecordBatch:
+    kind = None
+    if error is not None:
+        kind = next(name for name, cls in ERRORS.items() if isinstance(error, cls))
+    stats = stats or BatchStats(batch=0)
+    recovery = processor.recovery if processor is not None else None
+    row = {
+        "shard": index,
+        "batch": stats.batch,
+        "records_in": stats.records_in,
+        "records_out": stats.records_out,
+        "dead_letters": stats.dead_letters,
+        "skipped": stats.skipped,
+        "tombstones": stats.tombstones,
+        "seconds": stats.seconds,
+        "commit_seconds": stats.commit_seconds,
+        "committed_at": stats.committed_at,
+        "out_by_topic": orjson.dumps(stats.out_by_topic).decode(),
+        "offsets": orjson.dumps({str(p): o for p, o in (processor.offsets if processor else {}).items()}).decode(),
+        "aborts": processor.aborts if processor is not None else 0,
+        "recovered": recovery.how if recovery is not None else None,
+        "worker": os.getpid(),
+        "error_kind": kind,
+        "error": str(error) if error is not None else None,
+        "error_pickle": _pickled(error),
+    }
+    return pa.RecordBatch.from_pylist([row], schema=summary_schema())
+
+
+def summary_schema() -> pa.Schema:
+    return pa.schema([
+        ("shard", pa.int32()), ("batch", pa.int64()), ("records_in", pa.int64()), ("records_out", pa.int64()),
+        ("dead_letters", pa.int64()), ("skipped", pa.int64()), ("tombstones", pa.int64()),
+        ("seconds", pa.float64()), ("commit_seconds", pa.float64()), ("committed_at", pa.float64()),
+        ("out_by_topic", pa.string()), ("offsets", pa.string()), ("aborts", pa.int64()),
+        ("recovered", pa.string()), ("worker", pa.int32()), ("error_kind", pa.string()), ("error", pa.string()),
+        ("error_pickle", pa.binary()),
+    ])
+
+
+def _pickled(error: BaseException | None) -> bytes | None:
+    """The error as it is, when it survives a pickle round trip (the driver raises it)."""
+    if error is None:
+        return None
+    try:
+        data = pickle.dumps(error)
+        pickle.loads(data)
+    except Exception:
+        return None
+    return data
+
+
+def reported_error(row: dict[str, Any]) -> RefoldError:
+    """The Refold error a task's summary row reports, as the task raised it when it can
+    be carried whole, else as its kind with its message."""
+    data = row.get("error_pickle")
+    if data is not None:
+        try:
+            error = pickle.loads(data)
+        except Exception:
+            error = None
+        if isinstance(error, RefoldError):
+            return error
+    return ERRORS[row["error_kind"]](row["error"])

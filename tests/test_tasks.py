@@ -1,0 +1,161 @@
+"""The shards' Spark tasks under failure: a Python worker killed mid-batch, a task run
+again after its transaction committed, two attempts of one shard at once, a newer
+engine run taking the shards over. Exactly once after each, checked against the
+reference (`refold verify`)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pytest
+import yaml
+
+from refold.cli.produce import produce
+from refold.config import Pipeline, load_pipeline
+from refold.dev.testing import Workload, generate
+from refold.kafka.io import ensure_topics, read_to_end
+from refold.ops.verify import verify
+from refold.recovery.restore import load_checkpoint, load_checkpoints
+from refold.runtime.hooks import NO_HOOKS
+from refold.spark.job import claim_shards, engine_topics
+from refold.spark.tasks import ShardTask
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+
+COLUMNS = {"total": {"sum": "score"}, "best": {"max": "score"}, "n": {"count": "*"}, "latest": {"last": "score"}}
+
+
+def write_pipeline(tmp: Path, source: str, bootstrap: str, **spark: Any) -> Path:
+    name = f"t{uuid.uuid4().hex[:10]}"
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({
+        "pipeline": name,
+        "kafka": {"bootstrap.servers": bootstrap},
+        "source": {"topic": source},
+        "view": {"key": ["player_name"], "columns": COLUMNS},
+        "outputs": {"view": {"topic": f"{name}.view"}, "delta": {"topic": f"{name}.delta"}},
+        "trigger": "200ms",
+        "max_batch_events": 300,
+        "spark": {"master": "local[2]", "checkpoint_dir": str(tmp / "spark" / name), **spark},
+    }))  # fmt: skip
+    return path
+
+
+def run_engine(path: Path, env: dict[str, str] | None = None, idle: float = 3.0) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("REFOLD_TEST_")}
+    clean.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "refold.cli", "run", str(path), "--until-idle", str(idle)],
+        env=clean, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def loaded_source(bootstrap_servers: str, topic) -> tuple[str, int]:
+    source = topic(partitions=3)
+    rows = list(generate(Workload(events=1500, keys=100, seed=7)))
+    produce({"bootstrap.servers": bootstrap_servers}, source, [orjson.dumps(r) for r in rows], ["player_name"],
+            progress=False, per_transaction=300)
+    return source, len(rows)
+
+
+def assert_exact(pipeline: Pipeline, bootstrap: str, events: int) -> None:
+    settings = {"bootstrap.servers": bootstrap}
+    report = verify(pipeline, settings)
+    assert report.anomalies == [], "\n".join(report.anomalies)
+    assert report.events == events
+    checkpoint = load_checkpoint(pipeline, settings)
+    assert checkpoint is not None and checkpoint.records_in == events
+
+
+@pytest.mark.parametrize("where", ["mid_batch:2", "in_txn:2", "after_commit:2"])
+def test_a_python_worker_killed_in_a_shards_task_is_run_again(bootstrap_servers, loaded_source, tmp_path,
+                                                              where) -> None:
+    # The first worker to reach the point kills itself (kill -9); Spark runs the task
+    # again on a new worker, which fences the dead one's transaction, reads the shard's
+    # checkpoint and store, and commits what is not committed yet. The engine goes on.
+    source, events = loaded_source
+    path = write_pipeline(tmp_path, source, bootstrap_servers)
+    done = run_engine(path, {"REFOLD_TEST_CRASH_WORKER": where})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "kill -9 of Python worker" in done.stderr, done.stderr[-3000:]
+    assert_exact(load_pipeline(path), bootstrap_servers, events)
+
+
+def _task_in_a_process(pipeline_json: str, settings: dict[str, Any], records: list[tuple[int, int, bytes, bytes]],
+                       run: int, state_dir: str, out: Any) -> None:
+    """One attempt of shard 0's task, in a process of its own (as on another executor)."""
+    pipeline = Pipeline.model_validate_json(pipeline_json)
+    pipeline = pipeline.model_copy(update={"spark": pipeline.spark.model_copy(update={"state_dir": state_dir})})
+    batch = pa.RecordBatch.from_pylist(
+        [{"partition": p, "offset": o, "key": k, "value": v, "ts": 0} for p, o, k, v in records],
+        schema=pa.schema([("partition", pa.int32()), ("offset", pa.int64()), ("key", pa.binary()),
+                          ("value", pa.binary()), ("ts", pa.int64())]),
+    )
+    task = ShardTask(pipeline, settings, NO_HOOKS, run, 1, first_of_run=False)
+    rows = [row for summary in task(iter([batch])) for row in summary.to_pylist()]
+    out.put(rows)
+
+
+@pytest.mark.parametrize("same_machine", [True, False])
+def test_two_attempts_of_one_shard_at_once_commit_it_once(bootstrap_servers, topic, tmp_path, same_machine) -> None:
+    # Two attempts of shard 0's task over the same records, in two processes at once: on
+    # one machine the store's lock puts one after the other; on two (separate state
+    # directories) the writers' fences do. Either way the records count once.
+    settings = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=1)
+    rows = list(generate(Workload(events=400, keys=40, seed=5)))
+    values = [orjson.dumps(r) for r in rows]
+    produce(settings, source, values, ["player_name"], progress=False, per_transaction=400)
+    records = [(m.partition(), m.offset(), m.key(), m.value()) for m in read_to_end(settings, source)]
+    path = write_pipeline(tmp_path, source, bootstrap_servers)
+    pipeline = load_pipeline(path)
+    ensure_topics(settings, engine_topics(pipeline, 1))
+    run = 1
+    claim_shards(pipeline, settings, [0], run, 1)
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    dirs = [tmp_path / "state-a", tmp_path / "state-a" if same_machine else tmp_path / "state-b"]
+    attempts = [context.Process(target=_task_in_a_process,
+                                args=(pipeline.model_dump_json(), settings, records, run, str(d), out)) for d in dirs]
+    for attempt in attempts:
+        attempt.start()
+    summaries = [out.get(timeout=300) for _ in attempts]
+    for attempt in attempts:
+        attempt.join(60)
+        assert attempt.exitcode == 0
+    rows_out = [row for summary in summaries for row in summary]
+    committed = [row for row in rows_out if row["error_kind"] is None and row["records_in"] > 0]
+    assert len(committed) == 1, rows_out  # one attempt committed the records, the other nothing
+    assert all(row["error_kind"] in (None, "fenced", "operational") for row in rows_out), rows_out
+    checkpoint = load_checkpoints(pipeline, settings)[0]
+    assert checkpoint.records_in == len(rows) and checkpoint.batch == 1
+    report = verify(pipeline, settings)
+    assert report.anomalies == [], "\n".join(report.anomalies)
+
+
+def test_a_newer_run_takes_the_shards_over(bootstrap_servers, topic, tmp_path) -> None:
+    # A task of an older engine run that finds a shard claimed by a newer run stops with
+    # FencedError (the older engine then stops), and commits nothing.
+    settings = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=1)
+    produce(settings, source, [orjson.dumps(r) for r in generate(Workload(events=50, keys=5, seed=2))],
+            ["player_name"], progress=False, per_transaction=50)
+    records = [(m.partition(), m.offset(), m.key(), m.value()) for m in read_to_end(settings, source)]
+    pipeline = load_pipeline(write_pipeline(tmp_path, source, bootstrap_servers))
+    ensure_topics(settings, engine_topics(pipeline, 1))
+    claim_shards(pipeline, settings, [0], 2, 1)  # run 2 started after run 1
+    batch = pa.RecordBatch.from_pylist(
+        [{"partition": p, "offset": o, "key": k, "value": v, "ts": 0} for p, o, k, v in records])
+    older = ShardTask(pipeline, settings, NO_HOOKS, 1, 1, first_of_run=False)
+    [summary] = [row for out in older(iter([batch])) for row in out.to_pylist()]
+    assert summary["error_kind"] == "fenced" and "newer engine run" in summary["error"]
+    assert load_checkpoints(pipeline, settings)[0].batch == 0  # nothing committed
