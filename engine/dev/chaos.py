@@ -13,7 +13,18 @@ random moment, chosen from a seeded plan:
 - `spark_dir_lost`   kill -9 of an engine, then its Spark checkpoint directory
                      deleted (state comes back from `P.state`);
 - `zombie`           a second engine with the same pipeline: one is fenced;
-- `txn_timeout`      a batch kept open three times past transaction.timeout.ms.
+- `txn_timeout`      a batch kept open three times past transaction.timeout.ms;
+- `python_worker_kill` kill -9 of the engine's Python workers (tasks mid-batch):
+                     Spark runs their tasks again;
+- `executor_kill`    kill -9 of one of the engine's executor JVMs (on the cluster);
+- `spark_worker_kill` kill -9 of a whole Spark worker with its executors, started
+                     again a few seconds later (on the cluster);
+- `state_dir_lost`   kill -9 of an engine, then its shards' local state stores
+                     deleted (restored from `P.state`).
+
+The engines run on a Spark standalone cluster the harness starts (2 workers x 2
+cores on 127.0.0.1, each engine 2 executors of 1 core), or with `--local` on
+`local[2]` (then the executor and worker faults are left out).
 
 At the end every engine runs until idle, and the harness checks like Kafka's
 EosTestDriver: every output read with read_committed; the view changelog record
@@ -35,15 +46,13 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +61,8 @@ import yaml
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from refold.cli.produce import produce
-from refold.config import Pipeline, load_pipeline
-from refold.dev import localkafka
+from refold.dev import localkafka, localspark, sparkprocs
+from refold.dev.chaosengine import FAULTS, ChaosResult, Engine, exit_kind
 from refold.dev.testing import Workload, generate
 from refold.errors import UserError
 from refold.kafka.io import (
@@ -66,7 +75,7 @@ from refold.ops.verify import verify
 from refold.recovery.restore import load_checkpoint
 from refold.spark.job import spark_checkpoint_dir
 
-FAULTS = ("kill9", "kill9_in_commit", "broker_restart", "spark_dir_lost", "zombie", "txn_timeout")
+CLUSTER_FAULTS = ("executor_kill", "spark_worker_kill")
 GROUPED = {
     "total": {"sum": "score"},
     "games": {"count": "*"},
@@ -93,28 +102,7 @@ class ChaosConfig:
     batch: int = 5_000  # max events per micro-batch
     idle: float = 6.0  # --until-idle of every engine run
     pipelines: tuple[str, ...] = ("grouped", "top_n")
-
-
-@dataclass
-class ChaosResult:
-    events: int = 0
-    faults: Counter[str] = field(default_factory=Counter)
-    engine_starts: int = 0
-    stalls: int = 0  # an engine alive but without a new commit for 180 s (then killed)
-    engine_exits: Counter[str] = field(default_factory=Counter)
-    view_records: int = 0
-    delta_records: int = 0
-    anomalies: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-
-    def line(self) -> str:
-        faults = " ".join(f"{kind}={self.faults.get(kind, 0)}" for kind in FAULTS)
-        exits = " ".join(f"{k}={v}" for k, v in sorted(self.engine_exits.items()))
-        return (
-            f"chaos: events={self.events:,} faults[{faults}] total_faults={sum(self.faults.values())} "
-            f"engine_starts={self.engine_starts} stalls={self.stalls} exits[{exits}] view_records={self.view_records:,} "
-            f"delta_records={self.delta_records:,} anomalies={len(self.anomalies)} wall={self.seconds:.0f}s"
-        )
+    cluster: bool = True  # on a standalone cluster the harness starts (else local[2])
 
 
 def fault_plan(cfg: ChaosConfig, rng: random.Random) -> list[str]:
@@ -140,96 +128,8 @@ def chunks(rows: Sequence[bytes], parts: int) -> Iterator[Sequence[bytes]]:
         start = end
 
 
-class Engine:
-    """One pipeline's engine processes: the current one and, briefly, a zombie."""
-
-    def __init__(self, path: Path, log_dir: Path, result: ChaosResult, idle: float) -> None:
-        self.path = path
-        self.idle = idle
-        self.pipeline: Pipeline = load_pipeline(path)
-        self.settings = self.pipeline.kafka.librdkafka()
-        self.log_dir = log_dir
-        self.result = result
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.runs = 0
-
-    @property
-    def name(self) -> str:
-        return self.pipeline.pipeline
-
-    def start(self, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        # The pipeline file names the harness's broker; a REFOLD_BOOTSTRAP_SERVERS around
-        # (the test session sets one for its own broker) would win over it.
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith("REFOLD_TEST_") and k != "REFOLD_BOOTSTRAP_SERVERS"}
-        env.update(extra_env or {})
-        self.runs += 1
-        self.result.engine_starts += 1
-        log = (self.log_dir / f"{self.name}.{self.runs:04d}.log").open("wb")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "refold.cli.main", "run", str(self.path), "--until-idle", str(self.idle)],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-            start_new_session=True,
-        )
-        log.close()
-        return proc
-
-    def ensure_running(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            self.reap()
-            self.proc = self.start()
-
-    def reap(self) -> None:
-        if self.proc is not None and self.proc.poll() is not None:
-            self.result.engine_exits[_exit_kind(self.proc.returncode)] += 1
-            self.proc = None
-
-    def kill(self, proc: subprocess.Popen[bytes] | None = None) -> None:
-        proc = proc or self.proc
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
-        self.reap()
-
-    def committed_batch(self) -> int:
-        try:
-            checkpoint = load_checkpoint(self.pipeline, self.settings)
-        except Exception:  # the broker may be restarting
-            return -1
-        return checkpoint.batch if checkpoint is not None else 0
-
-    def wait_for_progress(self, since: int, timeout: float = 180.0) -> bool:
-        """Until the engine commits a batch past `since`; False when it exits or stalls."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.committed_batch() > since:
-                return True
-            if self.proc is None or self.proc.poll() is not None:
-                return False
-            time.sleep(0.5)
-        return False
-
-    def finish(self, timeout: float = 900.0) -> int:
-        """Run until idle (a fresh run when none is running); the exit code."""
-        self.ensure_running()
-        assert self.proc is not None
-        try:
-            code = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return -9
-        self.reap()
-        return code
-
-
-def _exit_kind(code: int) -> str:
-    return {0: "idle", -9: "killed"}.get(code, f"code{code}")
-
-
-def write_pipelines(cfg: ChaosConfig, directory: Path, source: str, bootstrap: str) -> list[Path]:
+def write_pipelines(cfg: ChaosConfig, directory: Path, source: str, bootstrap: str,
+                    master: str | None = None) -> list[Path]:
     paths = []
     for kind in cfg.pipelines:
         name = f"chaos-{kind}-{uuid.uuid4().hex[:6]}"
@@ -244,8 +144,12 @@ def write_pipelines(cfg: ChaosConfig, directory: Path, source: str, bootstrap: s
             "outputs": {"view": {"topic": f"{name}.view"}},
             "trigger": "200ms",
             "max_batch_events": cfg.batch,
-            "spark": {"checkpoint_dir": str(directory / "spark" / name)},
+            "spark": {"checkpoint_dir": str(directory / "spark" / name), "state_dir": str(directory / "state")},
         }
+        if master is not None:
+            spec["spark"]["master"] = master
+            spec["spark"]["conf"] = {"spark.executor.cores": "1", "spark.executor.memory": "512m",
+                                     "spark.cores.max": "2"}
         if kind == "grouped":  # delta updates are defined for grouped views only
             spec["outputs"]["delta"] = {"topic": f"{name}.delta"}
         path = directory / f"{name}.yaml"
@@ -254,9 +158,18 @@ def write_pipelines(cfg: ChaosConfig, directory: Path, source: str, bootstrap: s
     return paths
 
 
-def inject(kind: str, target: Engine, rng: random.Random, home: Path, say: Any) -> None:
+def inject(kind: str, target: Engine, rng: random.Random, home: Path, say: Any,
+           cluster: localspark.ClusterInfo | None = None) -> None:
     """One fault on `target` (whose engine runs and has just committed new work)."""
-    if kind == "kill9":
+    if kind in ("python_worker_kill", "executor_kill", "spark_worker_kill"):
+        time.sleep(rng.uniform(0.0, 1.5))
+        _kill_spark_part(kind, target, rng, say, cluster)
+    elif kind == "state_dir_lost":
+        target.kill()
+        state = target.pipeline.spark.state_dir
+        assert state is not None
+        shutil.rmtree(Path(state) / target.name, ignore_errors=True)
+    elif kind == "kill9":
         time.sleep(rng.uniform(0.0, 2.0))
         target.kill()
     elif kind == "kill9_in_commit":
@@ -290,7 +203,7 @@ def inject(kind: str, target: Engine, rng: random.Random, home: Path, say: Any) 
         if zombie.poll() is None:
             target.proc = zombie
         else:
-            target.result.engine_exits[_exit_kind(zombie.returncode)] += 1
+            target.result.engine_exits[exit_kind(zombie.returncode)] += 1
         target.wait_for_progress(since, timeout=60)
     elif kind == "txn_timeout":
         target.kill()
@@ -299,6 +212,34 @@ def inject(kind: str, target: Engine, rng: random.Random, home: Path, say: Any) 
         )
     else:
         raise ValueError(kind)
+
+
+def _kill_spark_part(kind: str, target: Engine, rng: random.Random, say: Any,
+                     cluster: localspark.ClusterInfo | None) -> None:
+    """kill -9 of the target's Python workers, of one of its executors, or of a whole
+    Spark worker (started again after a few seconds)."""
+    if kind == "spark_worker_kill":
+        assert cluster is not None
+        index = rng.randrange(len(cluster.workers))
+        localspark.kill_worker(index, home=cluster.home.parent)
+        time.sleep(rng.uniform(2.0, 6.0))
+        localspark.start(home=cluster.home.parent, quiet=True, die_with_parent=True)
+        return
+    if cluster is None:
+        roots = [target.proc.pid] if target.proc is not None else []
+    else:
+        app = sparkprocs.application_id(cluster.ui_port, f"refold-{target.name}")
+        roots = sparkprocs.executors(app) if app is not None else []
+        if kind == "executor_kill":
+            if roots:
+                sparkprocs.kill([rng.choice(roots)])
+            else:
+                say(f"  executor_kill: no executor of {target.name} found")
+            return
+    workers = [pid for root in roots for pid in sparkprocs.python_workers(root)]
+    if not workers:
+        say(f"  python_worker_kill: no Python worker of {target.name} found")
+    sparkprocs.kill(workers)
 
 
 def final_markers(settings: dict[str, Any], topics: Sequence[str]) -> list[str]:
@@ -394,16 +335,23 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
     logs = work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     engines: list[Engine] = []
+    cluster: localspark.ClusterInfo | None = None
     try:
+        if cfg.cluster:
+            cluster = localspark.start(2, 2, "2g", home=work / "spark-home", quiet=True, die_with_parent=True)
+            say(f"Spark standalone cluster at {cluster.url} (2 workers x 2 cores; logs under {cluster.home})")
         say(f"generating {cfg.events:,} events over {cfg.keys:,} keys ({cfg.retract:.0%} retractions/corrections)")
         workload = Workload(events=cfg.events, keys=cfg.keys, retract_share=cfg.retract, seed=cfg.seed)
         rows = [orjson.dumps(r) for r in generate(workload)]
         result.events = len(rows)
         source = f"chaos-source-{uuid.uuid4().hex[:6]}"
-        engines = [Engine(p, logs, result, cfg.idle) for p in write_pipelines(cfg, work, source, bootstrap)]
+        master = cluster.url if cluster is not None else None
+        engines = [Engine(p, logs, result, cfg.idle) for p in write_pipelines(cfg, work, source, bootstrap, master)]
         plan = fault_plan(cfg, rng)
         if not own_broker:
             plan = [k for k in plan if k != "broker_restart"]
+        if cluster is None:
+            plan = [k for k in plan if k not in CLUSTER_FAULTS]
         parts = list(chunks(rows, len(plan) + 1))
         say(f"{len(plan)} faults over {len(parts)} chunks; pipelines {', '.join(e.name for e in engines)}; "
             f"logs in {logs}")
@@ -424,7 +372,7 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
                 target.reap()
                 target.ensure_running()
                 target.wait_for_progress(since)
-            inject(kind, target, rng, home, say)
+            inject(kind, target, rng, home, say, cluster)
             result.faults[kind] += 1
             elapsed = time.monotonic() - started
             say(f"  [{index + 1}/{len(plan)}] {kind} on {target.name} "
@@ -434,6 +382,8 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
     finally:
         for engine in engines:
             engine.kill()
+        if cluster is not None:
+            localspark.stop(cluster.home.parent)
         if own_broker:
             localkafka.stop(home=home)
     result.seconds = time.monotonic() - started
@@ -452,9 +402,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--work", type=Path, default=None, help="working folder (default: a temporary one)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures there")
+    parser.add_argument("--local", action="store_true",
+                        help="run the engines on local[2], not on a standalone cluster (no executor or worker faults)")
     args = parser.parse_args(argv)
     cfg = ChaosConfig(events=args.events, keys=args.keys, retract=args.retract, kills=args.kills,
-                      others=args.others, batch=args.batch, seed=args.seed)
+                      others=args.others, batch=args.batch, seed=args.seed, cluster=not args.local)
     work = args.work or Path(tempfile.mkdtemp(prefix="refold-chaos-"))
     work.mkdir(parents=True, exist_ok=True)
     from refold.environment import jars_home
