@@ -21,12 +21,13 @@ import yaml
 from refold.cli.produce import produce
 from refold.config import Pipeline, load_pipeline
 from refold.dev.testing import Workload, generate
+from refold.errors import UserError
 from refold.kafka.io import ensure_topics, read_to_end
 from refold.ops.verify import verify
 from refold.recovery.restore import load_checkpoint, load_checkpoints
 from refold.runtime.hooks import NO_HOOKS
 from refold.spark.job import claim_shards, engine_topics
-from refold.spark.tasks import ShardTask
+from refold.spark.tasks import ShardTask, check_files
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -159,3 +160,24 @@ def test_a_newer_run_takes_the_shards_over(bootstrap_servers, topic, tmp_path) -
     [summary] = [row for out in older(iter([batch])) for row in out.to_pylist()]
     assert summary["error_kind"] == "fenced" and "newer engine run" in summary["error"]
     assert load_checkpoints(pipeline, settings)[0].batch == 0  # nothing committed
+
+
+def test_a_file_an_executor_lacks_is_named(tmp_path) -> None:
+    # Kafka settings that name files (a truststore, a client key) need them on every
+    # executor's machine: a missing one is a clear error naming the setting and host.
+    present = tmp_path / "ca.pem"
+    present.write_text("-----BEGIN CERTIFICATE-----\n")
+    check_files({"ssl.ca.location": str(present), "sasl.password": "x"})
+    with pytest.raises(UserError, match=r"kafka\.ssl\.ca\.location: .*missing\.pem does not exist on the Spark "
+                                        r"executor on host"):
+        check_files({"ssl.ca.location": str(tmp_path / "missing.pem")})
+
+
+def test_a_shard_task_never_shows_its_settings(tmp_path) -> None:
+    # Spark prints a plan's Python function by name and may repr it: the pickled task
+    # carries the Kafka settings, passwords included.
+    pipeline = load_pipeline(write_pipeline(tmp_path, "src", "127.0.0.1:9"))
+    task = ShardTask(pipeline, {"bootstrap.servers": "127.0.0.1:9", "sasl.password": "hunter2-secret"}, NO_HOOKS,
+                     7, 1, first_of_run=True)
+    shown = f"{task!r} {task} {task.__name__}"
+    assert "hunter2-secret" not in shown and pipeline.pipeline in shown

@@ -33,6 +33,7 @@ import logging
 import os
 import pickle
 import random
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -74,7 +75,25 @@ class _Kept:
     identity: bytes  # the pipeline, settings and run it was made for
 
 
-@dataclass(frozen=True)
+FILE_SETTINGS = ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location", "ssl.keystore.location",
+                 "ssl.crl.location", "sasl.kerberos.keytab")  # librdkafka settings that name a file
+
+
+def check_files(settings: dict[str, Any]) -> None:
+    """UserError naming the setting, the file and this machine when a file the Kafka
+    settings name is missing here: every executor needs its own copy (a truststore,
+    a client certificate, a keytab) at the same path."""
+    for key in FILE_SETTINGS:
+        path = settings.get(key)
+        if isinstance(path, str) and path and not os.path.exists(path):
+            raise UserError(
+                f"kafka.{key}: {path} does not exist on the Spark executor on host {socket.gethostname()}; "
+                "every executor's machine needs the file at the same path (or ship it with spark.files "
+                "and name it where the executors keep it)"
+            )
+
+
+@dataclass(frozen=True, repr=False)
 class ShardTask:
     """`mapInArrow`'s function for one micro-batch (pickled to the executors).
 
@@ -89,6 +108,11 @@ class ShardTask:
     run: int
     checkpoint_partitions: int
     first_of_run: bool
+
+    __name__ = "refold_shard_task"  # what Spark's plan and UI show: never the settings
+
+    def __repr__(self) -> str:  # Spark may print the function: its Kafka settings hold secrets
+        return f"ShardTask(pipeline={self.pipeline.pipeline!r}, run={self.run})"
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         records: list[InputRecord] = []
@@ -112,6 +136,7 @@ class ShardTask:
         its processor, or the Refold error that stopped it."""
         processor: ShardProcessor | None = None
         try:
+            check_files(self.settings)
             processor = self._processor(index)
             for attempt in range(FENCED_ATTEMPTS):
                 try:
