@@ -208,7 +208,8 @@ class SparkSpec(_Model):
     master: str = "local[2]"
     conf: dict[str, str] = {}
     checkpoint_dir: str | None = None  # a cache; Kafka is authoritative
-    # view keys a shard's task keeps in memory in front of its local store (then it starts empty)
+    # view keys a Python worker's reducers keep in memory in front of the local stores, all its
+    # shards together (past it, the least recently used shards' reducers start empty)
     state_cache_keys: Annotated[int, Field(ge=1)] = 200_000
     state_dir: str | None = None  # the executors' local stores; default <Refold home>/state
 

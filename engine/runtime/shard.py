@@ -16,7 +16,8 @@ bring the store to it (`refold.state.bring_to`: as is, caught up or restored fro
 `P.state` partition = shard).
 
 The reducer holds only the keys the shard's batches touched (up to
-`spark.state_cache_keys`; then it starts empty again): before a batch it loads the
+`spark.state_cache_keys`; then it starts empty again; `refold.spark.tasks` bounds a
+worker's reducers together): before a batch it loads the
 keys it is about to touch from the store. Every batch commits, in one Kafka
 transaction of the shard: the view changelog, the delta updates, the dead letters,
 the state changelog (`P.state`, partition = shard), the shard's checkpoint
@@ -187,7 +188,7 @@ class ShardProcessor:
                 self.settings, self.pipeline.state_topic, self.store, self.checkpoint.batch,
                 checkpoint_at=self.checkpoint.committed_at,
             )
-            self._forget()
+            self.forget()
         if self.materializations is not None:
             self.materializations.open(self.checkpoint)
         log.info(
@@ -205,7 +206,7 @@ class ShardProcessor:
     def _first_checkpoint(self) -> Checkpoint:
         return first_checkpoint(self.pipeline, self.shard)
 
-    def _forget(self) -> None:
+    def forget(self) -> None:
         """An empty reducer: it loads what the next batches touch from the store."""
         self.reducer = make_reducer(self.pipeline.view)
         self.held = set()
@@ -328,7 +329,7 @@ class ShardProcessor:
         assert self.store is not None
         if self.materializations is not None and self.materializations.backfilling:
             if not self.held_all:
-                self._forget()
+                self.forget()
                 self.reducer.restore(self.store.items())
                 self.held_all = True
             return
@@ -340,7 +341,7 @@ class ShardProcessor:
         if not wanted:
             return
         if len(self.held) + len(wanted) > self.pipeline.spark.state_cache_keys:
-            self._forget()
+            self.forget()
             wanted = {key for key in (self.reducer.state_key(e) for u in units for e, _ in u) if key is not None}
         self.reducer.restore(self.store.load_keys(key_bytes(key) for key in wanted))
         self.held |= wanted

@@ -128,7 +128,9 @@ class ShardTask:
         if not records:
             return
         for index, part in sorted(plan_shards(self.pipeline).split(records).items()):
-            yield _summary(index, *self._run_shard(index, part))
+            summary = _summary(index, *self._run_shard(index, part))
+            _bound_memory(self.pipeline.spark.state_cache_keys, self._key(index))
+            yield summary
 
     def _run_shard(self, index: int, part: list[InputRecord]) -> tuple[BatchStats | None, ShardProcessor | None,
                                                                        BaseException | None]:
@@ -213,6 +215,20 @@ class ShardTask:
                 kept.processor.close()
             except Exception as exc:  # closing a processor that failed: its own error is reported
                 log.warning("shard %d: closing its processor: %s", index, exc)
+
+
+def _bound_memory(limit: int, current: tuple[str, str, int]) -> None:
+    """Keep this worker's reducers to `limit` keys together (`spark.state_cache_keys`):
+    the least recently used shards' reducers start empty first (their keys stay in the
+    stores); the shard just run keeps its own (its `_load` bounds it)."""
+    if current in _RUNNING:
+        _RUNNING[current] = _RUNNING.pop(current)  # most recently used last
+    held = sum(len(kept.processor.held) for kept in _RUNNING.values())
+    for key, kept in list(_RUNNING.items()):
+        if held <= limit or key == current:
+            break
+        held -= len(kept.processor.held)
+        kept.processor.forget()
 
 
 def _summary(index: int, stats: BatchStats | None, processor: ShardProcessor | None,
