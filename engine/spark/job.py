@@ -373,10 +373,12 @@ class _Batches:
 
     def _account(self, rows: list[dict[str, Any]], seconds: float) -> None:
         committed: list[BatchStats] = []
+        offsets = dict(self.start.offsets)
         for row in rows:
-            self.start.offsets.update({int(p): o for p, o in orjson.loads(row["offsets"]).items()})
+            offsets.update({int(p): o for p, o in orjson.loads(row["offsets"]).items()})
             if row["error_kind"] is None and row["batch"] > 0:
                 committed.append(_stats(row))
+        self.start.offsets = offsets  # replaced whole: the monitor's thread reads it
         self.start.aborts = sum(row["aborts"] for row in rows)
         if committed:
             stats = together(committed, seconds)
