@@ -46,7 +46,7 @@ Entry = tuple[Any, ...]  # one logged message: its name first ("Load", binding, 
 class Recording(p.Driver[Any]):
     """Wraps a driver; records every message it sees and answers, in order.
 
-    `ack_waits_for_load`: each Acknowledge after the first waits (up to 5 s) until a
+    `ack_waits_for_load`: each Acknowledge after the first waits (up to 30 s) until a
     Load arrives, proving the runtime does not wait for Acknowledged before Load."""
 
     def __init__(self, inner: p.Driver[Any], log: list[Entry], *, ack_waits_for_load: bool = False) -> None:
@@ -70,7 +70,7 @@ class Recording(p.Driver[Any]):
     def acknowledge(self, request: p.Acknowledge) -> p.Acknowledged:
         self.log.append(("Acknowledge", request.batch))
         if self.ack_waits_for_load and request.batch > 0:
-            self.loading.wait(5.0)
+            self.loading.wait(30.0)
             self.loading.clear()
         answer = self.inner.acknowledge(request)
         self.log.append(("Acknowledged",))

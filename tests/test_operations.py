@@ -23,6 +23,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from prometheus_client.parser import text_string_to_metric_families
 
 from refold.codecs import registry_client
+from refold.codecs.pipeline import output_encoders
 from refold.config import parse_pipeline
 from refold.dev.localkafka import free_port
 from refold.dev.testing import Workload, generate
@@ -167,7 +168,11 @@ def test_debezium_topic_to_avro_view_with_metrics(bootstrap_servers, topic, tmp_
     lags = {dict(labels)["partition"]: v for (n, labels), v in metrics.items() if n == "refold_consumer_lag"}
     assert set(lags) == {"0", "1"} and sum(lags.values()) == 0
 
-    # The view: Avro in the wire format, read by confluent-kafka's own deserializer.
+    # The view: Avro in the wire format, read by confluent-kafka's own deserializer. A
+    # `mock://` registry lives in one process and the engine registered its schemas in
+    # a Spark worker's: registering the same schemas here, in the same order, gives
+    # them the same ids in this process's mock.
+    output_encoders(pipeline)
     deserialize = AvroDeserializer(registry_client(pipeline.schema_registry))  # type: ignore[arg-type]
     view_topic = f"{name}.view"
     actual = []

@@ -12,8 +12,10 @@ Without a registry (the default), Avro values are schemaless and producer and
 consumer share the schema file (`refold.codecs.avro.AvroCodec`).
 
 The client is confluent-kafka's `SchemaRegistryClient`, one per registry per
-process; a `mock://NAME` URL gives its in-process mock (shared per name here, so
-a test's deserializer sees the schemas the engine registered).
+process; a `mock://NAME` URL gives its in-process mock (shared per name within a
+process). The engine registers its output schemas in the Spark tasks, on the
+executors' Python workers: a mock there is each worker's own, so a test that reads
+with `mock://` registers the same schemas in its own process first.
 """
 
 from __future__ import annotations

@@ -68,8 +68,9 @@ def load_checkpoints(
 
 def load_checkpoint(pipeline: Pipeline, settings: Mapping[str, Any]) -> Checkpoint | None:
     """The writer's shards' last checkpoints as one (`records.combined`: every
-    partition's offsets, counters summed), or None on a first start."""
-    return combined(list(load_checkpoints(pipeline, settings).values()))
+    partition's offsets, counters summed), or None when no shard committed a batch yet
+    (a run's claim of a shard that never committed is batch 0)."""
+    return combined([c for c in load_checkpoints(pipeline, settings).values() if c.batch > 0])
 
 
 def load_state(pipeline: Pipeline, settings: Mapping[str, Any], shard: int = 0) -> list[tuple[bytes, bytes]]:
