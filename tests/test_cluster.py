@@ -1,28 +1,45 @@
 """A pipeline on a real Spark standalone cluster (master + 2 workers on 127.0.0.1,
 started by the same code as `refold spark start`), run through `refold run` with
-`spark: {master: spark://…}`, equals the reference."""
+`spark: {master: spark://…}`, equals the reference; and stays exactly once when a
+Python worker, an executor JVM, a whole Spark worker or the driver is killed (-9)
+while it runs.
+
+The fault tests run `refold run` as a process of its own (its own session, so that
+the driver's JVM dies with it) with small batches, inject the fault once the
+pipeline has committed something, and check afterwards with `refold verify` and the
+committed checkpoints that every event counted exactly once."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 import yaml
 
 from refold.cli.produce import produce
-from refold.config import load_pipeline
+from refold.config import Pipeline, load_pipeline
 from refold.dev import localspark
 from refold.dev.sparkstate import master_state
 from refold.dev.testing import Workload, generate
 from refold.ops.verify import verify
+from refold.recovery.restore import load_checkpoint
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+
+EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
+EXECUTOR_CONF = {"spark.executor.cores": "1", "spark.executor.memory": "512m", "spark.cores.max": "2"}
+COLUMNS = {"total": {"sum": "score"}, "best": {"max": "score"}, "latest": {"last": "score"}}
 
 
 @pytest.fixture(scope="module")
@@ -35,40 +52,292 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[localspark.Clu
         localspark.stop(home)
 
 
+# Helpers ------------------------------------------------------------------------------------
+
+
+def write_pipeline(tmp: Path, source: str, bootstrap: str, cluster: localspark.ClusterInfo,
+                   max_batch_events: int = 1000) -> Path:
+    name = f"cluster{uuid.uuid4().hex[:8]}"
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({
+        "pipeline": name,
+        "kafka": {"bootstrap.servers": bootstrap},
+        "source": {"topic": source, "format": "jsonl"},
+        "view": {"key": ["player_name"], "columns": COLUMNS},
+        "outputs": {"view": {"topic": f"{name}.view"}, "delta": {"topic": f"{name}.delta"}},
+        "trigger": "200ms",
+        "max_batch_events": max_batch_events,
+        "spark": {"master": cluster.url, "checkpoint_dir": str(tmp / "spark" / name), "conf": dict(EXECUTOR_CONF)},
+    }))  # fmt: skip
+    return path
+
+
+def load(bootstrap: str, topic: Callable[..., str], events: int = 3000, seed: int = 23) -> tuple[str, int]:
+    """A fresh 4-partition source with `events` events keyed by player_name."""
+    source = topic(partitions=4)
+    rows = list(generate(Workload(events=events, keys=200, seed=seed)))
+    produce({"bootstrap.servers": bootstrap}, source, [orjson.dumps(r) for r in rows], ["player_name"],
+            progress=False, per_transaction=500)
+    return source, len(rows)
+
+
+def engine_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REFOLD_TEST_")}
+    env.update(extra)
+    return env
+
+
+def start_engine(path: Path, log: Path, idle: float, **extra_env: str) -> subprocess.Popen[bytes]:
+    """`refold run` in a session of its own (its group holds the driver's JVM), stderr to `log`."""
+    with log.open("ab") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "refold.cli", "run", str(path), "--until-idle", str(idle)],
+            env=engine_env(**extra_env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+            start_new_session=True,
+        )  # fmt: skip
+
+
+def finish(proc: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> tuple[int, str]:
+    """Its exit code and stderr; a run that does not end in `timeout` is killed and fails the test."""
+    try:
+        code = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        kill_session(proc)
+        pytest.fail(f"`refold run` did not end in {timeout:.0f}s:\n{log.read_text(errors='replace')[-4000:]}")
+    return code, log.read_text(errors="replace")
+
+
+def kill_session(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+
+
+@contextlib.contextmanager
+def running(proc: subprocess.Popen[bytes]) -> Iterator[subprocess.Popen[bytes]]:
+    """Whatever happens in the block, the engine's session does not outlive the test."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            kill_session(proc)
+
+
+def wait_for(what: str, check: Callable[[], Any], proc: subprocess.Popen[bytes] | None = None,
+             log: Path | None = None, timeout: float = 120, every: float = 0.2) -> Any:
+    """`check()`'s first true value; fails when `timeout` passes, or the engine ends first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = check()
+        if found:
+            return found
+        tail = log.read_text(errors="replace")[-3000:] if log is not None else ""
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"`refold run` ended (exit {proc.returncode}) before {what}:\n{tail}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {what} after {timeout:.0f}s:\n{tail}")
+        time.sleep(every)
+
+
+def committed(pipeline: Pipeline, settings: dict[str, Any]) -> tuple[int, int]:
+    """(batches, records in) the pipeline's shards have committed so far; (0, 0) before
+    the engine made its topics."""
+    try:
+        checkpoint = load_checkpoint(pipeline, settings)
+    except Exception:  # P.checkpoints does not exist yet
+        return 0, 0
+    return (checkpoint.batch, checkpoint.records_in) if checkpoint is not None else (0, 0)
+
+
+def first_commit(pipeline: Pipeline, settings: dict[str, Any]) -> tuple[int, int] | None:
+    """`committed()` once at least one batch has committed, else None."""
+    batches, records = committed(pipeline, settings)
+    return (batches, records) if batches > 0 else None
+
+
+def app_id(cluster: localspark.ClusterInfo, pipeline: Pipeline) -> str | None:
+    """The id of the pipeline's running application, as the master lists it."""
+    apps = (master_state(cluster.ui_port) or {}).get("activeapps", [])
+    ids = [a.get("id") for a in apps if a.get("name") == f"refold-{pipeline.pipeline}"]
+    return ids[0] if ids else None
+
+
+def processes() -> Iterator[tuple[int, list[str], str]]:
+    """Every live, non-zombie process: (pid, command line, working folder)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "stat").read_text().rpartition(")")[2].split()[0] == "Z":
+                continue
+            args = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        yield int(entry.name), args, cwd
+
+
+def executors(cluster: localspark.ClusterInfo, app: str) -> dict[int, str]:
+    """The executor JVMs of application `app` of this cluster: pid -> the worker whose
+    work dir it runs in (<home>/work/worker-<i>/<app>/<executor>)."""
+    found = {}
+    work = f"{cluster.home / 'work'}{os.sep}"
+    for pid, args, cwd in processes():
+        if (EXECUTOR_CLASS in args and "--app-id" in args and args[args.index("--app-id") + 1] == app
+                and cwd.startswith(work)):
+            found[pid] = Path(cwd).parent.parent.name
+    return found
+
+
+def executor_dirs(cluster: localspark.ClusterInfo, app: str) -> list[Path]:
+    """The folders the workers made for the app's executors (one per executor launched)."""
+    return sorted(p for p in (cluster.home / "work").glob(f"worker-*/{app}/*") if p.is_dir())
+
+
+def executor_logs(cluster: localspark.ClusterInfo, app: str) -> str:
+    return "".join(
+        (folder / name).read_text(errors="replace")
+        for folder in executor_dirs(cluster, app)
+        for name in ("stderr", "stdout")
+        if (folder / name).is_file()
+    )
+
+
+def assert_exact(pipeline: Pipeline, bootstrap: str, events: int) -> None:
+    settings = {"bootstrap.servers": bootstrap}
+    report = verify(pipeline, settings)
+    assert report.anomalies == [], "\n".join(report.anomalies)
+    assert report.events == events
+    checkpoint = load_checkpoint(pipeline, settings)
+    assert checkpoint is not None and checkpoint.records_in == events
+
+
+# Tests --------------------------------------------------------------------------------------
+
+
 def test_a_pipeline_runs_on_the_standalone_cluster(
     cluster: localspark.ClusterInfo, bootstrap_servers: str, topic, tmp_path: Path
 ) -> None:
-    settings = {"bootstrap.servers": bootstrap_servers}
-    source = topic(partitions=4)
-    rows = list(generate(Workload(events=3000, keys=200, seed=23)))
-    produce(settings, source, [orjson.dumps(r) for r in rows], ["player_name"], progress=False, per_transaction=500)
-    name = f"cluster{uuid.uuid4().hex[:8]}"
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({
-        "pipeline": name,
-        "kafka": {"bootstrap.servers": bootstrap_servers},
-        "source": {"topic": source, "format": "jsonl"},
-        "view": {"key": ["player_name"], "columns": {"total": {"sum": "score"}, "best": {"max": "score"},
-                                                     "latest": {"last": "score"}}},
-        "outputs": {"view": {"topic": f"{name}.view"}, "delta": {"topic": f"{name}.delta"}},
-        "trigger": "200ms",
-        "max_batch_events": 1000,
-        "spark": {
-            "master": cluster.url,
-            "checkpoint_dir": str(tmp_path / "spark"),
-            "conf": {"spark.executor.cores": "1", "spark.executor.memory": "512m", "spark.cores.max": "2"},
-        },
-    }))  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("REFOLD_TEST_")}
+    source, events = load(bootstrap_servers, topic)
+    path = write_pipeline(tmp_path, source, bootstrap_servers, cluster)
+    name = load_pipeline(path).pipeline
     done = subprocess.run(
         [sys.executable, "-m", "refold.cli", "run", str(path), "--until-idle", "4"],
-        env=env, capture_output=True, text=True, timeout=600, check=False,
+        env=engine_env(), capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
 
-    report = verify(load_pipeline(path), settings)
-    assert report.anomalies == [] and report.events == len(rows)
+    assert_exact(load_pipeline(path), bootstrap_servers, events)
     # the query ran as an application of the cluster, with executors on its workers
     apps = master_state(cluster.ui_port) or {}
     ran = [a for a in apps.get("completedapps", []) + apps.get("activeapps", []) if a.get("name") == f"refold-{name}"]
     assert ran, apps
+
+
+@pytest.mark.parametrize("where", ["in_txn:2", "after_commit:2"])
+def test_a_python_worker_killed_on_an_executor_is_run_again(
+    cluster: localspark.ClusterInfo, bootstrap_servers: str, topic, tmp_path: Path, where: str
+) -> None:
+    # The first Python worker to reach the point (inside batch 2's transaction, or right
+    # after its commit) kills itself; Spark runs the task again on the executor, which
+    # settles the dead worker's transaction and commits what is not committed yet.
+    source, events = load(bootstrap_servers, topic)
+    path = write_pipeline(tmp_path, source, bootstrap_servers, cluster, max_batch_events=300)
+    pipeline = load_pipeline(path)
+    log = tmp_path / "engine.log"
+    with running(start_engine(path, log, idle=4, REFOLD_TEST_CRASH_WORKER=where)) as proc:
+        app = wait_for("application on the cluster", lambda: app_id(cluster, pipeline), proc, log)
+        code, err = finish(proc, log)
+    assert code == 0, err[-4000:]
+    marker = Path(os.environ["REFOLD_HOME"]) / f"crash-worker-{proc.pid}"
+    assert marker.exists(), "no Python worker reached the crash point"
+    logs = executor_logs(cluster, app)
+    assert "kill -9 of Python worker" in logs, logs[-3000:]
+    assert re.search(r"Running task \d+\.1 in stage", logs), logs[-3000:]  # a second attempt of the task
+    assert_exact(pipeline, bootstrap_servers, events)
+
+
+def test_an_executor_jvm_killed_mid_run_is_replaced(
+    cluster: localspark.ClusterInfo, bootstrap_servers: str, topic, tmp_path: Path
+) -> None:
+    # kill -9 of one of the application's two executor JVMs once a batch has committed:
+    # its tasks fail, the master launches a new executor on the freed worker core, the
+    # tasks run again, and the run ends normally.
+    settings = {"bootstrap.servers": bootstrap_servers}
+    source, events = load(bootstrap_servers, topic)
+    path = write_pipeline(tmp_path, source, bootstrap_servers, cluster, max_batch_events=250)
+    pipeline = load_pipeline(path)
+    log = tmp_path / "engine.log"
+    with running(start_engine(path, log, idle=8)) as proc:
+        app = wait_for("application on the cluster", lambda: app_id(cluster, pipeline), proc, log)
+        wait_for("two executors", lambda: len(executors(cluster, app)) == 2, proc, log)
+        batches, _ = wait_for("committed batch", lambda: first_commit(pipeline, settings), proc, log, every=0.3)
+        os.kill(min(executors(cluster, app)), signal.SIGKILL)
+        _, records = committed(pipeline, settings)  # at most what was committed at the kill
+        replaced = wait_for("new executor", lambda: len(executor_dirs(cluster, app)) > 2, proc, log)
+        code, err = finish(proc, log)
+    assert code == 0, err[-4000:]
+    assert records < events, f"the run had committed everything ({records}) before the kill: nothing was tested"
+    assert replaced and len(executor_dirs(cluster, app)) >= 3
+    assert_exact(pipeline, bootstrap_servers, events)
+    assert committed(pipeline, settings)[0] > batches
+
+
+def test_the_driver_killed_mid_run_then_run_again(
+    cluster: localspark.ClusterInfo, bootstrap_servers: str, topic, tmp_path: Path
+) -> None:
+    # kill -9 of `refold run` (its whole session: the Python driver and its JVM) once a
+    # batch has committed; the cluster ends the application and its executors; a new
+    # run fences the shards, continues from their checkpoints and counts every event once.
+    settings = {"bootstrap.servers": bootstrap_servers}
+    source, events = load(bootstrap_servers, topic)
+    path = write_pipeline(tmp_path, source, bootstrap_servers, cluster, max_batch_events=300)
+    pipeline = load_pipeline(path)
+    log = tmp_path / "engine.log"
+    with running(start_engine(path, log, idle=4)) as proc:
+        app = wait_for("application on the cluster", lambda: app_id(cluster, pipeline), proc, log)
+        wait_for("committed batch", lambda: committed(pipeline, settings)[0] > 0, proc, log, every=0.3)
+        kill_session(proc)
+    _, records = committed(pipeline, settings)
+    assert 0 < records < events, f"{records} of {events} events committed at the kill: nothing was tested"
+    wait_for("the killed run's executors to end", lambda: not executors(cluster, app), timeout=60)
+
+    log2 = tmp_path / "engine-again.log"
+    with running(start_engine(path, log2, idle=3)) as again:
+        code, err = finish(again, log2)
+    assert code == 0, err[-4000:]
+    assert_exact(pipeline, bootstrap_servers, events)
+
+
+def test_a_spark_worker_killed_mid_run_the_other_takes_over(
+    cluster: localspark.ClusterInfo, bootstrap_servers: str, topic, tmp_path: Path
+) -> None:
+    # kill -9 of a whole worker (its JVM and its executor, one process group) once a batch
+    # has committed: the master marks it DEAD, the tasks run again on the other worker's
+    # executor. The worker is started again afterwards (same master), for later tests.
+    settings = {"bootstrap.servers": bootstrap_servers}
+    source, events = load(bootstrap_servers, topic)
+    path = write_pipeline(tmp_path, source, bootstrap_servers, cluster, max_batch_events=250)
+    pipeline = load_pipeline(path)
+    log = tmp_path / "engine.log"
+    home = cluster.home.parent
+    try:
+        with running(start_engine(path, log, idle=8)) as proc:
+            app = wait_for("application on the cluster", lambda: app_id(cluster, pipeline), proc, log)
+            wait_for("an executor on each worker", lambda: len(set(executors(cluster, app).values())) == 2, proc, log)
+            wait_for("committed batch", lambda: committed(pipeline, settings)[0] > 0, proc, log, every=0.3)
+            assert localspark.kill_worker(0, home=home)
+            _, records = committed(pipeline, settings)
+            # nothing of worker 0 is left: no executor, no Python worker in its work dir
+            work = f"{cluster.home / 'work' / 'worker-0'}{os.sep}"
+            wait_for("worker-0's processes to end",
+                     lambda: not [pid for pid, _, cwd in processes() if cwd.startswith(work)], proc, log, timeout=30)
+            code, err = finish(proc, log)
+        assert code == 0, err[-4000:]
+        assert records < events, f"the run had committed everything ({records}) before the kill: nothing was tested"
+        state = localspark.status(home)
+        assert state is not None and state.workers[0].pid is None and state.workers[1].alive
+        assert_exact(pipeline, bootstrap_servers, events)
+    finally:
+        again = localspark.start(home=home, quiet=True, die_with_parent=True)
+    assert len(again.alive_workers) == 2 and again.url == cluster.url

@@ -39,7 +39,7 @@ from confluent_kafka.admin import (
 from refold.cli.main import main as refold_main
 from refold.cli.produce import produce
 from refold.config import load_pipeline, parse_pipeline
-from refold.dev import localkafka, tlsgen
+from refold.dev import localkafka, localspark, tlsgen
 from refold.errors import ConfigError, PrerequisiteError, UserError
 from refold.kafka.connection import KafkaConnection, client_settings, load_properties
 from refold.kafka.io import partitions_of
@@ -410,14 +410,44 @@ def engine_source(secure_broker: SecureBroker, app_acls: None) -> tuple[str, int
     return source, len(rows)
 
 
+@pytest.fixture(scope="module")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[localspark.ClusterInfo]:
+    """A standalone cluster (master + 2 workers of 1 core) of this module's own, started
+    only when a test asks for it."""
+    home = tmp_path_factory.mktemp("secure-spark")
+    info = localspark.start(2, 1, "1g", home=home, quiet=True, die_with_parent=True)
+    try:
+        yield info
+    finally:
+        localspark.stop(home)
+
+
+def spark_logs(cluster: localspark.ClusterInfo) -> list[Path]:
+    """Every log of the cluster: the master's, the workers', and each executor's
+    stdout and stderr (<home>/spark/work/worker-<i>/<app>/<executor>/)."""
+    daemons = sorted(cluster.home.glob("*.log"))
+    executors = sorted(p for p in (cluster.home / "work").glob("worker-*/*/*/std*") if p.is_file())
+    return [*daemons, *executors]
+
+
 @pytest.mark.kafka
 @pytest.mark.spark
+@pytest.mark.parametrize("master", ["local", "cluster"])
 def test_engine_runs_under_acls_with_its_transactional_id_prefix(
-    secure_broker: SecureBroker, engine_source: tuple[str, int], tmp_path: Path
+    secure_broker: SecureBroker, engine_source: tuple[str, int], tmp_path: Path, master: str,
+    request: pytest.FixtureRequest,
 ) -> None:
+    # "cluster": the shards' tasks run on a standalone cluster's executors, which get the
+    # credentials inside the tasks (and the Kafka source's options): none of them may
+    # reach the workers' or the executors' logs.
     source, count = engine_source
     prefix = f"team-a.{uuid.uuid4().hex[:6]}"
     spec = engine_pipeline(secure_broker, tmp_path, source, prefix)
+    cluster: localspark.ClusterInfo | None = None
+    if master == "cluster":
+        cluster = request.getfixturevalue("spark_cluster")
+        spec["spark"].update(master=cluster.url, conf={
+            "spark.executor.cores": "1", "spark.executor.memory": "512m", "spark.cores.max": "2"})
     engine_acls(secure_broker, spec["pipeline"], source, prefix)
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -434,6 +464,15 @@ def test_engine_runs_under_acls_with_its_transactional_id_prefix(
     assert status.returncode == 0, status.stderr.decode()[-2000:]
     assert "total lag 0" in status.stdout.decode()
     assert_nothing_secret(secure_broker, done.stderr, done.stdout, status.stderr, status.stdout)
+    if cluster is not None:
+        logs = spark_logs(cluster)
+        ran = [p for p in logs if "Running task" in p.read_text(errors="replace")]
+        assert ran, [str(p) for p in logs]  # the tasks did run on the cluster's executors
+        for log in logs:
+            try:
+                assert_nothing_secret(secure_broker, log.read_bytes())
+            except AssertionError as exc:
+                raise AssertionError(f"{log}: {exc}") from None
 
 
 @pytest.mark.kafka
