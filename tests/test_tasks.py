@@ -88,6 +88,7 @@ def test_a_python_worker_killed_in_a_shards_task_is_run_again(bootstrap_servers,
     done = run_engine(path, {"REFOLD_TEST_CRASH_WORKER": where})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "kill -9 of Python worker" in done.stderr, done.stderr[-3000:]
+    assert "ran again as attempt 1 of its task" in done.stderr, done.stderr[-3000:]  # the driver says so
     assert_exact(load_pipeline(path), bootstrap_servers, events)
 
 

@@ -1,8 +1,9 @@
 """A micro-batch, exactly once per shard: split by shard, each shard's part committed in
 the shard's own transaction.
 
-`BatchProcessor` runs on the driver (for now; the next step runs each shard in a
-Spark task). It owns one `ShardProcessor` (`refold.runtime.shard`) per shard of the
+`BatchProcessor` runs a view's shards in one process, one after the other: the tests'
+and the benchmarks' harness (the engine runs each shard in a Spark task,
+`refold.spark.tasks`). It owns one `ShardProcessor` (`refold.runtime.shard`) per shard of the
 view (`refold.runtime.shards`): one per source partition for a co-partitioned view,
 one for all partitions otherwise. Each batch's records are split by shard and each
 shard with records runs its part, one after the other: a shard without records in a
@@ -38,7 +39,7 @@ log = logging.getLogger(__name__)
 
 
 class BatchProcessor:
-    """Called by the Spark job's foreachBatch worker, one batch at a time.
+    """A view's shards in this process, one batch at a time.
 
     `hooks` are the chaos tests' crash and stall points (`refold.runtime.hooks`);
     `shard_type` (and `_make_shard`) is the seam the benchmarks replace."""

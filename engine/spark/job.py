@@ -375,6 +375,14 @@ class _Batches:
         committed: list[BatchStats] = []
         offsets = dict(self.start.offsets)
         for row in rows:
+            if row["recovered"] is not None:  # a new processor of the shard on some worker
+                log.info("shard %d started on worker pid %d: state store %s (%s)", row["shard"], row["worker"],
+                         row["recovered"], row["recovery"])
+            if row["attempt"]:
+                store = {"as_is": "was current", "caught_up": "caught up from P.state",
+                         "restored": "was restored from P.state"}.get(row["recovered"], "was not needed")
+                log.warning("shard %d ran again as attempt %d of its task (an earlier attempt failed; "
+                            "nothing is committed twice); its state store %s", row["shard"], row["attempt"], store)
             offsets.update({int(p): o for p, o in orjson.loads(row["offsets"]).items()})
             if row["error_kind"] is None and row["batch"] > 0:
                 committed.append(_stats(row))

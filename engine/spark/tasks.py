@@ -36,7 +36,7 @@ import random
 import socket
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -55,7 +55,8 @@ log = logging.getLogger(__name__)
 SUMMARY = (
     "shard int, batch long, records_in long, records_out long, dead_letters long, skipped long, "
     "tombstones long, seconds double, commit_seconds double, committed_at double, out_by_topic string, "
-    "offsets string, aborts long, recovered string, worker int, error_kind string, error string, error_pickle binary"
+    "offsets string, aborts long, recovered string, recovery string, worker int, attempt int, error_kind string, error string, "
+    "error_pickle binary"
 )
 ERRORS: dict[str, type[RefoldError]] = {  # the most specific first
     "fenced": FencedError,
@@ -69,10 +70,14 @@ FENCED_ATTEMPTS = 5  # new processors a task makes after fences before it gives 
 _RUNNING: dict[tuple[str, str, int], _Kept] = {}  # this Python worker's shards, by (pipeline, writer, shard)
 
 
-@dataclass(frozen=True, slots=True)
+KEPT_IDLE_SECONDS = 120.0  # a kept processor no task used for this long is closed
+
+
+@dataclass(slots=True)
 class _Kept:
     processor: ShardProcessor
     identity: bytes  # the pipeline, settings and run it was made for
+    used: float = field(default_factory=time.monotonic)
 
 
 FILE_SETTINGS = ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location", "ssl.keystore.location",
@@ -220,9 +225,21 @@ class ShardTask:
 def _bound_memory(limit: int, current: tuple[str, str, int]) -> None:
     """Keep this worker's reducers to `limit` keys together (`spark.state_cache_keys`):
     the least recently used shards' reducers start empty first (their keys stay in the
-    stores); the shard just run keeps its own (its `_load` bounds it)."""
+    stores); the shard just run keeps its own (its `_load` bounds it). Processors no
+    task used for `KEPT_IDLE_SECONDS` (a shard that moved to another worker, a finished
+    run's) are closed: their producers and consumers go too."""
+    now = time.monotonic()
     if current in _RUNNING:
-        _RUNNING[current] = _RUNNING.pop(current)  # most recently used last
+        kept = _RUNNING.pop(current)
+        kept.used = now
+        _RUNNING[current] = kept  # most recently used last
+    for key, kept in list(_RUNNING.items()):
+        if now - kept.used > KEPT_IDLE_SECONDS:
+            del _RUNNING[key]
+            try:
+                kept.processor.close()
+            except Exception as exc:  # an old processor's broker may be gone; it holds nothing to lose
+                log.warning("shard %d: closing an idle processor: %s", key[2], exc)
     held = sum(len(kept.processor.held) for kept in _RUNNING.values())
     for key, kept in list(_RUNNING.items()):
         if held <= limit or key == current:
@@ -238,6 +255,8 @@ def _summary(index: int, stats: BatchStats | None, processor: ShardProcessor | N
         kind = next(name for name, cls in ERRORS.items() if isinstance(error, cls))
     stats = stats or BatchStats(batch=0)
     recovery = processor.recovery if processor is not None else None
+    if processor is not None:
+        processor.recovery = None  # reported once: when the processor was made
     row = {
         "shard": index,
         "batch": stats.batch,
@@ -253,12 +272,23 @@ def _summary(index: int, stats: BatchStats | None, processor: ShardProcessor | N
         "offsets": orjson.dumps({str(p): o for p, o in (processor.offsets if processor else {}).items()}).decode(),
         "aborts": processor.aborts if processor is not None else 0,
         "recovered": recovery.how if recovery is not None else None,
+        "recovery": (f"{recovery.reason}; {recovery.records_read} P.state records read, {recovery.seconds:.1f}s"
+                     if recovery is not None else None),
         "worker": os.getpid(),
+        "attempt": _attempt(),
         "error_kind": kind,
         "error": str(error) if error is not None else None,
         "error_pickle": _pickled(error),
     }
     return pa.RecordBatch.from_pylist([row], schema=summary_schema())
+
+
+def _attempt() -> int:
+    """Which attempt of its Spark task this is (0: the first; more: Spark ran it again)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context.attemptNumber() if context is not None else 0
 
 
 def summary_schema() -> pa.Schema:
@@ -267,7 +297,8 @@ def summary_schema() -> pa.Schema:
         ("dead_letters", pa.int64()), ("skipped", pa.int64()), ("tombstones", pa.int64()),
         ("seconds", pa.float64()), ("commit_seconds", pa.float64()), ("committed_at", pa.float64()),
         ("out_by_topic", pa.string()), ("offsets", pa.string()), ("aborts", pa.int64()),
-        ("recovered", pa.string()), ("worker", pa.int32()), ("error_kind", pa.string()), ("error", pa.string()),
+        ("recovered", pa.string()), ("recovery", pa.string()), ("worker", pa.int32()), ("attempt", pa.int32()), ("error_kind", pa.string()),
+        ("error", pa.string()),
         ("error_pickle", pa.binary()),
     ])
 
