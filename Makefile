@@ -5,7 +5,8 @@ PY     := $(VENV)/bin/python
 REFOLD := $(VENV)/bin/refold
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup jars test unit lint demo chaos bench bench-contenders bench-latency bench-scaling bench-plots \
+.PHONY: setup jars test unit lint demo chaos bench bench-contenders bench-latency bench-scaling bench-tasks \
+	bench-plots \
 	kafka-start kafka-stop clean
 
 setup: $(STAMP)
@@ -36,12 +37,15 @@ demo: setup jars
 chaos: setup jars
 	$(PY) -m refold.dev.chaos
 
-# `make bench`: every benchmark in one go (~30 minutes at the defaults on 2 cores), then the plots.
+# `make bench`: every benchmark in one go (~45 minutes at the defaults on 2 cores), then the plots.
 # Parts: bench-contenders (Refold vs the limit pipe, Spark and Flink; BENCH_ARGS, e.g.
 # "--events 50000 --keys 5000 --contenders limit,refold"), bench-latency (at half the
 # peak bench-contenders measured; LATENCY_ARGS), bench-scaling (keys, retractions,
-# recovery; SCALING_ARGS), bench-plots. The first Flink run makes .refold/flink-venv.
-bench: bench-contenders bench-latency bench-scaling bench-plots
+# recovery; SCALING_ARGS), bench-tasks (the executor model: driver vs executor CPU,
+# 1 vs 2 executors, restart with and without the local stores, many live keys; ≤ 15
+# minutes; TASKS_ARGS, e.g. "--parts restart --restart-keys 1000000"), bench-plots.
+# The first Flink run makes .refold/flink-venv.
+bench: bench-contenders bench-latency bench-scaling bench-tasks bench-plots
 
 bench-contenders: setup jars
 	$(PY) -m bench.run $(BENCH_ARGS)
@@ -51,6 +55,9 @@ bench-latency: setup jars
 
 bench-scaling: setup jars
 	$(PY) -m bench.scaling $(SCALING_ARGS)
+
+bench-tasks: setup jars
+	$(PY) -m bench.tasks $(TASKS_ARGS)
 
 bench-plots: setup
 	$(PY) -m bench.plots

@@ -1,41 +1,63 @@
-"""The driver's hot path alone: CPU per event of `BatchProcessor` without Spark or a commit.
+"""One shard path's hot loop alone: CPU per event of the reduction without Spark or a commit.
 
-Spark only fetches records; the engine's time goes into the batch processor on the
-driver (decode, pair, merge, reduce, render, state records). This runs exactly that
-over a seeded changelog (`refold.dev.testing.Workload`) already in memory, with
-`_commit` replaced by a count of what would be sent, and prints the process CPU
-seconds of the best of `--repeat` runs. Use it to compare two versions of the code
-(run it with each on the same machine, one after the other): CPU seconds are less
-noisy than wall time on a shared machine, not free of noise.
+Spark only fetches records; the engine's time goes into each shard's `ShardProcessor`
+(decode, pair, merge, reduce, render, state records), which runs in a Spark task on an
+executor (`refold.spark.tasks`). This runs exactly that, through `BatchProcessor` (one
+`ShardProcessor` per source partition, each shard's batch between `resume()` and
+`suspend()` as `refold.runtime.processor._run_shard` runs it), over a seeded changelog
+(`refold.dev.testing.Workload`) already in memory, with `_commit` replaced by a count
+of what would be sent, and prints the process CPU seconds of the best of `--repeat`
+runs (all of the process's threads: RocksDB's included).
 
-Needs a broker only for the processor's start (its transactional producer):
-the local one is started when none is running.
+`--store rocksdb` (the default) keeps each shard's state in a real local RocksDB
+store (`refold.state`) in a fresh temporary directory per run, as the engine does:
+what the engine pays per batch is in the figure — opening the store (`resume`) and
+closing it (`suspend`), loading the batch's touched keys the reducer does not hold
+(`_load`; within one run the reducer keeps the keys it loaded, as a Python worker's
+kept processor does, up to `spark.state_cache_keys`), and writing the batch's state
+changes with the stamp after the commit (`_stamp`, which also asks the broker for
+`P.state`'s high watermark: a round trip, little CPU). `--store memory` overrides those
+as the at-least-once baseline does (`bench.baseline.SparkSinkShard`: the reducer holds
+everything, no store): the reduction alone, comparable with the figures before the
+local store existed. Use it to compare two versions of the code (run each on the same
+machine, one after the other): CPU seconds are less noisy than wall time on a shared
+machine, not free of noise.
+
+Needs a broker for the processors' start (their transactional producers are
+initialised and the empty checkpoints and `P.state` read): the local one is started
+when none is running.
 
     python -m bench.hotpath [--events 200000] [--keys 20000] [--batch 100000] [--repeat 2]
+                            [--store rocksdb|memory]
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 import zlib
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import orjson
 
 from bench.run import pipeline
 from refold.dev.testing import Workload, generate
-from refold.kafka.io import ensure_topics
+from refold.kafka.io import TopicSpec, ensure_topics
 from refold.recovery.records import Checkpoint
-from refold.runtime.batch import InputRecord
+from refold.reduce import make_reducer
+from refold.runtime.batch import InputRecord, Unit
 from refold.runtime.batch import Outgoing as _Outgoing
 from refold.runtime.processor import BatchProcessor, ShardProcessor
 from refold.spark.job import engine_topics
 
 
 class DryShard(ShardProcessor):
-    """Reduces like the engine; counts the records of each batch instead of sending them."""
+    """Reduces like the engine, with its local store; counts the records of each batch
+    instead of sending them."""
 
     sent = 0
 
@@ -43,10 +65,37 @@ class DryShard(ShardProcessor):
         self.sent += len(out.view) + len(out.delta) + len(out.state) + len(out.dlq)
 
 
-class DryProcessor(BatchProcessor):
-    """The engine's shards, each a `DryShard`."""
+class MemoryDryShard(DryShard):
+    """A `DryShard` without a local store: its reducer holds every key (`--store memory`)."""
 
-    shard_type = DryShard
+    def lock(self) -> None:
+        pass
+
+    def suspend(self) -> None:
+        pass
+
+    def resume(self) -> bool:
+        return True
+
+    def restore(self) -> None:  # an empty reducer, the checkpoint of a first start
+        self.checkpoint = self._first_checkpoint()
+        self.reducer = make_reducer(self.pipeline.view)
+
+    def _load(self, units: Sequence[Unit]) -> None:
+        pass
+
+    def _stamp(self, state: Sequence[tuple[bytes, bytes | None]], checkpoint: Checkpoint) -> None:
+        pass
+
+
+class DryProcessor(BatchProcessor):
+    """The engine's shards, each a `DryShard` (or a `MemoryDryShard`)."""
+
+    shard_type: type[ShardProcessor] = DryShard
+
+    def __init__(self, pipeline: Any, settings: dict[str, Any], memory: bool = False) -> None:
+        self.shard_type = MemoryDryShard if memory else DryShard
+        super().__init__(pipeline, settings)
 
     @property
     def sent(self) -> int:
@@ -72,28 +121,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--retract", type=float, default=0.2)
     parser.add_argument("--batch", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--store", choices=("rocksdb", "memory"), default="rocksdb",
+                        help="rocksdb: each shard's real local store in a temporary directory (the engine's "
+                             "path); memory: no store, the reducer holds everything")
     args = parser.parse_args(argv)
 
     from refold.dev.localkafka import ensure_broker
 
     bootstrap = ensure_broker(None, start_local=True)
     records = input_records(Workload(events=args.events, keys=args.keys, retract_share=args.retract), 4)
-    spec = pipeline(f"hotpath-{time.strftime('%Y%m%d%H%M%S')}", "hotpath-source", bootstrap, args.batch)
-    settings: dict[str, Any] = spec.kafka_settings(None)
-    ensure_topics(settings, engine_topics(spec, 4))
+    name = f"hotpath-{time.strftime('%Y%m%d%H%M%S')}"
+    settings: dict[str, Any] = pipeline(name, "hotpath-source", bootstrap, args.batch).kafka_settings(None)
+    # the source topic is never read (the records are in memory); its partitions make the shards
+    ensure_topics(settings, [TopicSpec("hotpath-source", 4),
+                             *engine_topics(pipeline(name, "hotpath-source", bootstrap, args.batch), 4)])
     runs = []
     for attempt in range(1, args.repeat + 1):
-        processor = DryProcessor(spec, settings)
-        try:
-            started = time.process_time()
-            for start in range(0, len(records), args.batch):
-                processor.process(records[start : start + args.batch])
-            runs.append(time.process_time() - started)
-        finally:
-            processor.close()
+        with tempfile.TemporaryDirectory(prefix="refold-hotpath-") as state_dir:
+            spec = pipeline(name, "hotpath-source", bootstrap, args.batch, state_dir=Path(state_dir))
+            processor = DryProcessor(spec, settings, memory=args.store == "memory")
+            try:
+                started = time.process_time()
+                for start in range(0, len(records), args.batch):
+                    processor.process(records[start : start + args.batch])
+                runs.append(time.process_time() - started)
+            finally:
+                processor.close()
         print(f"run {attempt}: {runs[-1]:.2f} CPU s, {processor.sent:,} records to send", file=sys.stderr)
     best = min(runs)
-    print(f"hot path: {len(records):,} events, {args.keys:,} keys, batch {args.batch:,}: "
+    print(f"hot path ({args.store} state): {len(records):,} events, {args.keys:,} keys, batch {args.batch:,}: "
           f"{best:.2f} CPU s (best of {len(runs)}), {best / len(records) * 1e6:.1f} µs/event, "
           f"{len(records) / best:,.0f} events per CPU second")
     return 0

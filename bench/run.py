@@ -4,17 +4,19 @@ One seeded changelog is produced to one topic on the local broker; then each cho
 contender reads that identical topic and ends when its output is committed:
 
 - limit:  consume → produce with a transactional producer, no reduction (`bench.limit`);
-- spark:  the Refold pipeline with Spark's built-in Kafka sink, at least once (`bench.baseline`);
-- refold: `refold run`, exactly once, view + delta outputs;
+- spark:  the same reducer on the driver in a `foreachBatch` of its own, writing with Spark's
+          built-in Kafka sink, at least once (`bench.baseline`);
+- refold: `refold run`, exactly once, view + delta outputs, each shard reduced in a Spark
+          task on an executor's Python worker;
 - flink:  PyFlink SQL, the same per-key reduction, `upsert-kafka` exactly once (`bench.flink`).
 
-Spark and Refold run in this process, in one Spark session; the limit and Flink run
-as their own processes. Peak RSS is of each contender's process tree (for Spark and
-Refold: this process and its JVM). Machines here are noisy: read the ratios, not
-the seconds.
+Spark and Refold run in this process, in one Spark session (`local[2]`); the limit and
+Flink run as their own processes. Peak RSS is of each contender's process tree (for
+Spark and Refold: this process, its JVM and the JVM's Python workers). Machines here
+are noisy: read the ratios, not the seconds.
 
     python -m bench.run [--events 1000000] [--keys 100000] [--retract 0.2]
-                        [--contenders limit,spark,refold,flink]
+                        [--contenders limit,spark,refold,flink] [--json-dir docs/bench]
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import gc
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -33,7 +36,7 @@ from typing import Any
 
 import orjson
 
-from bench.baseline import SparkSinkProcessor
+from bench.baseline import run_baseline
 from bench.procs import PeakRss
 from refold.cli.produce import produce
 from refold.config import Pipeline, ViewSpec, parse_pipeline
@@ -54,7 +57,14 @@ TITLES = {
 }
 
 
-def pipeline(name: str, source: str, bootstrap: str, batch: int) -> Pipeline:
+STATE_ROOT = Path("/tmp/refold-bench/state")  # the bench pipelines' local state stores (spark.state_dir)
+
+
+def pipeline(name: str, source: str, bootstrap: str, batch: int, state_dir: Path | str | None = None,
+             spark: dict[str, Any] | None = None) -> Pipeline:
+    """The bench's grouped view over `source`; its Spark checkpoint in /tmp/refold-bench/<name>
+    and its shards' local stores under `state_dir` (default `STATE_ROOT`); `spark`: more
+    settings of its `spark:` block (`state_cache_keys`, `master`, `conf`)."""
     return parse_pipeline(
         {
             "pipeline": name,
@@ -72,16 +82,30 @@ def pipeline(name: str, source: str, bootstrap: str, batch: int) -> Pipeline:
             "outputs": {"view": {"topic": f"{name}.view"}, "delta": {"topic": f"{name}.delta"}},
             "trigger": "100ms",
             "max_batch_events": batch,
-            "spark": {"checkpoint_dir": f"/tmp/refold-bench/{name}"},
+            "spark": {"checkpoint_dir": f"/tmp/refold-bench/{name}", "state_dir": str(state_dir or STATE_ROOT),
+                      **(spark or {})},
         }
     )
 
 
-def timed_run(p: Pipeline, bootstrap: str, spark: Any, events: int, factory: Any = None) -> dict[str, Any]:
-    # Spark's baseline (a factory) writes at least once only if Spark waits for each write
+def forget_state(p: Pipeline) -> None:
+    """Delete a finished bench pipeline's local stores and Spark checkpoint (they only fill /tmp)."""
+    if p.spark.state_dir:
+        shutil.rmtree(Path(p.spark.state_dir) / p.pipeline, ignore_errors=True)
+    if p.spark.checkpoint_dir:
+        shutil.rmtree(p.spark.checkpoint_dir, ignore_errors=True)
+
+
+def timed_run(p: Pipeline, bootstrap: str, spark: Any, events: int, baseline: bool = False) -> dict[str, Any]:
+    """Refold (`run_pipeline`), or with `baseline` the at-least-once baseline
+    (`bench.baseline.run_baseline`), over `p` until idle: its throughput from its
+    start to its last committed (baseline: written) batch, and the peak RSS of this
+    process's tree (this process, its JVM, the JVM's Python workers)."""
     with PeakRss() as peak:
-        progress = run_pipeline(p, bootstrap, until_idle=5.0, spark=spark, quiet=True, processor_factory=factory,
-                                overlap=factory is None)
+        if baseline:
+            progress = run_baseline(p, bootstrap, spark, until_idle=5.0)
+        else:
+            progress = run_pipeline(p, bootstrap, until_idle=5.0, spark=spark, quiet=True)
     assert progress.last_commit is not None, "no batch committed"
     seconds = progress.last_commit - progress.started
     if progress.events != events:
@@ -144,13 +168,11 @@ def run_contender(name: str, args: argparse.Namespace, bootstrap: str, source: s
     else:
         if spark is None:
             spark = spark_session(name="refold-bench")
-        if name == "spark":
-            results[name] = timed_run(pipeline(f"bench-alo-{run_id}", source, bootstrap, args.batch),
-                                      bootstrap, spark, events,
-                                      factory=lambda p, s, sp: SparkSinkProcessor(p, s, sp))
-        else:
-            results[name] = timed_run(pipeline(f"bench-eos-{run_id}", source, bootstrap, args.batch),
-                                      bootstrap, spark, events)
+        p = pipeline(f"bench-{'alo' if name == 'spark' else 'eos'}-{run_id}", source, bootstrap, args.batch)
+        try:
+            results[name] = timed_run(p, bootstrap, spark, events, baseline=name == "spark")
+        finally:
+            forget_state(p)
     return spark
 
 
@@ -169,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="multiset: total, games, best (faithful); signed: total, games in one level")
     parser.add_argument("--flink-parallelism", type=int, default=2)
     parser.add_argument("--flink-checkpoint-ms", type=int, default=1000)
+    parser.add_argument("--json-dir", type=Path, default=RESULTS,
+                        help="where contenders.json and eos_vs_spark.json go (default docs/bench)")
     args = parser.parse_args(argv)
     chosen = [c.strip() for c in args.contenders.split(",") if c.strip()]
     unknown = [c for c in chosen if c not in CONTENDERS]
@@ -237,17 +261,17 @@ def main(argv: list[str] | None = None) -> int:
     if "flink" in results and results["flink"]["mismatches"]:
         print(f"Flink's output differs from the reference at {results['flink']['mismatches']} keys")
 
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    args.json_dir.mkdir(parents=True, exist_ok=True)
     common = {
         "run": run_id, "machine": platform.platform(), "cores": os.cpu_count(),
         "events": events, "keys": args.keys, "retract_share": args.retract, "batch": args.batch,
         "partitions": args.partitions, "seed": args.seed,
     }
-    (RESULTS / "contenders.json").write_text(json.dumps({**common, "contenders": results, "failed": failed}, indent=2) + "\n")
+    (args.json_dir / "contenders.json").write_text(json.dumps({**common, "contenders": results, "failed": failed}, indent=2) + "\n")
     if "spark" in results and refold:
         legacy = {**common, "spark_at_least_once": results["spark"], "refold_exactly_once": refold,
                   "ratio": refold["events_per_s"] / results["spark"]["events_per_s"]}
-        (RESULTS / "eos_vs_spark.json").write_text(json.dumps(legacy, indent=2) + "\n")
+        (args.json_dir / "eos_vs_spark.json").write_text(json.dumps(legacy, indent=2) + "\n")
     return 1 if failed else 0
 
 

@@ -22,12 +22,15 @@ Three parts (`--parts`, default all):
   Spark's are in it) to the first new committed batch (a checkpoint with a higher
   batch number in `P.checkpoints`, read with read_committed and polled by
   `refold.dev.chaos.Engine` about every 1-2 s). Twice: with the Spark checkpoint
-  directory kept, and with it deleted (the offsets come from Kafka; the state comes
-  back from `P.state` either way). When the engine finds a kept directory
-  disagreeing with Kafka's offsets it discards it, and recovery.json says so
-  (`spark_checkpoint_discarded`). From the engine's JSON log: the records restored
-  and the restore's seconds ("recovered … N state records (Xs)"), and when recovery
-  ended and when the streaming query ran, counted from the restart.
+  directory kept, and with it deleted (the offsets come from Kafka). The shards'
+  local state stores (`spark.state_dir`, under /tmp/refold-bench/state) are kept both
+  times, so the state comes from them as they are, not from `P.state`
+  (`python -m bench.tasks --parts restart` compares a restart with them and one
+  without). When the engine finds a kept directory disagreeing with Kafka's offsets it
+  discards it, and recovery.json says so (`spark_checkpoint_discarded`). From the
+  engine's JSON log: when the driver had fenced and claimed the shards and when the
+  streaming query ran, counted from the restart (the shards' own restore lines are
+  logged on the executors' Python workers; see `restore_figures`).
 
 Each point's process first makes a warm-up run (`--warmup-events`, not reported) that
 gives its Spark session its Python workers and JIT; its peak RSS is of that process
@@ -63,7 +66,7 @@ import yaml
 from confluent_kafka import KafkaException
 
 from bench.latency import append_event, prepare_topics, run_info, say, write_json
-from bench.run import RESULTS, pipeline, timed_run
+from bench.run import RESULTS, forget_state, pipeline, timed_run
 from refold.cli.produce import produce
 from refold.config import Pipeline
 from refold.dev.chaos import ChaosResult, Engine
@@ -73,7 +76,11 @@ from refold.spark.job import spark_checkpoint_dir, spark_session
 
 PARTS = ("keys", "retract", "recovery")
 RECOVERY_TARGET_S = 60.0
-RECOVERED = re.compile(r"(\d+) state records \((\d+(?:\.\d+)?)s\)")
+# the driver: "recovered P: 4 shard(s) fenced and claimed for run R, batch B, offsets {…} (1.2s)"
+CLAIMED = re.compile(r"fenced and claimed .*\((\d+(?:\.\d+)?)s\)$")
+# the driver, from a shard task's summary: "shard 0 started on worker pid 123: state store restored (why; N
+# P.state records read, 3.4s)"
+SHARD_RECOVERED = re.compile(r"state store (\w+) \(.*; (\d+) P\.state records read, (\d+(?:\.\d+)?)s\)$")
 DISCARDED = "disagrees with Kafka's committed offsets"
 TOUCHED_NOTE = ("every point has the same event count, so a large key space is only partly touched "
                 "(touched_keys); state size follows touched_keys, not keys")
@@ -137,7 +144,10 @@ def throughput_point(s: Settings, spark: Any, keys: int, retract: float, tag: st
     produce_lines(s, name, lines)
     p = pipeline(name, name, s.bootstrap, s.batch)
     prepare_topics(s.kafka, p, s.partitions)
-    result = timed_run(p, s.bootstrap, spark, len(lines))
+    try:
+        result = timed_run(p, s.bootstrap, spark, len(lines))
+    finally:
+        forget_state(p)
     say(f"  {result['events_per_s']:,.0f} events/s over {touched:,} touched keys "
         f"({result['seconds']:.1f}s, peak RSS {result['peak_rss_bytes'] / 2**20:,.0f} MiB)")
     return {"keys": keys, "retract_share": retract, "events": len(lines), "touched_keys": touched, **result}
@@ -270,17 +280,25 @@ def log_messages(log: Path) -> list[tuple[float, str]]:
 
 
 def restore_figures(log: Path, restarted: float) -> dict[str, Any]:
-    """From the engine's log: the state records restored and the restore's seconds
-    ("recovered … N state records (Xs)"), when recovery ended and when the query ran
-    (seconds after `restarted`, an epoch time), and whether the Spark checkpoint
-    directory was discarded."""
+    """From the engine's log (seconds after `restarted`, an epoch time): when the driver
+    had fenced and claimed the shards (`recovered_after_s`; the JVM's and Spark's start
+    overlap it) and when the query ran; whether the Spark checkpoint directory was
+    discarded. The shards' stores are brought to their checkpoints in the first batch's
+    tasks, on the executors; the driver logs each from the task's summary ("shard N
+    started on worker …: state store how (why; records read, seconds)"): `state_records`
+    sums the records read over the shards, `state_restore_s` is the longest."""
     figures: dict[str, Any] = {"state_records": None, "state_restore_s": None, "recovered_after_s": None,
-                               "query_running_after_s": None, "spark_checkpoint_discarded": False}
+                               "query_running_after_s": None, "spark_checkpoint_discarded": False,
+                               "stores": {}}
     for at, message in log_messages(log):
-        found = RECOVERED.search(message) if message.startswith("recovered") else None
-        if found:
-            figures.update(state_records=int(found.group(1)), state_restore_s=float(found.group(2)),
-                           recovered_after_s=at - restarted)
+        claimed = CLAIMED.search(message) if message.startswith("recovered") else None
+        shard = SHARD_RECOVERED.search(message) if message.startswith("shard ") else None
+        if claimed:
+            figures["recovered_after_s"] = at - restarted
+        elif shard:
+            figures["stores"][shard.group(1)] = figures["stores"].get(shard.group(1), 0) + 1
+            figures["state_records"] = (figures["state_records"] or 0) + int(shard.group(2))
+            figures["state_restore_s"] = max(figures["state_restore_s"] or 0.0, float(shard.group(3)))
         elif message.startswith("pipeline ") and " running: " in message:
             figures["query_running_after_s"] = at - restarted
         elif DISCARDED in message:
@@ -332,6 +350,7 @@ def recovery(s: Settings, keys: int, chunk: int, work: Path) -> dict[str, Any]:
             wait_for_records(engine, s.kafka, total, timeout=1800)
     finally:
         engine.kill()
+        forget_state(p)  # its local stores and Spark checkpoint (the logs stay in the work folder)
     return {"keys": keys, "initial_events": len(initial), "initial_build_s": build_s, "chunk": chunk,
             "batch": s.batch, "partitions": s.partitions, "trigger": p.trigger, "target_s": RECOVERY_TARGET_S,
             "pipeline": name, "runs": runs}
