@@ -23,21 +23,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 import yaml
+from engine_runs import assert_exact, load_source
 
-from refold.cli.produce import produce
 from refold.config import Pipeline, load_pipeline
-from refold.dev import localspark
+from refold.dev import localspark, sparkprocs
 from refold.dev.sparkstate import master_state
-from refold.dev.testing import Workload, generate
-from refold.ops.verify import verify
 from refold.recovery.restore import load_checkpoint
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
-EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 EXECUTOR_CONF = {"spark.executor.cores": "1", "spark.executor.memory": "512m", "spark.cores.max": "2"}
 COLUMNS = {"total": {"sum": "score"}, "best": {"max": "score"}, "latest": {"last": "score"}}
 
@@ -74,11 +70,7 @@ def write_pipeline(tmp: Path, source: str, bootstrap: str, cluster: localspark.C
 
 def load(bootstrap: str, topic: Callable[..., str], events: int = 3000, seed: int = 23) -> tuple[str, int]:
     """A fresh 4-partition source with `events` events keyed by player_name."""
-    source = topic(partitions=4)
-    rows = list(generate(Workload(events=events, keys=200, seed=seed)))
-    produce({"bootstrap.servers": bootstrap}, source, [orjson.dumps(r) for r in rows], ["player_name"],
-            progress=False, per_transaction=500)
-    return source, len(rows)
+    return load_source(bootstrap, topic, partitions=4, events=events, keys=200, seed=seed, per_transaction=500)
 
 
 def engine_env(**extra: str) -> dict[str, str]:
@@ -157,36 +149,12 @@ def first_commit(pipeline: Pipeline, settings: dict[str, Any]) -> tuple[int, int
 
 def app_id(cluster: localspark.ClusterInfo, pipeline: Pipeline) -> str | None:
     """The id of the pipeline's running application, as the master lists it."""
-    apps = (master_state(cluster.ui_port) or {}).get("activeapps", [])
-    ids = [a.get("id") for a in apps if a.get("name") == f"refold-{pipeline.pipeline}"]
-    return ids[0] if ids else None
-
-
-def processes() -> Iterator[tuple[int, list[str], str]]:
-    """Every live, non-zombie process: (pid, command line, working folder)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if (entry / "stat").read_text().rpartition(")")[2].split()[0] == "Z":
-                continue
-            args = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-            cwd = os.readlink(entry / "cwd")
-        except OSError:
-            continue
-        yield int(entry.name), args, cwd
+    return sparkprocs.application_id(cluster.ui_port, f"refold-{pipeline.pipeline}")
 
 
 def executors(cluster: localspark.ClusterInfo, app: str) -> dict[int, str]:
-    """The executor JVMs of application `app` of this cluster: pid -> the worker whose
-    work dir it runs in (<home>/work/worker-<i>/<app>/<executor>)."""
-    found = {}
-    work = f"{cluster.home / 'work'}{os.sep}"
-    for pid, args, cwd in processes():
-        if (EXECUTOR_CLASS in args and "--app-id" in args and args[args.index("--app-id") + 1] == app
-                and cwd.startswith(work)):
-            found[pid] = Path(cwd).parent.parent.name
-    return found
+    """The executor JVMs of application `app` of this cluster: pid -> its worker."""
+    return sparkprocs.executors(app, cluster.home / "work")
 
 
 def executor_dirs(cluster: localspark.ClusterInfo, app: str) -> list[Path]:
@@ -201,15 +169,6 @@ def executor_logs(cluster: localspark.ClusterInfo, app: str) -> str:
         for name in ("stderr", "stdout")
         if (folder / name).is_file()
     )
-
-
-def assert_exact(pipeline: Pipeline, bootstrap: str, events: int) -> None:
-    settings = {"bootstrap.servers": bootstrap}
-    report = verify(pipeline, settings)
-    assert report.anomalies == [], "\n".join(report.anomalies)
-    assert report.events == events
-    checkpoint = load_checkpoint(pipeline, settings)
-    assert checkpoint is not None and checkpoint.records_in == events
 
 
 # Tests --------------------------------------------------------------------------------------
@@ -331,7 +290,7 @@ def test_a_spark_worker_killed_mid_run_the_other_takes_over(
             # nothing of worker 0 is left: no executor, no Python worker in its work dir
             work = f"{cluster.home / 'work' / 'worker-0'}{os.sep}"
             wait_for("worker-0's processes to end",
-                     lambda: not [pid for pid, _, cwd in processes() if cwd.startswith(work)], proc, log, timeout=30)
+                     lambda: not [proc for proc in sparkprocs.processes() if proc.cwd.startswith(work)], proc, log, timeout=30)
             code, err = finish(proc, log)
         assert code == 0, err[-4000:]
         assert records < events, f"the run had committed everything ({records}) before the kill: nothing was tested"

@@ -15,14 +15,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 import yaml
+from engine_runs import assert_exact, load_source
 
-from refold.cli.produce import produce
-from refold.config import Pipeline, load_pipeline
-from refold.dev.testing import Workload, generate
-from refold.ops.verify import verify
+from refold.config import load_pipeline
 from refold.recovery.restore import load_checkpoint, load_checkpoints
 from refold.spark.job import spark_checkpoint_dir
 
@@ -81,20 +78,7 @@ def wait_for_line(proc: subprocess.Popen[bytes], log: Path, text: bytes, timeout
 
 @pytest.fixture
 def loaded_source(bootstrap_servers: str, topic) -> tuple[str, int]:
-    source = topic(partitions=3)
-    rows = list(generate(Workload(events=1500, keys=100, seed=99)))
-    produce({"bootstrap.servers": bootstrap_servers}, source, [orjson.dumps(r) for r in rows], ["player_name"],
-            progress=False, per_transaction=300)
-    return source, len(rows)
-
-
-def assert_exact(pipeline: Pipeline, bootstrap: str, events: int) -> None:
-    settings = {"bootstrap.servers": bootstrap}
-    report = verify(pipeline, settings)
-    assert report.anomalies == [], "\n".join(report.anomalies)
-    assert report.events == events
-    checkpoint = load_checkpoint(pipeline, settings)
-    assert checkpoint is not None and checkpoint.records_in == events
+    return load_source(bootstrap_servers, topic, partitions=3, events=1500, keys=100, seed=99)
 
 
 @pytest.mark.parametrize("crash", ["mid_batch:3", "in_txn:3", "after_commit:3"])

@@ -17,6 +17,7 @@ import orjson
 import pyarrow as pa
 import pytest
 import yaml
+from engine_runs import assert_exact, load_source
 
 from refold.cli.produce import produce
 from refold.config import Pipeline, load_pipeline
@@ -24,7 +25,7 @@ from refold.dev.testing import Workload, generate
 from refold.errors import UserError
 from refold.kafka.io import ensure_topics, read_to_end
 from refold.ops.verify import verify
-from refold.recovery.restore import load_checkpoint, load_checkpoints
+from refold.recovery.restore import load_checkpoints
 from refold.runtime.hooks import NO_HOOKS
 from refold.spark.job import claim_shards, engine_topics
 from refold.spark.tasks import ShardTask, check_files
@@ -61,20 +62,7 @@ def run_engine(path: Path, env: dict[str, str] | None = None, idle: float = 3.0)
 
 @pytest.fixture
 def loaded_source(bootstrap_servers: str, topic) -> tuple[str, int]:
-    source = topic(partitions=3)
-    rows = list(generate(Workload(events=1500, keys=100, seed=7)))
-    produce({"bootstrap.servers": bootstrap_servers}, source, [orjson.dumps(r) for r in rows], ["player_name"],
-            progress=False, per_transaction=300)
-    return source, len(rows)
-
-
-def assert_exact(pipeline: Pipeline, bootstrap: str, events: int) -> None:
-    settings = {"bootstrap.servers": bootstrap}
-    report = verify(pipeline, settings)
-    assert report.anomalies == [], "\n".join(report.anomalies)
-    assert report.events == events
-    checkpoint = load_checkpoint(pipeline, settings)
-    assert checkpoint is not None and checkpoint.records_in == events
+    return load_source(bootstrap_servers, topic, partitions=3, events=1500, keys=100, seed=7)
 
 
 @pytest.mark.parametrize("where", ["mid_batch:2"])  # in_txn and after_commit: tests/test_cluster.py

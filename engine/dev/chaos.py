@@ -229,7 +229,7 @@ def _kill_spark_part(kind: str, target: Engine, rng: random.Random, say: Any,
         roots = [target.proc.pid] if target.proc is not None else []
     else:
         app = sparkprocs.application_id(cluster.ui_port, f"refold-{target.name}")
-        roots = sparkprocs.executors(app) if app is not None else []
+        roots = sorted(sparkprocs.executors(app, cluster.home / "work")) if app is not None else []
         if kind == "executor_kill":
             if roots:
                 sparkprocs.kill([rng.choice(roots)])

@@ -15,6 +15,7 @@ import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 from refold.dev.sparkstate import master_state
 
@@ -22,15 +23,28 @@ EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 _PROC = Path("/proc")
 
 
-def processes() -> Iterator[tuple[int, list[str]]]:
-    """Every process this user can see: (pid, command line)."""
+class Process(NamedTuple):
+    pid: int
+    args: list[str]  # the command line
+    cwd: str  # the working folder ("" when unreadable)
+
+
+def processes() -> Iterator[Process]:
+    """Every live process this user can see (zombies left out)."""
     for entry in _PROC.iterdir():
-        if entry.name.isdigit():
-            try:
-                raw = (entry / "cmdline").read_bytes()
-            except OSError:
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "stat").read_text().rpartition(")")[2].split()[0] == "Z":
                 continue
-            yield int(entry.name), [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+            raw = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        try:
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            cwd = ""
+        yield Process(int(entry.name), [part.decode(errors="replace") for part in raw.split(b"\0") if part], cwd)
 
 
 def parent_of(pid: int) -> int | None:
@@ -50,18 +64,25 @@ def application_id(ui_port: int, name: str) -> str | None:
     return None
 
 
-def executors(app_id: str) -> list[int]:
-    """The executor JVMs of the application `app_id`."""
-    return sorted(
-        pid for pid, cmd in processes()
-        if EXECUTOR_CLASS in cmd and "--app-id" in cmd and cmd[cmd.index("--app-id") + 1:][:1] == [app_id]
-    )
+def executors(app_id: str, work: Path | None = None) -> dict[int, str]:
+    """The executor JVMs of the application `app_id`: pid -> the worker whose work
+    folder it runs in (`<work>/worker-<i>/<app>/<executor>`; "" when not under `work`).
+    With `work` (a cluster's work folder) only that cluster's executors."""
+    found: dict[int, str] = {}
+    for proc in processes():
+        args = proc.args
+        if EXECUTOR_CLASS not in args or "--app-id" not in args or args[args.index("--app-id") + 1:][:1] != [app_id]:
+            continue
+        inside = work is not None and proc.cwd.startswith(f"{work}{os.sep}")
+        if work is None or inside:
+            found[proc.pid] = Path(proc.cwd).parent.parent.name if inside else ""
+    return found
 
 
 def python_workers(under: int) -> list[int]:
     """The Python workers (forked by PySpark's daemon, each running a task or idle)
     among the descendants of `under` (an executor JVM, or a local-mode driver)."""
-    table = dict(processes())
+    table = {proc.pid: proc.args for proc in processes()}
     parents = {pid: parent_of(pid) for pid in table}
 
     def pyspark(pid: int | None) -> bool:
