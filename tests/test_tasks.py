@@ -24,10 +24,11 @@ from refold.config import Pipeline, load_pipeline
 from refold.dev.testing import Workload, generate
 from refold.errors import UserError
 from refold.kafka.io import ensure_topics, read_to_end
+from refold.kafka.transactions import TransactionalWriter
 from refold.ops.verify import verify
 from refold.recovery.restore import load_checkpoints
 from refold.runtime.hooks import NO_HOOKS
-from refold.spark.job import claim_shards, engine_topics
+from refold.spark.job import _claim, claim_shards, engine_topics
 from refold.spark.tasks import ShardTask, check_files
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
@@ -170,3 +171,24 @@ def test_a_shard_task_never_shows_its_settings(tmp_path) -> None:
                      7, 1, first_of_run=True)
     shown = f"{task!r} {task} {task.__name__}"
     assert "hunter2-secret" not in shown and pipeline.pipeline in shown
+
+
+def test_a_claim_fenced_by_an_older_runs_task_is_made_again(bootstrap_servers, topic, tmp_path) -> None:
+    # Between the driver's fence and its claim's commit, an older run's task starts the
+    # shard again and initialises the same transactional id (fencing the claim's writer):
+    # the claim is made again, so the newer run holds the shard.
+    settings = {"bootstrap.servers": bootstrap_servers}
+    pipeline = load_pipeline(write_pipeline(tmp_path, topic(partitions=1), bootstrap_servers))
+    ensure_topics(settings, engine_topics(pipeline, 1))
+    claim_writer = TransactionalWriter(settings, pipeline.transactional_id(0), timeout_ms=60_000, label="the claim")
+    older_task = TransactionalWriter(settings, pipeline.transactional_id(0), timeout_ms=60_000,
+                                    label="an older run's task")
+    try:
+        claim_writer.initialise()
+        older_task.initialise()  # fences the claim's writer
+        claimed = _claim(pipeline, settings, claim_writer, 0, 42, 0, None)
+    finally:
+        claim_writer.close()
+        older_task.close()
+    assert claimed.run == 42
+    assert load_checkpoints(pipeline, settings)[0].run == 42  # committed

@@ -15,6 +15,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import random
 import re
 import sys
 import time
@@ -29,7 +30,7 @@ from refold import environment
 from refold.config import Pipeline
 from refold.errors import RefoldError, UserError
 from refold.kafka.io import TopicSpec, ensure_topics, partitions_of
-from refold.kafka.transactions import TransactionalWriter
+from refold.kafka.transactions import FencedError, TransactionalWriter
 from refold.ops.monitor import Monitor
 from refold.recovery.records import Checkpoint, combined, encode_checkpoint, first_checkpoint
 from refold.recovery.restore import load_checkpoints, reconcile_spark_checkpoint
@@ -239,18 +240,42 @@ def claim_shards(
         with ThreadPoolExecutor(max(1, min(8, len(shards))), thread_name_prefix="refold-fence") as pool:
             list(pool.map(lambda writer: writer.initialise(), writers.values()))  # open transactions settle
         committed = load_checkpoints(pipeline, settings)
-        claimed: dict[int, Checkpoint] = {}
-        for index, writer in writers.items():
-            checkpoint = committed.get(index) or first_checkpoint(pipeline, index)
-            claimed[index] = replace(checkpoint, run=run)
-            writer.begin()
-            writer.send(pipeline.checkpoints_topic, checkpoint_key(pipeline.writer, index),
-                        encode_checkpoint(claimed[index]), partition=index % checkpoint_partitions)
-            writer.commit()
-        return claimed
+        return {
+            index: _claim(pipeline, settings, writer, index, run, index % checkpoint_partitions, committed.get(index))
+            for index, writer in writers.items()
+        }
     finally:
         for writer in writers.values():
             writer.close()
+
+
+CLAIM_ATTEMPTS = 5
+
+
+def _claim(pipeline: Pipeline, settings: dict[str, Any], writer: TransactionalWriter, index: int, run: int,
+           partition: int, checkpoint: Checkpoint | None) -> Checkpoint:
+    """Commit one shard's checkpoint again with `run`. An older run's task may fence the
+    claim's writer in between (fenced itself by this run, it starts the shard again and
+    initialises the same transactional id): then, after a random pause, initialise
+    again, read the shard's checkpoint again (it may have committed a batch meanwhile)
+    and claim again, so the newer run wins; the older task then finds the claim and stops."""
+    for attempt in range(CLAIM_ATTEMPTS):
+        claim = replace(checkpoint or first_checkpoint(pipeline, index), run=run)
+        try:
+            writer.begin()
+            writer.send(pipeline.checkpoints_topic, checkpoint_key(pipeline.writer, index), encode_checkpoint(claim),
+                        partition=partition)
+            writer.commit()
+            return claim
+        except FencedError:
+            if attempt == CLAIM_ATTEMPTS - 1:
+                raise
+            log.info("shard %d: the claim's writer was fenced (an older run's task started the shard again); "
+                     "claiming again", index)
+            time.sleep(random.uniform(0.1, 0.3) * 2**attempt)
+            writer.initialise()
+            checkpoint = load_checkpoints(pipeline, settings, only=(partition,)).get(index)
+    raise AssertionError("unreachable")
 
 
 def _start_engine(pipeline: Pipeline, settings: dict[str, Any], partitions: list[int], spark: Any) -> tuple[Any, Start]:
