@@ -1,7 +1,7 @@
 """The materialization runtime: drives every driver of a pipeline, one transaction per batch.
 
-The batch processor (`refold.runtime.processor.BatchProcessor`) calls it on the Spark
-driver:
+A shard's processor (`refold.runtime.shard.ShardProcessor`) calls it in the shard's
+Spark task:
 
 - `open(checkpoint, view)` at start, with the last committed Kafka checkpoint:
   `Open` each driver with its committed driver checkpoint, then `Acknowledge` the
@@ -21,8 +21,8 @@ driver:
   background thread while the next batch Loads.
 
 Drivers with a `Sink` get their Stores split into parts by key, prepared by
-`SinkWriter`s through an `Executor` (Spark executors in the engine, threads in
-tests), committed by the `SinkCommitter` with bounded retries of the failed
+`SinkWriter`s through an `Executor` (threads: the shard's task already runs on a
+Spark executor), committed by the `SinkCommitter` with bounded retries of the failed
 parts, then by the `AggregatedCommitter`.
 
 Failures: a store's own error (a driver's `store_errors`, e.g. `sqlite3.Error`)
@@ -100,28 +100,6 @@ class ThreadExecutor:
 
         with ThreadPoolExecutor(max_workers=max(1, min(self.threads, len(parts)))) as pool:
             return list(pool.map(run, parts))
-
-
-class SparkExecutor:
-    """Writers on Spark executors: one Spark partition per part."""
-
-    def __init__(self, spark_context: Any = None) -> None:
-        self.sc = spark_context
-
-    def attach(self, spark_context: Any) -> None:
-        """The Spark context, when it was still starting as this executor was made."""
-        self.sc = spark_context
-
-    def prepare(self, writer: SinkWriter, txn: TxnInfo, parts: Sequence[tuple[int, list[Store]]]) -> list[CommitInfo]:
-        if self.sc is None:
-            raise RuntimeError("SparkExecutor.prepare before Spark's context was attached")
-        def run(_index: int, items: Any) -> list[CommitInfo]:
-            return [writer.prepare(txn, part, stores) for part, stores in items]
-
-        infos: list[CommitInfo] = (
-            self.sc.parallelize(list(parts), len(parts)).mapPartitionsWithIndex(run).collect()
-        )
-        return sorted(infos, key=lambda info: info.part)
 
 
 # The runtime ------------------------------------------------------------------------------
