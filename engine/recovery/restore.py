@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import shutil
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +28,6 @@ from refold.kafka.io import next_visible_offsets, read_to_end
 from refold.recovery.records import Checkpoint, combined, decode_checkpoint
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Recovered:
-    """A shard's committed checkpoint (None on a first start) and its state as of it."""
-
-    checkpoint: Checkpoint | None
-    state: list[tuple[bytes, bytes]]  # latest value per state key, tombstones dropped
 
 
 def load_checkpoints(
@@ -71,24 +62,6 @@ def load_checkpoint(pipeline: Pipeline, settings: Mapping[str, Any]) -> Checkpoi
     partition's offsets, counters summed), or None when no shard committed a batch yet
     (a run's claim of a shard that never committed is batch 0)."""
     return combined([c for c in load_checkpoints(pipeline, settings).values() if c.batch > 0])
-
-
-def load_state(pipeline: Pipeline, settings: Mapping[str, Any], shard: int = 0) -> list[tuple[bytes, bytes]]:
-    """The latest value of every live state key of one shard (its `P.state` partition)."""
-    latest: dict[bytes, bytes | None] = {}
-    for msg in read_to_end(settings, pipeline.state_topic, only=(shard,)):
-        latest[msg.key() or b""] = msg.value()
-    return [(k, v) for k, v in latest.items() if v is not None]
-
-
-def recover(pipeline: Pipeline, settings: Mapping[str, Any], shard: int, checkpoint_partition: int) -> Recovered:
-    """One shard's checkpoint (from the `P.checkpoints` partition its records go to) and
-    state (its `P.state` partition), read to their ends with read_committed: consistent,
-    as the shard writes both in each of its transactions. (Call it after the shard's
-    writer's `init_transactions`, which settles any transaction of its still open.)"""
-    checkpoint = load_checkpoints(pipeline, settings, only=(checkpoint_partition,)).get(shard)
-    state = load_state(pipeline, settings, shard) if checkpoint is not None else []
-    return Recovered(checkpoint, state)
 
 
 # Spark's checkpoint directory -------------------------------------------------------

@@ -121,7 +121,6 @@ class Progress:
         self.started = time.monotonic()
         self.last_data = self.started
         self.last_commit: float | None = None
-        self.left = self.started  # when the last foreachBatch call returned
         self.batches = 0
         self.events = 0
         self.failure: BaseException | None = None
