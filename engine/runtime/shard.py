@@ -137,7 +137,7 @@ class ShardProcessor:
         self.reducer = make_reducer(pipeline.view)
         self.held: set[tuple[Any, ...]] = set()  # the keys the reducer holds as the store does
         self.held_all = False  # the reducer holds the whole store (a backfill needs the whole view)
-        self.checkpoint = self._first_checkpoint()
+        self.checkpoint = first_checkpoint(self.pipeline, self.shard)
         self._watermarks: Consumer | None = None
         self.writer = TransactionalWriter(
             settings,
@@ -183,7 +183,7 @@ class ShardProcessor:
         assert self.store is not None
         with collector_paused():
             found = load_checkpoints(self.pipeline, self.settings, only=(self.checkpoint_partition,)).get(self.shard)
-            self.checkpoint = found or self._first_checkpoint()
+            self.checkpoint = found or first_checkpoint(self.pipeline, self.shard)
             self.recovery = bring_to(
                 self.settings, self.pipeline.state_topic, self.store, self.checkpoint.batch,
                 checkpoint_at=self.checkpoint.committed_at,
@@ -202,9 +202,6 @@ class ShardProcessor:
             self.recovery.records_read,
             time.monotonic() - started,
         )
-
-    def _first_checkpoint(self) -> Checkpoint:
-        return first_checkpoint(self.pipeline, self.shard)
 
     def forget(self) -> None:
         """An empty reducer: it loads what the next batches touch from the store."""
@@ -335,14 +332,14 @@ class ShardProcessor:
             return
         if self.held_all:
             return
-        wanted = {self.reducer.state_key(event) for unit in units for event, _ in unit}
-        wanted.discard(None)
-        wanted -= self.held
+        touched = {self.reducer.state_key(event) for unit in units for event, _ in unit}
+        touched.discard(None)
+        wanted = touched - self.held
         if not wanted:
             return
         if len(self.held) + len(wanted) > self.pipeline.spark.state_cache_keys:
             self.forget()
-            wanted = {key for key in (self.reducer.state_key(e) for u in units for e, _ in u) if key is not None}
+            wanted = touched
         self.reducer.restore(self.store.load_keys(key_bytes(key) for key in wanted))
         self.held |= wanted
 

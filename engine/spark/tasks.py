@@ -28,6 +28,7 @@ Spark runs it again (a Python worker killed mid-batch, say).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -168,7 +169,9 @@ class ShardTask:
             self._forget(index)
             raise
 
+    @functools.cached_property
     def _identity(self) -> bytes:
+        """What a kept processor must have been made for: this pipeline, settings and run."""
         return hashlib.sha256(
             self.pipeline.model_dump_json().encode() + orjson.dumps(self.settings, option=orjson.OPT_SORT_KEYS)
             + str(self.run).encode()
@@ -177,13 +180,9 @@ class ShardTask:
     def _processor(self, index: int) -> ShardProcessor:
         """The kept processor of the shard when it is still current, else a new one."""
         kept = _RUNNING.get(self._key(index))
-        if kept is not None and kept.identity == self._identity():
-            try:
-                if kept.processor.resume():
-                    return kept.processor
-            except BaseException:
-                self._forget(index)
-                raise
+        if kept is not None and kept.identity == self._identity:
+            if kept.processor.resume():  # raising, it is forgotten by `_run_shard`
+                return kept.processor
             log.info("shard %d: its store moved since this worker's last batch; starting it again", index)
         self._forget(index)
         return self._new(index)
@@ -207,7 +206,7 @@ class ShardTask:
                 f"pipeline {self.pipeline.pipeline!r} shard {index}: a newer engine run (started "
                 f"{processor.checkpoint.run}, this one {self.run}) holds it; this one stops"
             )
-        _RUNNING[self._key(index)] = _Kept(processor, self._identity())
+        _RUNNING[self._key(index)] = _Kept(processor, self._identity)
         return processor
 
     def _key(self, index: int) -> tuple[str, str, int]:
