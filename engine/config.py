@@ -127,10 +127,20 @@ class SourceSpec(_Model):
     `refold produce --key` writes it): when the first records of a run are keyed
     otherwise it stops before committing anything; a later record keyed otherwise is
     a dead letter (`key mismatch`). Debezium's keys (the table's key, with or without
-    their `schema`/`payload` envelope) are checked on a run's first record only."""
+    their `schema`/`payload` envelope) are checked on a run's first record only.
+
+    `form: upsert` reads a table written as key → latest row (a compacted topic, Kafka
+    Connect, ksqlDB, Flink's `upsert-kafka`, Refold's own upsert outputs): each value is
+    the whole row without `op` (key columns it lacks come from the message key, the JSON
+    object of the `key` columns), a tombstone (null value) deletes the key. The engine
+    keeps the row each message key last put into the view and turns every record into
+    the changelog it means: a new key `+A`, a changed row `-C` old `+C` new, an identical
+    row nothing, a tombstone `-R` old (for an absent key: nothing, counted). Formats
+    `jsonl` and `avro` (the row's schema, without `op`)."""
 
     topic: str
     format: Literal["jsonl", "avro", "debezium-json"] = "jsonl"
+    form: Literal["changelog", "upsert"] = "changelog"
     schema_path: str | None = Field(default=None, alias="schema")
     key: list[str] = []  # the message-key columns, when they differ from the view key
 
@@ -269,6 +279,16 @@ class Pipeline(_Model):
                 raise ValueError(f"outputs.materialize[{i}].delta: delta updates are defined for grouped views, not top_n")
         if self.source.format == "avro" and not self.source.schema_path and self.schema_registry is None:
             raise ValueError("source: format avro needs schema: path/to/schema.avsc (or a schema_registry)")
+        if self.source.form == "upsert":
+            if self.source.format == "debezium-json":
+                raise ValueError("source: form upsert reads rows; debezium-json events carry their own op "
+                                 "(leave form at changelog)")
+            if self.source.format == "avro" and self.schema_registry is not None:
+                raise ValueError("source: form upsert reads schemaless Avro rows (schema: the row's .avsc); "
+                                 "a schema_registry is not supported for upsert sources yet")
+            view_key = self.view.top_n.partition_by if self.view.top_n is not None else self.view.key
+            if not (self.source.key or view_key):
+                raise ValueError("source: form upsert needs the message-key columns: set source.key")
         return self
 
     # Derived names (DESIGN.md §3) -------------------------------------------------

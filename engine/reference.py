@@ -38,6 +38,7 @@ class ReferenceResult:
     changes: list[ViewChange] = field(default_factory=list)
     view: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)
     rejected: list[tuple[int, str]] = field(default_factory=list)  # (unit index, reason)
+    unchanged: int = 0  # upsert records that meant no change (`reference_upsert`)
 
 
 def merge_partitions(partitions: Mapping[int, Sequence[SourceEvent]]) -> list[list[SourceEvent]]:
@@ -203,31 +204,73 @@ class _Model:
 def reference_changelog(spec: ViewSpec, units: Sequence[Sequence[SourceEvent]]) -> ReferenceResult:
     model = _Model(spec)
     result = ReferenceResult()
-    names = model.key_names()
     for index, unit in enumerate(units):
-        reason = model.check(unit)
-        if reason is not None:
-            result.rejected.append((index, reason))
-            continue
-        groups: list[tuple[Any, ...]] = []
-        for event in unit:
-            group = model.group_of(event.row)
-            assert group is not None  # checked
-            if group not in groups:
-                groups.append(group)
-        before = model.outputs_of(groups)
-        for event in unit:
-            model.apply(event)
-        after = model.outputs_of(groups)
-        for key in sorted(set(before) | set(after), key=lambda k: orjson.dumps(list(k))):
-            old, new = before.get(key), after.get(key)
-            if old is None and new is not None:
-                result.changes.append(ViewChange(Op.APPEND, key, new, names))
-            elif old is not None and new is None:
-                result.changes.append(ViewChange(Op.RETRACT, key, old, names))
-            elif old is not None and new is not None and canonical_row(old) != canonical_row(new):
-                result.changes.append(ViewChange(Op.CORRECT_FROM, key, old, names))
-                result.changes.append(ViewChange(Op.CORRECT_TO, key, new, names))
+        _step(model, unit, index, result)
+    result.view = model.outputs_of(model.live)
+    return result
+
+
+def _step(model: _Model, unit: Sequence[SourceEvent], index: int, result: ReferenceResult) -> bool:
+    """Apply one unit, or record why it is refused (False)."""
+    reason = model.check(unit)
+    if reason is not None:
+        result.rejected.append((index, reason))
+        return False
+    names = model.key_names()
+    groups: list[tuple[Any, ...]] = []
+    for event in unit:
+        group = model.group_of(event.row)
+        assert group is not None  # checked
+        if group not in groups:
+            groups.append(group)
+    before = model.outputs_of(groups)
+    for event in unit:
+        model.apply(event)
+    after = model.outputs_of(groups)
+    for key in sorted(set(before) | set(after), key=lambda k: orjson.dumps(list(k))):
+        old, new = before.get(key), after.get(key)
+        if old is None and new is not None:
+            result.changes.append(ViewChange(Op.APPEND, key, new, names))
+        elif old is not None and new is None:
+            result.changes.append(ViewChange(Op.RETRACT, key, old, names))
+        elif old is not None and new is not None and canonical_row(old) != canonical_row(new):
+            result.changes.append(ViewChange(Op.CORRECT_FROM, key, old, names))
+            result.changes.append(ViewChange(Op.CORRECT_TO, key, new, names))
+    return True
+
+
+# (message key values, the row or None for a tombstone, the record's tag)
+UpsertRecord = tuple[tuple[Any, ...], dict[str, Any] | None, Tag]
+
+
+def reference_upsert(spec: ViewSpec, partitions: Mapping[int, Sequence[UpsertRecord]]) -> ReferenceResult:
+    """The view of an upsert source (`source.form: upsert`, docs/SEMANTICS.md): the
+    records of each partition in order, the partitions merged by tag; per message key
+    the row it last put into the view, and each record as the events it means against
+    that row: a new key `+A`, a changed row `-C` old `+C` new, a tombstone `-R` old, an
+    identical row or a tombstone of an absent key nothing. A refused unit leaves the
+    key's row as it was. `unchanged` counts the records that meant nothing."""
+    model = _Model(spec)
+    result = ReferenceResult()
+    last: dict[tuple[Any, ...], dict[str, Any]] = {}
+    records = heapq.merge(*(partitions[p] for p in sorted(partitions)), key=lambda record: record[2])
+    for index, (key, row, tag) in enumerate(records):
+        old = last.get(key)
+        if row is None:
+            unit = [] if old is None else [SourceEvent(Op.RETRACT, old, tag)]
+        elif old is None:
+            unit = [SourceEvent(Op.APPEND, row, tag)]
+        elif canonical_row(old) == canonical_row(row):
+            unit = []
+        else:
+            unit = [SourceEvent(Op.CORRECT_FROM, old, tag), SourceEvent(Op.CORRECT_TO, row, tag)]
+        if not unit:
+            result.unchanged += 1
+        elif _step(model, unit, index, result):
+            if row is None:
+                del last[key]
+            else:
+                last[key] = row
     result.view = model.outputs_of(model.live)
     return result
 

@@ -16,9 +16,10 @@ from refold.dev.testing import Workload, generate
 from refold.errors import RecordError, UserError
 from refold.kafka.io import read_to_end
 from refold.ops.status import pipeline_status
-from refold.ops.verify import read_view_changes, verify
+from refold.ops.verify import read_upsert_view, read_view_changes, verify
 from refold.recovery.records import decode_checkpoint, decode_dead_letter
 from refold.recovery.restore import load_checkpoint, load_checkpoints
+from refold.reference import fold_changelog
 from refold.runtime.shard import ShardProcessor
 from refold.spark.job import (
     run_pipeline,
@@ -51,7 +52,8 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def pipeline_for(source: str, view: dict[str, Any], *, tmp: Any, form: str = "changelog", delta: bool = True,
-                 emit: str = "per_event", source_key: list[str] | None = None, **extra: Any) -> Pipeline:
+                 emit: str = "per_event", source_key: list[str] | None = None, source_form: str = "changelog",
+                 **extra: Any) -> Pipeline:
     name = f"p{uuid.uuid4().hex[:10]}"
     outputs: dict[str, Any] = {"view": {"topic": f"{name}.view", "form": form, "emit": emit}}
     if delta and "top_n" not in view:
@@ -59,7 +61,8 @@ def pipeline_for(source: str, view: dict[str, Any], *, tmp: Any, form: str = "ch
     return parse_pipeline(
         {
             "pipeline": name,
-            "source": {"topic": source, "format": "jsonl", **({"key": source_key} if source_key else {})},
+            "source": {"topic": source, "format": "jsonl", "form": source_form,
+                       **({"key": source_key} if source_key else {})},
             "view": view,
             "outputs": outputs,
             "trigger": "200ms",
@@ -123,6 +126,17 @@ def test_other_forms_equal_reference(bootstrap_servers, topic, tmp_path, spark, 
                             tmp=tmp_path, form=form, delta=False, max_batch_events=400)
     run(pipeline, bootstrap_servers, spark)
     assert_verified(pipeline, settings)
+    if form == "upsert":  # Refold reads its own upsert output as an upsert source
+        assert pipeline.outputs.view is not None
+        regroup = {"key": ["n"], "columns": {"players": {"count": "*"}, "top": {"max": "best"}}}
+        second = pipeline_for(pipeline.outputs.view.topic, regroup, tmp=tmp_path, delta=False, max_batch_events=300,
+                              source_key=["player_name"], source_form="upsert")
+        run(second, bootstrap_servers, spark)
+        assert_verified(second, settings)
+        players = list(read_upsert_view(pipeline, settings).values())
+        want = {(n,): {"n": n, "players": sum(1 for p in players if p["n"] == n),
+                       "top": max(p["best"] for p in players if p["n"] == n)} for n in {p["n"] for p in players}}
+        assert fold_changelog(read_view_changes(second, settings)) == want  # the re-grouped upsert view
 
 
 def test_per_batch_emit_folds_to_reference(bootstrap_servers, topic, tmp_path, spark) -> None:

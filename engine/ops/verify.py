@@ -16,13 +16,23 @@ from typing import Any
 import orjson
 
 from refold.codecs import source_decoder
+from refold.codecs.base import BadRecord
+from refold.codecs.upsert import upsert_decoder
 from refold.config import Pipeline
 from refold.errors import RecordError
 from refold.kafka.io import read_to_end
 from refold.model.changelog import Op
 from refold.model.forms import RETRACT_FORM
 from refold.reduce import SourceEvent, ViewChange
-from refold.reference import fold_changelog, fold_deltas, merge_partitions, reference_changelog
+from refold.reference import (
+    UpsertRecord,
+    fold_changelog,
+    fold_deltas,
+    merge_partitions,
+    reference_changelog,
+    reference_upsert,
+)
+from refold.runtime.shards import co_partitioned, message_key
 
 
 @dataclass
@@ -61,6 +71,26 @@ def read_source(pipeline: Pipeline, settings: Mapping[str, Any]) -> tuple[dict[i
             partitions.setdefault(partition, []).append(
                 SourceEvent(event.op, dict(event.row), (event_time, partition, offset))
             )
+    return partitions, bad
+
+
+def read_upsert_source(
+    pipeline: Pipeline, settings: Mapping[str, Any]
+) -> tuple[dict[int, list[UpsertRecord]], int]:
+    """An upsert source's decodable records per partition, in offset order, with their
+    tags; and the count of bad ones."""
+    decoder = upsert_decoder(pipeline.source.format, pipeline.source.schema_path, message_key(pipeline))
+    partitions: dict[int, list[UpsertRecord]] = {}
+    bad = 0
+    for msg in read_to_end(settings, pipeline.source.topic):
+        partition, offset = msg.partition() or 0, msg.offset() or 0
+        try:
+            record = decoder.decode(msg.key(), msg.value())
+        except BadRecord:
+            bad += 1
+            continue
+        event_time = record.event_time if record.event_time is not None else msg.timestamp()[1]
+        partitions.setdefault(partition, []).append((record.key, record.row, (event_time, partition, offset)))
     return partitions, bad
 
 
@@ -131,16 +161,24 @@ def by_key(changes: Iterable[ViewChange]) -> dict[tuple[Any, ...], list[tuple[Op
 def verify(pipeline: Pipeline, settings: Mapping[str, Any], *, exact_order: bool | None = None) -> Report:
     """Compare the committed outputs with the reference over the committed input.
 
-    For a view keyed like its input messages, each key's sequence of view records
-    must equal the reference's record by record. For a view that re-groups
-    (Top-N), the sequence depends on batch boundaries, so the whole changelog is
-    compared only when `exact_order` (one batch); the folded view always is.
+    For a view keyed like its input messages (co-partitioned), each key's sequence of
+    view records must equal the reference's record by record. For a view that
+    re-groups (a view key without the message key, a Top-N), the sequence depends on
+    batch boundaries (the engine merges the partitions within a batch), so the whole
+    changelog is compared only when `exact_order` (one batch); the folded view
+    always is.
     """
     report = Report()
-    partitions, report.dead_letters = read_source(pipeline, settings)
-    report.events = sum(len(v) for v in partitions.values())
-    expected = reference_changelog(pipeline.view, merge_partitions(partitions))
-    del partitions  # the input is no longer needed: free it before the outputs are read
+    if pipeline.source.form == "upsert":
+        upserts, report.dead_letters = read_upsert_source(pipeline, settings)
+        report.events = sum(len(v) for v in upserts.values())  # records here: each means 0-2 events
+        expected = reference_upsert(pipeline.view, upserts)
+        del upserts
+    else:
+        partitions, report.dead_letters = read_source(pipeline, settings)
+        report.events = sum(len(v) for v in partitions.values())
+        expected = reference_changelog(pipeline.view, merge_partitions(partitions))
+        del partitions  # the input is no longer needed: free it before the outputs are read
     report.dead_letters += len(expected.rejected)
     spec = pipeline.outputs.view
     if spec is not None and spec.form in ("changelog", "retract"):
@@ -149,7 +187,7 @@ def verify(pipeline: Pipeline, settings: Mapping[str, Any], *, exact_order: bool
         want = expected.changes
         if spec.form == "retract":
             want = [ViewChange(RETRACT_FORM[c.op], c.key, c.row) for c in want]
-        if spec.emit == "per_event" and (exact_order or not pipeline.view.is_top_n):
+        if spec.emit == "per_event" and (exact_order or (co_partitioned(pipeline) and not pipeline.view.is_top_n)):
             _compare_sequences(report, by_key(want), by_key(actual))
         try:
             folded = fold_changelog(actual) if spec.form == "changelog" else _fold_retract(actual)

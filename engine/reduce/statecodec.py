@@ -2,7 +2,8 @@
 encoding, written and read by hand, and their record keys.
 
 A view key's summary (`KEY_SUMMARY`) is keyed `[key]`, each of its distinct live rows
-(`LIVE_ROW`) `[key, fingerprint hex]`, both compact JSON; a tombstone (value None)
+(`LIVE_ROW`) `[key, fingerprint hex]`, an upsert source's last row of a message key
+(`LAST_ROW`, `refold.runtime.upsert`) `["u",key]`, all compact JSON; a tombstone (value None)
 under a record key ends that summary or row, so the latest value of each record key
 is the whole state (`restore` reads nothing else)."""
 
@@ -16,8 +17,8 @@ import orjson
 from refold.reduce.types import Tag
 from refold.reduce.values import key_bytes
 
-_KIND_BYTES = {"KEY_SUMMARY": b"\x00", "LIVE_ROW": b"\x02"}  # enum index, zig-zag
-_KINDS = ("KEY_SUMMARY", "LIVE_ROW")
+_KIND_BYTES = {"KEY_SUMMARY": b"\x00", "LIVE_ROW": b"\x02", "LAST_ROW": b"\x04"}  # enum index, zig-zag
+_KINDS = ("KEY_SUMMARY", "LIVE_ROW", "LAST_ROW")
 
 
 def encode_state(kind: str, key: tuple[Any, ...], count: int, values: Any, tags: Sequence[Tag]) -> bytes:
@@ -94,7 +95,7 @@ def decode_state(data: bytes) -> dict[str, Any]:
                 offset, pos = _read_long(data, pos)
                 tags.append((event_time, partition, offset))
             block, pos = _read_long(data, pos)
-        if pos != len(data) or kind not in (0, 1) or branch not in (0, 1):
+        if pos != len(data) or kind not in (0, 1, 2) or branch not in (0, 1):
             raise ValueError("not a state record")
     except (IndexError, orjson.JSONDecodeError) as exc:
         raise ValueError(f"not a state record: {exc}") from exc
@@ -124,6 +125,12 @@ def row_key(key_json: bytes, fp: bytes) -> bytes:
 def row_fingerprint(record_key: bytes) -> bytes:
     """The row fingerprint a live row's record key (`row_key`) names."""
     return bytes.fromhex(orjson.loads(record_key)[1])
+
+
+def last_row_key(key_json: bytes) -> bytes:
+    """The `P.state` record key of an upsert source's last row of one message key:
+    `["u",key]` as JSON (no view key's record key starts `["`: those start `[[`)."""
+    return b'["u",' + key_json + b"]"
 
 
 def summary_key(key_json: bytes) -> bytes:

@@ -51,6 +51,7 @@ from refold.connectors.runtime import Executor, Materializations
 from refold.errors import OperationalError
 from refold.kafka.io import consumer_config
 from refold.kafka.transactions import TransactionalWriter, TransactionFailed
+from refold.model.changelog import Op
 from refold.model.reasons import Reason
 from refold.recovery.records import (
     Checkpoint,
@@ -60,14 +61,16 @@ from refold.recovery.records import (
     first_checkpoint,
 )
 from refold.recovery.restore import load_checkpoints
-from refold.reduce import Rejected, make_reducer
+from refold.reduce import Rejected, SourceEvent, make_reducer
 from refold.reduce.values import key_bytes
 from refold.runtime.batch import DeadLetters, InputRecord, Outgoing, Unit, UnitReader
 from refold.runtime.collector import collector_paused
 from refold.runtime.hooks import NO_HOOKS, Hooks
 from refold.runtime.render import Renderer, UnitChanges
 from refold.runtime.shards import KeyCheck, checkpoint_key, shard_writer
+from refold.runtime.upsert import LastRows, UpsertItem, UpsertReader
 from refold.state import Recovery, ShardId, ShardStore, Stamp, bring_to
+from refold.state.store import VIEW_RECORD_FIRST
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +128,9 @@ class ShardProcessor:
         self.hooks = hooks
         self.dead_letters = DeadLetters(self.topic, pipeline.pipeline, pipeline.strict)
         self.reader = UnitReader(pipeline, self.dead_letters, keys)
+        # an upsert source: its records become events as they are applied (refold.runtime.upsert)
+        self.upserts = UpsertReader(pipeline, self.dead_letters) if pipeline.source.form == "upsert" else None
+        self.last_rows = LastRows()
         self.renderer = Renderer(pipeline)
         self.aborts = 0  # transactions that failed and were run again
         self.last = BatchStats()
@@ -204,10 +210,20 @@ class ShardProcessor:
         )
 
     def forget(self) -> None:
-        """An empty reducer: it loads what the next batches touch from the store."""
+        """An empty reducer (and no last rows of an upsert source): it loads what the next
+        batches touch from the store."""
+        self._forget_reducer()
+        self.last_rows.forget()
+
+    def _forget_reducer(self) -> None:
         self.reducer = make_reducer(self.pipeline.view)
         self.held = set()
         self.held_all = False
+
+    @property
+    def held_keys(self) -> int:
+        """How many keys this processor holds in memory (view keys and last rows)."""
+        return len(self.held) + len(self.last_rows)
 
     def suspend(self) -> None:
         """Let go of the store (and its lock) until `resume`; the reducer, the writer and
@@ -270,22 +286,30 @@ class ShardProcessor:
         if not fresh:
             return None
         out = Outgoing()
-        read = self.reader.read(fresh, self.checkpoint.pending, out)
-        self._load(read.units)
-        self.hooks.crash_point("mid_batch", self.checkpoint.batch + 1)
-        changes = self._reduce(read.units, out)
+        if self.upserts is None:
+            read = self.reader.read(fresh, self.checkpoint.pending, out)
+            self._load(self._touched(read.units))
+            self.hooks.crash_point("mid_batch", self.checkpoint.batch + 1)
+            changes = self._reduce(read.units, out)
+            pending, unchanged = read.pending, read.tombstones
+        else:
+            items = self.upserts.read(fresh, out)
+            self._load_upserts(items)
+            self.hooks.crash_point("mid_batch", self.checkpoint.batch + 1)
+            changes, unchanged = self._reduce_upserts(items, out)
+            pending = {}
         out.view = self.renderer.view(changes)
         out.delta_rows = self.reducer.take_deltas()
         out.delta = self.renderer.deltas(out.delta_rows)
         out.dlq.sort(key=lambda letter: (letter.partition, letter.offset))  # input order
-        out.state = self.reducer.take_state_changes()
+        out.state = self.reducer.take_state_changes() + self.last_rows.take_state_changes()
         stats = BatchStats(
             batch=self.checkpoint.batch + 1,
             records_in=len(fresh),
             records_out=len(out.view) + len(out.delta),
             dead_letters=len(out.dlq),
             skipped=len(records) - len(fresh),
-            tombstones=read.tombstones,
+            tombstones=unchanged,
             out_by_topic=self._out_by_topic(out),
         )
         offsets = dict(committed)
@@ -295,7 +319,7 @@ class ShardProcessor:
             self.checkpoint,
             batch=stats.batch,
             offsets=offsets,
-            pending=read.pending,
+            pending=pending,
             records_in=self.checkpoint.records_in + stats.records_in,
             records_out=self.checkpoint.records_out + stats.records_out,
             dlq=self.checkpoint.dlq + stats.dead_letters,
@@ -319,26 +343,29 @@ class ShardProcessor:
         self.last = stats
         return stats
 
-    def _load(self, units: Sequence[Unit]) -> None:
-        """Load the keys the batch is about to touch and the reducer does not hold from the
-        store (all of it when a materialization backfills from the whole view). Past
-        `spark.state_cache_keys` held keys the reducer starts empty first."""
+    def _touched(self, units: Sequence[Unit]) -> set[tuple[Any, ...]]:
+        touched = {self.reducer.state_key(event) for unit in units for event, _ in unit}
+        touched.discard(None)
+        return touched
+
+    def _load(self, touched: set[tuple[Any, ...]]) -> None:
+        """Load the view keys the batch is about to touch and the reducer does not hold
+        from the store (all of it when a materialization backfills from the whole view).
+        Past `spark.state_cache_keys` held keys the reducer starts empty first."""
         assert self.store is not None
         if self.materializations is not None and self.materializations.backfilling:
             if not self.held_all:
-                self.forget()
-                self.reducer.restore(self.store.items())
+                self._forget_reducer()
+                self.reducer.restore(self.store.items(VIEW_RECORD_FIRST))
                 self.held_all = True
             return
         if self.held_all:
             return
-        touched = {self.reducer.state_key(event) for unit in units for event, _ in unit}
-        touched.discard(None)
         wanted = touched - self.held
         if not wanted:
             return
         if len(self.held) + len(wanted) > self.pipeline.spark.state_cache_keys:
-            self.forget()
+            self._forget_reducer()
             wanted = touched
         self.reducer.restore(self.store.load_keys(key_bytes(key) for key in wanted))
         self.held |= wanted
@@ -354,6 +381,40 @@ class ShardProcessor:
             TopicPartition(self.pipeline.state_topic, self.shard), timeout=60
         )
         self.store.apply(state, Stamp(checkpoint.batch, int(high), checkpoint.committed_at))
+
+    def _load_upserts(self, items: Sequence[UpsertItem]) -> None:
+        """The last rows of the batch's message keys, then the view keys their rows and
+        last rows touch."""
+        assert self.store is not None
+        self.last_rows.load(self.store, {item.key for item in items}, self.pipeline.spark.state_cache_keys)
+        state_key = self.reducer.state_key
+        touched = {state_key(SourceEvent(Op.APPEND, item.row, item.tag)) for item in items if item.row is not None}
+        for key in {item.key for item in items}:
+            last = self.last_rows.rows[key]
+            if last is not None:
+                touched.add(state_key(SourceEvent(Op.APPEND, last, (0, 0, 0))))
+        touched.discard(None)
+        self._load(touched)
+
+    def _reduce_upserts(self, items: Sequence[UpsertItem], out: Outgoing) -> tuple[list[UnitChanges], int]:
+        """Apply each upsert record as the events it means against its key's last row
+        (`refold.runtime.upsert`); a refused record is dead-lettered and leaves the last
+        row. Also: how many records changed nothing."""
+        changes: list[UnitChanges] = []
+        unchanged = 0
+        last_rows = self.last_rows
+        for item in items:
+            events = last_rows.events(item)
+            if not events:
+                unchanged += 1
+                continue
+            try:
+                changes.append((self.reducer.apply(events), item.tag[0]))
+            except Rejected as rejected:
+                self.dead_letters.add(out, item.record, rejected.reason)
+                continue
+            last_rows.put(item.key, item.row)
+        return changes, unchanged
 
     def _reduce(self, units: Sequence[Unit], out: Outgoing) -> list[UnitChanges]:
         """Apply each unit; a refused unit changes nothing and is dead-lettered, one

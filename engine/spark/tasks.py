@@ -148,8 +148,11 @@ class ShardTask:
             processor = self._processor(index)
             for attempt in range(FENCED_ATTEMPTS):
                 try:
-                    if not self.first_of_run and processor.reader.keys is not None:
-                        processor.reader.keys.verified = True  # past a run's first batch: dead letters
+                    if not self.first_of_run:  # past a run's first batch, bad keys are dead letters
+                        if processor.reader.keys is not None:
+                            processor.reader.keys.verified = True
+                        if processor.upserts is not None:
+                            processor.upserts.verified = True
                     stats = processor.process(part)
                     processor.suspend()
                     return stats, processor, None
@@ -239,11 +242,11 @@ def _bound_memory(limit: int, current: tuple[str, str, int]) -> None:
                 kept.processor.close()
             except Exception as exc:  # an old processor's broker may be gone; it holds nothing to lose
                 log.warning("shard %d: closing an idle processor: %s", key[2], exc)
-    held = sum(len(kept.processor.held) for kept in _RUNNING.values())
+    held = sum(kept.processor.held_keys for kept in _RUNNING.values())
     for key, kept in list(_RUNNING.items()):
         if held <= limit or key == current:
             break
-        held -= len(kept.processor.held)
+        held -= kept.processor.held_keys
         kept.processor.forget()
 
 

@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 
 STAMP_KEY = b"\x00refold.stamp"  # sorts before every `[`-key: scans from `[` never meet it
 RECORD_FIRST = b"["  # every `P.state` record key starts with it (`refold.reduce.statecodec`)
+VIEW_RECORD_FIRST = b"[["  # a view key's records (`[key]`, `[key, fp]`); an upsert source's last rows are `["u",…]`
 
 CACHE_BYTES = 64 << 20  # RocksDB's block cache, shared by every store of a process
 WRITE_BUFFER_BYTES = 16 << 20  # per store; at most two of them (memtables) in memory
@@ -212,6 +213,13 @@ class ShardStore:
         `[key]` and its rows `[key, fp]`, by record key."""
         return self.load_keys((key_json,))
 
+    def get_many(self, record_keys: Iterable[bytes]) -> list[bytes]:
+        """The values of those of `record_keys` the store has (an upsert source's last
+        rows: one record per key, no prefix scan)."""
+        rdb = self._rdb()
+        found = (rdb.get(key) for key in record_keys)
+        return [value for value in found if value is not None]
+
     def load_keys(self, key_jsons: Iterable[bytes]) -> list[tuple[bytes, bytes]]:
         """Every record of each view key, ordered by record key: what a reducer's
         `restore` takes to hold exactly these keys. One iterator, seeking forward
@@ -233,19 +241,23 @@ class ShardStore:
             del it  # an open iterator keeps RocksDB (and its LOCK) alive
         return out
 
-    def items(self) -> Iterator[tuple[bytes, bytes]]:
-        """Every record, by record key (the stamp left out). A scan still open when the
-        store closes is ended first."""
-        scan = self._scan()
+    def items(self, prefix: bytes = RECORD_FIRST) -> Iterator[tuple[bytes, bytes]]:
+        """Every record whose key starts with `prefix` (default: all of them; a view's
+        reducer state: `VIEW_RECORD_FIRST`), by record key, the stamp left out. A scan
+        still open when the store closes is ended first."""
+        scan = self._scan(prefix)
         self._scans.add(scan)
         return scan
 
-    def _scan(self) -> Generator[tuple[bytes, bytes], None, None]:
+    def _scan(self, prefix: bytes) -> Generator[tuple[bytes, bytes], None, None]:
         it = self._rdb().iter()
         try:
-            it.seek(RECORD_FIRST)
+            it.seek(prefix)
             while it.valid():
-                yield it.key(), it.value()
+                key = it.key()
+                if not key.startswith(prefix):
+                    break
+                yield key, it.value()
                 it.next()
         finally:
             del it
