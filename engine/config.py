@@ -116,8 +116,11 @@ class ViewSpec(_Model):
 
 
 class SourceSpec(_Model):
-    """The input changelog topic. `debezium-json` reads Debezium change events (JSON
-    converter, with or without its `payload` wrapper) as changelog events.
+    """The input topic. `debezium-json` reads Debezium change events (JSON converter,
+    with or without its `payload` wrapper) as changelog events; the engine keeps each
+    table key's last row, so an update without `before` and a delete with only the
+    key's columns (PostgreSQL's default replica identity) are completed from it, and a
+    full `before` that is not that row is a dead letter (`before differs`).
 
     `key` names the columns the messages are keyed by (default: the view key; for a
     Top-N, `partition_by`). A view whose key includes every one of them is

@@ -38,7 +38,7 @@ class ReferenceResult:
     changes: list[ViewChange] = field(default_factory=list)
     view: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)
     rejected: list[tuple[int, str]] = field(default_factory=list)  # (unit index, reason)
-    unchanged: int = 0  # upsert records that meant no change (`reference_upsert`)
+    unchanged: int = 0  # table-source records that meant no change (`reference_table`)
 
 
 def merge_partitions(partitions: Mapping[int, Sequence[SourceEvent]]) -> list[list[SourceEvent]]:
@@ -239,36 +239,64 @@ def _step(model: _Model, unit: Sequence[SourceEvent], index: int, result: Refere
     return True
 
 
-# (message key values, the row or None for a tombstone, the record's tag)
-UpsertRecord = tuple[tuple[Any, ...], dict[str, Any] | None, Tag]
+# One record of a table source (docs/SEMANTICS.md, "Table sources"): its key (None: a
+# Debezium record without one), its kind ("upsert", or Debezium's "c", "u", "d"), its
+# new row (None: an upsert tombstone, a Debezium delete), its Debezium `before` image
+# as given (or None), its tag.
+TableRecord = tuple[tuple[Any, ...] | None, str, dict[str, Any] | None, dict[str, Any] | None, Tag]
 
 
-def reference_upsert(spec: ViewSpec, partitions: Mapping[int, Sequence[UpsertRecord]]) -> ReferenceResult:
-    """The view of an upsert source (`source.form: upsert`, docs/SEMANTICS.md): the
-    records of each partition in order, the partitions merged by tag; per message key
-    the row it last put into the view, and each record as the events it means against
-    that row: a new key `+A`, a changed row `-C` old `+C` new, a tombstone `-R` old, an
-    identical row or a tombstone of an absent key nothing. A refused unit leaves the
-    key's row as it was. `unchanged` counts the records that meant nothing."""
+def reference_table(spec: ViewSpec, partitions: Mapping[int, Sequence[TableRecord]]) -> ReferenceResult:
+    """The view of a table source (`source.form: upsert`, `format: debezium-json`): the
+    records of each partition in order, the partitions merged by tag. Per key, the row
+    the key last put into the view; each record is the unit it means against that row:
+
+    - upsert: a new key `+A`; a changed row `-C` old `+C` new; a tombstone `-R` old;
+      an identical row, or a tombstone of an absent key, nothing (`unchanged`);
+    - Debezium `c`: `+A` after; `u`: `-C` old `+C` after; `d`: `-R` old, where old is
+      the key's row, which every column of `before` must equal (`before differs`),
+      or `before` itself for a key without a row (none: `not live`).
+
+    A refused unit leaves the key's row as it was."""
     model = _Model(spec)
     result = ReferenceResult()
     last: dict[tuple[Any, ...], dict[str, Any]] = {}
-    records = heapq.merge(*(partitions[p] for p in sorted(partitions)), key=lambda record: record[2])
-    for index, (key, row, tag) in enumerate(records):
-        old = last.get(key)
-        if row is None:
-            unit = [] if old is None else [SourceEvent(Op.RETRACT, old, tag)]
-        elif old is None:
-            unit = [SourceEvent(Op.APPEND, row, tag)]
-        elif canonical_row(old) == canonical_row(row):
-            unit = []
-        else:
-            unit = [SourceEvent(Op.CORRECT_FROM, old, tag), SourceEvent(Op.CORRECT_TO, row, tag)]
-        if not unit:
-            result.unchanged += 1
-        elif _step(model, unit, index, result):
+    records = heapq.merge(*(partitions[p] for p in sorted(partitions)), key=lambda record: record[4])
+    for index, (key, kind, row, before, tag) in enumerate(records):
+        old = last.get(key) if key is not None else None
+        unit: list[SourceEvent] = []
+        if kind == "upsert":
             if row is None:
-                del last[key]
+                unit = [] if old is None else [SourceEvent(Op.RETRACT, old, tag)]
+            elif old is None:
+                unit = [SourceEvent(Op.APPEND, row, tag)]
+            elif canonical_row(old) != canonical_row(row):
+                unit = [SourceEvent(Op.CORRECT_FROM, old, tag), SourceEvent(Op.CORRECT_TO, row, tag)]
+            if not unit:
+                result.unchanged += 1
+                continue
+        elif kind == "c":
+            assert row is not None
+            unit = [SourceEvent(Op.APPEND, row, tag)]
+        else:
+            if old is None and before is None:
+                result.rejected.append((index, Reason.NOT_LIVE))
+                continue
+            if old is not None and before is not None and any(
+                column not in old or orjson.dumps(old[column]) != orjson.dumps(value) for column, value in before.items()
+            ):
+                result.rejected.append((index, Reason.BEFORE_DIFFERS))
+                continue
+            taken = old if old is not None else before
+            assert taken is not None
+            if kind == "u":
+                assert row is not None
+                unit = [SourceEvent(Op.CORRECT_FROM, taken, tag), SourceEvent(Op.CORRECT_TO, row, tag)]
+            else:
+                unit = [SourceEvent(Op.RETRACT, taken, tag)]
+        if _step(model, unit, index, result) and key is not None:
+            if row is None or kind == "d":
+                last.pop(key, None)
             else:
                 last[key] = row
     result.view = model.outputs_of(model.live)

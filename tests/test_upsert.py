@@ -4,7 +4,7 @@ The decoder and the reference's rules on their own, then random upsert streams
 (repeats, identical re-writes, tombstones of absent keys, rows the view refuses,
 interleaved keys over two partitions) through the engine's shard processors on the
 real broker, in random batches with a restart (local stores kept, or deleted) in the
-middle: the committed view equals `refold.reference.reference_upsert` (through
+middle: the committed view equals `refold.reference.reference_table` (through
 `refold verify`), every bad record is dead-lettered once, and the checkpoints count
 every record once.
 """
@@ -34,7 +34,7 @@ from refold.model.reasons import Reason
 from refold.ops.verify import verify
 from refold.recovery.records import decode_dead_letter
 from refold.recovery.restore import load_checkpoints
-from refold.reference import reference_upsert
+from refold.reference import reference_table
 from refold.runtime.processor import BatchProcessor, InputRecord
 from refold.spark.job import engine_topics
 
@@ -115,7 +115,7 @@ def test_the_reference_turns_upserts_into_the_changelog_they_mean() -> None:
         (("bo",), None, (4, 0, 3)),  # a tombstone of an absent key: nothing
         (ann, None, (5, 0, 4)),  # -R
     ]
-    result = reference_upsert(COUNTS, {0: records})
+    result = reference_table(COUNTS, {0: [(k, "upsert", row, None, tag) for k, row, tag in records]})
     assert result.unchanged == 2 and result.view == {}
     assert [(c.op, c.key, c.row["n"]) for c in result.changes] == [
         (Op.APPEND, ("a",), 1),
@@ -132,7 +132,7 @@ def test_a_row_the_view_refuses_leaves_the_keys_last_row() -> None:
         (ann, {"player": "ann", "team": "a", "score": "ten"}, (2, 0, 1)),  # refused: sum of a string
         (ann, {"player": "ann", "team": "a", "score": 4}, (3, 0, 2)),  # -C the score-1 row, +C this
     ]
-    result = reference_upsert(COUNTS, {0: records})
+    result = reference_table(COUNTS, {0: [(k, "upsert", row, None, tag) for k, row, tag in records]})
     assert [reason for _, reason in result.rejected] == [Reason.SCHEMA_MISMATCH]
     assert result.view == {("a",): {"team": "a", "n": 1, "total": 4}}
 

@@ -47,7 +47,7 @@ def from_debezium(envelope: Mapping[str, Any] | None) -> list[ChangelogEvent]:
         return []  # the tombstone, wrapped: {"schema": ..., "payload": null}
     body: Mapping[str, Any] = payload if isinstance(payload, Mapping) and "op" in payload else envelope
     op = body.get("op")
-    event_time = _debezium_time(body)
+    event_time = debezium_time(body)
     if op in ("c", "r"):
         return [ChangelogEvent(Op.APPEND, _image(body, "after", op), event_time)]
     if op == "u":
@@ -70,7 +70,7 @@ def _image(body: Mapping[str, Any], which: str, op: str) -> dict[str, Any]:
     return dict(image)
 
 
-def _debezium_time(body: Mapping[str, Any]) -> int | None:
+def debezium_time(body: Mapping[str, Any]) -> int | None:
     ts = body.get("ts_ms")
     if ts is None:
         source = body.get("source")

@@ -27,3 +27,4 @@ class Reason(StrEnum):
     PAIR_KEY_DIFFERS = "+C key differs from its -C key"
     CORRECTION_PAIR_REJECTED = "correction pair rejected"  # the other half of a refused pair
     NOT_LIVE = "not live"  # a retraction of a row that is not live
+    BEFORE_DIFFERS = "before differs"  # a Debezium before image that is not the key's row in the view

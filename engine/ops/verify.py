@@ -17,6 +17,7 @@ import orjson
 
 from refold.codecs import source_decoder
 from refold.codecs.base import BadRecord
+from refold.codecs.debezium import debezium_change, debezium_key
 from refold.codecs.upsert import upsert_decoder
 from refold.config import Pipeline
 from refold.errors import RecordError
@@ -25,14 +26,15 @@ from refold.model.changelog import Op
 from refold.model.forms import RETRACT_FORM
 from refold.reduce import SourceEvent, ViewChange
 from refold.reference import (
-    UpsertRecord,
+    TableRecord,
     fold_changelog,
     fold_deltas,
     merge_partitions,
     reference_changelog,
-    reference_upsert,
+    reference_table,
 )
 from refold.runtime.shards import co_partitioned, message_key
+from refold.runtime.tables import is_table
 
 
 @dataclass
@@ -74,23 +76,34 @@ def read_source(pipeline: Pipeline, settings: Mapping[str, Any]) -> tuple[dict[i
     return partitions, bad
 
 
-def read_upsert_source(
+def read_table_source(
     pipeline: Pipeline, settings: Mapping[str, Any]
-) -> tuple[dict[int, list[UpsertRecord]], int]:
-    """An upsert source's decodable records per partition, in offset order, with their
-    tags; and the count of bad ones."""
-    decoder = upsert_decoder(pipeline.source.format, pipeline.source.schema_path, message_key(pipeline))
-    partitions: dict[int, list[UpsertRecord]] = {}
+) -> tuple[dict[int, list[TableRecord]], int]:
+    """A table source's records (upsert, Debezium) per partition, in offset order, with
+    their tags; and the count of bad ones (Debezium tombstones are neither)."""
+    debezium = pipeline.source.format == "debezium-json"
+    upserts = None if debezium else upsert_decoder(
+        pipeline.source.format, pipeline.source.schema_path, message_key(pipeline))
+    partitions: dict[int, list[TableRecord]] = {}
     bad = 0
     for msg in read_to_end(settings, pipeline.source.topic):
         partition, offset = msg.partition() or 0, msg.offset() or 0
+        ts = msg.timestamp()[1]
         try:
-            record = decoder.decode(msg.key(), msg.value())
+            if upserts is not None:
+                upsert = upserts.decode(msg.key(), msg.value())
+                record: TableRecord = (upsert.key, "upsert", upsert.row, None,
+                                       (upsert.event_time if upsert.event_time is not None else ts, partition, offset))
+            else:
+                change = debezium_change(msg.value())
+                if change is None:
+                    continue  # a tombstone
+                record = (debezium_key(msg.key()), change.kind, change.after, change.before,
+                          (change.event_time if change.event_time is not None else ts, partition, offset))
         except BadRecord:
             bad += 1
             continue
-        event_time = record.event_time if record.event_time is not None else msg.timestamp()[1]
-        partitions.setdefault(partition, []).append((record.key, record.row, (event_time, partition, offset)))
+        partitions.setdefault(partition, []).append(record)
     return partitions, bad
 
 
@@ -169,11 +182,11 @@ def verify(pipeline: Pipeline, settings: Mapping[str, Any], *, exact_order: bool
     always is.
     """
     report = Report()
-    if pipeline.source.form == "upsert":
-        upserts, report.dead_letters = read_upsert_source(pipeline, settings)
-        report.events = sum(len(v) for v in upserts.values())  # records here: each means 0-2 events
-        expected = reference_upsert(pipeline.view, upserts)
-        del upserts
+    if is_table(pipeline):
+        records, report.dead_letters = read_table_source(pipeline, settings)
+        report.events = sum(len(v) for v in records.values())  # records here: each means 0-2 events
+        expected = reference_table(pipeline.view, records)
+        del records
     else:
         partitions, report.dead_letters = read_source(pipeline, settings)
         report.events = sum(len(v) for v in partitions.values())

@@ -68,7 +68,7 @@ from refold.runtime.collector import collector_paused
 from refold.runtime.hooks import NO_HOOKS, Hooks
 from refold.runtime.render import Renderer, UnitChanges
 from refold.runtime.shards import KeyCheck, checkpoint_key, shard_writer
-from refold.runtime.upsert import LastRows, UpsertItem, UpsertReader
+from refold.runtime.tables import LastRows, TableItem, TableReader, is_table
 from refold.state import Recovery, ShardId, ShardStore, Stamp, bring_to
 from refold.state.store import VIEW_RECORD_FIRST
 
@@ -128,8 +128,8 @@ class ShardProcessor:
         self.hooks = hooks
         self.dead_letters = DeadLetters(self.topic, pipeline.pipeline, pipeline.strict)
         self.reader = UnitReader(pipeline, self.dead_letters, keys)
-        # an upsert source: its records become events as they are applied (refold.runtime.upsert)
-        self.upserts = UpsertReader(pipeline, self.dead_letters) if pipeline.source.form == "upsert" else None
+        # a table source (upsert, Debezium): records become units as they are applied (refold.runtime.tables)
+        self.tables = TableReader(pipeline, self.dead_letters, keys) if is_table(pipeline) else None
         self.last_rows = LastRows()
         self.renderer = Renderer(pipeline)
         self.aborts = 0  # transactions that failed and were run again
@@ -286,17 +286,18 @@ class ShardProcessor:
         if not fresh:
             return None
         out = Outgoing()
-        if self.upserts is None:
+        if self.tables is None:
             read = self.reader.read(fresh, self.checkpoint.pending, out)
             self._load(self._touched(read.units))
             self.hooks.crash_point("mid_batch", self.checkpoint.batch + 1)
             changes = self._reduce(read.units, out)
             pending, unchanged = read.pending, read.tombstones
         else:
-            items = self.upserts.read(fresh, out)
-            self._load_upserts(items)
+            items = self.tables.read(fresh, out)
+            self._load_table_rows(items)
             self.hooks.crash_point("mid_batch", self.checkpoint.batch + 1)
-            changes, unchanged = self._reduce_upserts(items, out)
+            changes, unchanged = self._reduce_table_rows(items, out)
+            unchanged += self.tables.tombstones
             pending = {}
         out.view = self.renderer.view(changes)
         out.delta_rows = self.reducer.take_deltas()
@@ -382,38 +383,37 @@ class ShardProcessor:
         )
         self.store.apply(state, Stamp(checkpoint.batch, int(high), checkpoint.committed_at))
 
-    def _load_upserts(self, items: Sequence[UpsertItem]) -> None:
-        """The last rows of the batch's message keys, then the view keys their rows and
-        last rows touch."""
+    def _load_table_rows(self, items: Sequence[TableItem]) -> None:
+        """The last rows of the batch's keys, then the view keys that their rows, the
+        batch's rows and `before` images touch."""
         assert self.store is not None
-        self.last_rows.load(self.store, {item.key for item in items}, self.pipeline.spark.state_cache_keys)
+        keys = {item.key for item in items if item.key is not None}
+        self.last_rows.load(self.store, keys, self.pipeline.spark.state_cache_keys)
         state_key = self.reducer.state_key
-        touched = {state_key(SourceEvent(Op.APPEND, item.row, item.tag)) for item in items if item.row is not None}
-        for key in {item.key for item in items}:
-            last = self.last_rows.rows[key]
-            if last is not None:
-                touched.add(state_key(SourceEvent(Op.APPEND, last, (0, 0, 0))))
+        rows = [row for item in items for row in (item.row, item.before) if row is not None]
+        rows += [row for row in (self.last_rows.rows[key] for key in keys) if row is not None]
+        touched = {state_key(SourceEvent(Op.APPEND, row, (0, 0, 0))) for row in rows}
         touched.discard(None)
         self._load(touched)
 
-    def _reduce_upserts(self, items: Sequence[UpsertItem], out: Outgoing) -> tuple[list[UnitChanges], int]:
-        """Apply each upsert record as the events it means against its key's last row
-        (`refold.runtime.upsert`); a refused record is dead-lettered and leaves the last
-        row. Also: how many records changed nothing."""
+    def _reduce_table_rows(self, items: Sequence[TableItem], out: Outgoing) -> tuple[list[UnitChanges], int]:
+        """Apply each record of a table source as the unit it means against its key's
+        last row (`refold.runtime.tables`); a refused record is dead-lettered and leaves
+        the last row. Also: how many records changed nothing."""
         changes: list[UnitChanges] = []
         unchanged = 0
         last_rows = self.last_rows
         for item in items:
-            events = last_rows.events(item)
-            if not events:
-                unchanged += 1
-                continue
             try:
+                events = last_rows.unit(item)
+                if not events:
+                    unchanged += 1
+                    continue
                 changes.append((self.reducer.apply(events), item.tag[0]))
             except Rejected as rejected:
-                self.dead_letters.add(out, item.record, rejected.reason)
+                self.dead_letters.add(out, item.record, rejected.reason, rejected.detail)
                 continue
-            last_rows.put(item.key, item.row)
+            last_rows.put(item)
         return changes, unchanged
 
     def _reduce(self, units: Sequence[Unit], out: Outgoing) -> list[UnitChanges]:

@@ -151,8 +151,8 @@ class ShardTask:
                     if not self.first_of_run:  # past a run's first batch, bad keys are dead letters
                         if processor.reader.keys is not None:
                             processor.reader.keys.verified = True
-                        if processor.upserts is not None:
-                            processor.upserts.verified = True
+                        if processor.tables is not None:
+                            processor.tables.verified = True
                     stats = processor.process(part)
                     processor.suspend()
                     return stats, processor, None

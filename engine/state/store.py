@@ -213,12 +213,12 @@ class ShardStore:
         `[key]` and its rows `[key, fp]`, by record key."""
         return self.load_keys((key_json,))
 
-    def get_many(self, record_keys: Iterable[bytes]) -> list[bytes]:
-        """The values of those of `record_keys` the store has (an upsert source's last
-        rows: one record per key, no prefix scan)."""
+    def get_many(self, record_keys: Iterable[bytes]) -> list[tuple[bytes, bytes]]:
+        """(record key, value) of those of `record_keys` the store has (a table
+        source's last rows, `refold.runtime.tables`: one record per key, no prefix scan)."""
         rdb = self._rdb()
-        found = (rdb.get(key) for key in record_keys)
-        return [value for value in found if value is not None]
+        found = ((key, rdb.get(key)) for key in record_keys)
+        return [(key, value) for key, value in found if value is not None]
 
     def load_keys(self, key_jsons: Iterable[bytes]) -> list[tuple[bytes, bytes]]:
         """Every record of each view key, ordered by record key: what a reducer's
