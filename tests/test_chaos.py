@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 def test_small_chaos_run_finds_no_anomaly(tmp_path: Path) -> None:
     cfg = ChaosConfig(events=2_000, keys=150, kills=1, others=1,
                       other_kinds=("broker_restart", "state_dir_lost"), batch=250,
-                      seed=3, pipelines=("grouped",), idle=4.0, cluster=False)
+                      seed=3, pipelines=("upsert",), idle=4.0, cluster=False)
     said: list[str] = []
     result = run_chaos(cfg, tmp_path, say=said.append)
     assert result.anomalies == [], "\n".join(result.anomalies + said)

@@ -1,10 +1,13 @@
 """`make chaos`: exactly once under abuse, checked record by record.
 
 The harness owns a local Kafka broker (its own home, a free port), produces a
-seeded changelog into a source topic in chunks, and runs two pipelines on it as
+seeded changelog into a source topic in chunks, and runs three pipelines as
 separate `refold run` processes: a grouped view (sum, count, avg, min, max,
-first, last, set) and a Top-N view. Between chunks it injects one fault at a
-random moment, chosen from a seeded plan:
+first, last, set) and a Top-N view of the changelog, and a grouped view of an
+upsert topic (`source.form: upsert`) the harness writes beside it, chunk by chunk:
+the changelog as the table of each player's latest row (`+A`/`+C` put the row, `-R`
+a tombstone). Between chunks it injects one fault at a random moment, chosen from a
+seeded plan:
 
 - `kill9`            kill -9 of an engine after it committed new work;
 - `kill9_in_commit`  kill -9 inside the Kafka transaction (records sent, not
@@ -64,15 +67,18 @@ from refold.cli.produce import produce
 from refold.dev import localkafka, localspark, sparkprocs
 from refold.dev.chaosengine import FAULTS, ChaosResult, Engine, exit_kind
 from refold.dev.testing import Workload, generate
-from refold.errors import UserError
+from refold.errors import RefoldError, UserError
 from refold.kafka.io import (
+    TopicSpec,
     consumer_config,
+    ensure_topics,
     open_transactions,
     partitions_of,
     producer_config,
 )
+from refold.kafka.transactions import TransactionalWriter
 from refold.ops.verify import verify
-from refold.recovery.restore import load_checkpoint
+from refold.recovery.restore import load_checkpoints
 from refold.spark.job import spark_checkpoint_dir
 
 CLUSTER_FAULTS = ("executor_kill", "spark_worker_kill")
@@ -87,6 +93,8 @@ GROUPED = {
     "teams": {"set": "team"},
 }
 TOP_N = {"n": 3, "order_by": {"score": "desc"}, "partition_by": ["player_name"]}  # each player's best 3
+UPSERT = {"rows": {"count": "*"}, "total": {"sum": "score"}, "best": {"max": "score"}, "teams": {"set": "team"},
+          "latest": {"last": "score"}}  # per player, over the upsert topic (one row a player)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +109,7 @@ class ChaosConfig:
     partitions: int = 3
     batch: int = 5_000  # max events per micro-batch
     idle: float = 6.0  # --until-idle of every engine run
-    pipelines: tuple[str, ...] = ("grouped", "top_n")
+    pipelines: tuple[str, ...] = ("grouped", "top_n", "upsert")
     cluster: bool = True  # on a standalone cluster the harness starts (else local[2])
 
 
@@ -128,18 +136,37 @@ def chunks(rows: Sequence[bytes], parts: int) -> Iterator[Sequence[bytes]]:
         start = end
 
 
+def upsert_records(rows: Sequence[bytes]) -> list[tuple[bytes, bytes | None]]:
+    """A changelog chunk as upsert records keyed by player: `+A`/`+C` put the row (the
+    player's latest), `-R` a tombstone, `-C` nothing."""
+    out: list[tuple[bytes, bytes | None]] = []
+    for raw in rows:
+        event = orjson.loads(raw)
+        op = event.pop("op")
+        event.pop("event_time", None)
+        key = orjson.dumps({"player_name": event["player_name"]})
+        if op in ("+A", "+C"):
+            out.append((key, orjson.dumps(event)))
+        elif op == "-R":
+            out.append((key, None))
+    return out
+
+
 def write_pipelines(cfg: ChaosConfig, directory: Path, source: str, bootstrap: str,
-                    master: str | None = None) -> list[Path]:
+                    master: str | None = None, upsert_source: str = "") -> list[Path]:
     paths = []
     for kind in cfg.pipelines:
         name = f"chaos-{kind}-{uuid.uuid4().hex[:6]}"
-        view: dict[str, Any] = (
-            {"key": ["player_name"], "columns": GROUPED} if kind == "grouped" else {"top_n": TOP_N}
-        )
+        views: dict[str, dict[str, Any]] = {
+            "grouped": {"key": ["player_name"], "columns": GROUPED},
+            "top_n": {"top_n": TOP_N},
+            "upsert": {"key": ["player_name"], "columns": UPSERT},
+        }
+        view = views[kind]
         spec: dict[str, Any] = {
             "pipeline": name,
             "kafka": {"bootstrap.servers": bootstrap},
-            "source": {"topic": source},
+            "source": {"topic": upsert_source, "form": "upsert"} if kind == "upsert" else {"topic": source},
             "view": view,
             "outputs": {"view": {"topic": f"{name}.view"}},
             "trigger": "200ms",
@@ -150,7 +177,7 @@ def write_pipelines(cfg: ChaosConfig, directory: Path, source: str, bootstrap: s
             spec["spark"]["master"] = master
             spec["spark"]["conf"] = {"spark.executor.cores": "1", "spark.executor.memory": "512m",
                                      "spark.cores.max": "2"}
-        if kind == "grouped":  # delta updates are defined for grouped views only
+        if kind != "top_n":  # delta updates are defined for grouped views only
             spec["outputs"]["delta"] = {"topic": f"{name}.delta"}
         path = directory / f"{name}.yaml"
         path.write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -287,9 +314,36 @@ def produce_chunk(settings: dict[str, Any], topic: str, rows: Sequence[bytes], p
             time.sleep(5)
 
 
-def _finish_and_verify(engines: list[Engine], result: ChaosResult, settings: dict[str, Any], say: Any) -> None:
+def produce_upserts(settings: dict[str, Any], topic: str, records: Sequence[tuple[bytes, bytes | None]],
+                    partitions: int, say: Any) -> None:
+    """Write upsert records in one transaction (partitioned by key, as a producer of a
+    table does). Starting the transaction is retried while the broker comes back from
+    a restart (nothing is written then); a failed commit is not (it may have landed)."""
+    ensure_topics(settings, [TopicSpec(topic, partitions)])
+    writer = TransactionalWriter(settings, f"chaos-upserts-{uuid.uuid4()}", timeout_ms=60_000)
+    try:
+        for attempt in range(1, 6):
+            try:
+                writer.initialise()
+                break
+            except (RefoldError, KafkaException) as exc:
+                if attempt == 5:
+                    raise
+                say(f"  starting the upsert records' transaction failed ({exc}); again in 5s")
+                time.sleep(5)
+        writer.begin()
+        for key, value in records:
+            writer.send(topic, key, value)
+        writer.commit()
+    finally:
+        writer.close()
+
+
+def _finish_and_verify(engines: list[Engine], result: ChaosResult, settings: dict[str, Any], say: Any,
+                       upserts: int = 0) -> None:
     """Run every engine until idle, then check its outputs record by record against the
-    reference, its checkpoint's count, and that no transaction is left open."""
+    reference, its checkpoint's count, and that no transaction is left open. `upserts`:
+    how many records the upsert topic holds."""
     for engine in engines:
         engine.kill()
         for _attempt in range(3):
@@ -304,14 +358,13 @@ def _finish_and_verify(engines: list[Engine], result: ChaosResult, settings: dic
         result.view_records += report.view_records
         result.delta_records += report.delta_records
         result.anomalies += [f"{engine.name}: {a}" for a in report.anomalies]
-        if report.events != result.events:
-            result.anomalies.append(f"{engine.name}: verified {report.events} input events, "
-                                    f"expected {result.events}")
-        checkpoint = load_checkpoint(engine.pipeline, settings)
-        if checkpoint is None or checkpoint.records_in != result.events:
-            got = checkpoint.records_in if checkpoint else None
-            result.anomalies.append(f"{engine.name}: the checkpoint counts {got} events read, "
-                                    f"expected {result.events}")
+        expected = upserts if engine.pipeline.source.form == "upsert" else result.events
+        if report.events != expected:
+            result.anomalies.append(f"{engine.name}: verified {report.events} input records, expected {expected}")
+        checkpoints = load_checkpoints(engine.pipeline, settings)
+        read = sum(c.records_in for c in checkpoints.values())
+        if read != expected:
+            result.anomalies.append(f"{engine.name}: the checkpoints count {read} records read, expected {expected}")
         p = engine.pipeline
         topics = [p.outputs.view.topic if p.outputs.view else "", p.outputs.delta.topic if p.outputs.delta else "",
                   p.state_topic, p.checkpoints_topic, p.dlq_topic]
@@ -345,8 +398,11 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
         rows = [orjson.dumps(r) for r in generate(workload)]
         result.events = len(rows)
         source = f"chaos-source-{uuid.uuid4().hex[:6]}"
+        upsert_source = f"chaos-upserts-{uuid.uuid4().hex[:6]}"
+        upserts = 0
         master = cluster.url if cluster is not None else None
-        engines = [Engine(p, logs, result, cfg.idle) for p in write_pipelines(cfg, work, source, bootstrap, master)]
+        engines = [Engine(p, logs, result, cfg.idle)
+                   for p in write_pipelines(cfg, work, source, bootstrap, master, upsert_source)]
         plan = fault_plan(cfg, rng)
         if not own_broker:
             plan = [k for k in plan if k != "broker_restart"]
@@ -357,6 +413,10 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
             f"logs in {logs}")
         for index, part in enumerate(parts):
             produce_chunk(settings, source, part, cfg.partitions, say)
+            if "upsert" in cfg.pipelines:
+                records = upsert_records(part)
+                produce_upserts(settings, upsert_source, records, cfg.partitions, say)
+                upserts += len(records)
             if index >= len(plan):
                 continue  # the last chunks come after the last fault
             kind = plan[index]
@@ -378,7 +438,7 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
             say(f"  [{index + 1}/{len(plan)}] {kind} on {target.name} "
                 f"(batch {since}→, {elapsed:.0f}s, {sum(result.faults.values())} faults)")
         say("all faults injected; every engine runs until idle")
-        _finish_and_verify(engines, result, settings, say)
+        _finish_and_verify(engines, result, settings, say, upserts)
     finally:
         for engine in engines:
             engine.kill()
