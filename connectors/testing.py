@@ -56,7 +56,7 @@ class Recording(p.Driver[Any]):
         self.pattern = inner.pattern
         self.store_errors = inner.store_errors
         self.ack_waits_for_load = ack_waits_for_load
-        self.loading = threading.Event()
+        self.loaded = threading.Condition()  # notified on each Load
 
     def sink(self) -> p.Sink | None:
         return self.inner.sink()
@@ -70,15 +70,24 @@ class Recording(p.Driver[Any]):
     def acknowledge(self, request: p.Acknowledge) -> p.Acknowledged:
         self.log.append(("Acknowledge", request.batch))
         if self.ack_waits_for_load and request.batch > 0:
-            self.loading.wait(30.0)
-            self.loading.clear()
+            with self.loaded:  # until the next batch has sent a Load (maybe before this Acknowledge)
+                self.loaded.wait_for(lambda: self._loaded_in(request.batch + 1), 30.0)
         answer = self.inner.acknowledge(request)
         self.log.append(("Acknowledged",))
         return answer
 
+    def _loaded_in(self, batch: int) -> bool:
+        """Whether a Load follows the ("-- batch", batch) marker in the log."""
+        try:
+            start = self.log.index(("-- batch", batch))
+        except ValueError:
+            return False
+        return any(entry[0] == "Load" for entry in self.log[start:])
+
     def load(self, requests: Sequence[p.Load]) -> list[p.Loaded]:
-        self.log += [("Load", r.binding, r.key) for r in requests]
-        self.loading.set()
+        with self.loaded:
+            self.log += [("Load", r.binding, r.key) for r in requests]
+            self.loaded.notify_all()
         answers = self.inner.load(requests)
         self.log += [("Loaded", a.binding, a.key) for a in answers]
         return answers

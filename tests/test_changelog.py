@@ -12,6 +12,7 @@ from refold.model.changelog import (
     PairStep,
     canonical_row,
     key_of,
+    legacy_canonical_row,
 )
 from refold.model.reasons import Reason
 
@@ -122,7 +123,11 @@ def test_pairing_recovers_after_a_bad_event_and_after_finish() -> None:
 def test_canonical_row() -> None:
     assert canonical_row({"b": 1, "a": "x"}) == canonical_row({"a": "x", "b": 1}) == b'{"a":"x","b":1}'
     assert canonical_row({"a": 1}) != canonical_row({"a": 1.0})
-    assert canonical_row({"a": None}) != canonical_row({})
+    # a null column equals an absent one (an optional field added to the producer's schema)
+    assert canonical_row({"a": 1, "bonus": None}) == canonical_row({"a": 1}) == b'{"a":1}'
+    assert canonical_row({"a": None}) == canonical_row({})
+    assert legacy_canonical_row({"a": 1}) is None
+    assert legacy_canonical_row({"a": 1, "bonus": None}) == b'{"a":1,"bonus":null}'
 
 
 def test_pairing_steps_hand_back_the_items() -> None:

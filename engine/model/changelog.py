@@ -205,8 +205,22 @@ class PairingValidator:
 
 
 def canonical_row(row: Mapping[str, Any]) -> bytes:
-    """The canonical bytes of a row: JSON with sorted keys. Two rows are *equal*
-    (a retraction matches a live copy) exactly when their canonical bytes are equal;
-    so `1` and `1.0` are different values, as they are on the wire.
+    """The canonical bytes of a row: JSON with sorted keys, its null columns left out.
+    Two rows are *equal* (a retraction matches a live copy) exactly when their
+    canonical bytes are equal: so `1` and `1.0` are different values, as they are on
+    the wire, and a column that is null equals a column the row does not have (a row
+    written before a producer's schema gained an optional field equals the same row
+    written after it, with that field null).
     """
+    if None in row.values():
+        row = {column: value for column, value in row.items() if value is not None}
+    return orjson.dumps(row, option=orjson.OPT_SORT_KEYS)
+
+
+def legacy_canonical_row(row: Mapping[str, Any]) -> bytes | None:
+    """The canonical bytes Refold gave a row with null columns before a null column
+    equalled an absent one (state records written then are named by them); None when
+    the row has no null column (its bytes never changed)."""
+    if None not in row.values():
+        return None
     return orjson.dumps(row, option=orjson.OPT_SORT_KEYS)

@@ -37,6 +37,7 @@ from refold.reduce.values import (
     fingerprint,
     is_number,
     key_bytes,
+    live_fingerprint,
     value_order,
 )
 
@@ -290,7 +291,10 @@ class GroupedReducer:
             value = row.get(column)
             if value is not None and not is_number(value):
                 raise Rejected(Reason.SCHEMA_MISMATCH, index, f"{column!r} is not a number")
-        return key, fingerprint(row)
+        fp = fingerprint(row)
+        if not event.op.adds and (state := self.keys.get(key)) is not None:
+            fp = live_fingerprint(row, fp, state.rows)  # state from before null equalled absent
+        return key, fp
 
     def _settle(self, key: tuple[Any, ...], before: dict[str, Any] | None) -> list[ViewChange]:
         """After a unit: the key's new view row (or its end when no live row is left) and

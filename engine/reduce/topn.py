@@ -12,7 +12,14 @@ from refold.config import ViewSpec
 from refold.model.reasons import Reason
 from refold.reduce.statecodec import decode_state, row_fingerprint, row_key, state_value
 from refold.reduce.types import Rejected, SourceEvent, Tag, ViewChange
-from refold.reduce.values import checked_key, diff_changes, fingerprint, key_bytes, value_order
+from refold.reduce.values import (
+    checked_key,
+    diff_changes,
+    fingerprint,
+    key_bytes,
+    live_fingerprint,
+    value_order,
+)
 
 
 class _Desc:
@@ -74,7 +81,10 @@ class TopNReducer:
         prepared = []
         for index, event in enumerate(unit):
             group = checked_key(event.row, self.partition_by, "partition", self.order_columns, index)
-            prepared.append((event, group, fingerprint(event.row)))
+            fp = fingerprint(event.row)
+            if not event.op.adds and group in self.groups:
+                fp = live_fingerprint(event.row, fp, self.groups[group].rows)
+            prepared.append((event, group, fp))
         pending: dict[tuple[tuple[Any, ...], bytes], int] = {}
         for index, (event, group, fp) in enumerate(prepared):
             have = pending.get((group, fp))

@@ -7,12 +7,12 @@ Most of these run once or more per event: keep them free of per-call set-up."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
 
-from refold.model.changelog import Op, canonical_row
+from refold.model.changelog import Op, canonical_row, legacy_canonical_row
 from refold.model.reasons import Reason
 from refold.reduce.types import Number, Rejected, ViewChange
 
@@ -20,6 +20,21 @@ from refold.reduce.types import Number, Rejected, ViewChange
 def fingerprint(row: dict[str, Any]) -> bytes:
     """16 bytes naming a distinct row (equal rows ⇔ equal canonical bytes)."""
     return hashlib.blake2b(canonical_row(row), digest_size=16).digest()
+
+
+def live_fingerprint(row: dict[str, Any], fp: bytes, live: Mapping[bytes, Any]) -> bytes:
+    """The fingerprint under which `live` (a key's live rows) holds `row`: `fp`, or, for
+    a row with null columns that is not held under it, the fingerprint it had before a
+    null column equalled an absent one, when `live` holds it under that (state restored
+    from records written then)."""
+    if fp in live:
+        return fp
+    legacy = legacy_canonical_row(row)
+    if legacy is not None:
+        old = hashlib.blake2b(legacy, digest_size=16).digest()
+        if old in live:
+            return old
+    return fp
 
 
 def key_bytes(key: tuple[Any, ...]) -> bytes:
