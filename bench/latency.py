@@ -48,7 +48,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
@@ -67,6 +66,7 @@ from refold.kafka.io import (
     partitions_of,
     producer_config,
 )
+from refold.model import jsonbytes
 from refold.model.changelog import message_key_bytes
 from refold.spark.job import engine_topics, run_pipeline, spark_session
 
@@ -99,7 +99,7 @@ def append_event(key: str, score: int, event_time_ms: int) -> bytes:
     """One `+A` changelog event of the bench's row shape (`refold.dev.testing`'s columns)."""
     row = {"op": "+A", "event_time": event_time_ms, "player_name": key, "score": score,
            "bonus": None, "team": ("red", "blue", "green")[score % 3]}
-    return orjson.dumps(row)
+    return jsonbytes.dumps(row)  # right-sized: 10M of them are kept
 
 
 def prepare_topics(settings: dict[str, Any], p: Pipeline, partitions: int) -> None:

@@ -34,14 +34,13 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from bench.baseline import run_baseline
 from bench.procs import PeakRss
 from refold.cli.produce import produce
 from refold.config import Pipeline, ViewSpec, parse_pipeline
 from refold.dev.testing import Workload, generate
 from refold.kafka.io import TopicSpec, ensure_topics
+from refold.model import jsonbytes
 from refold.model.changelog import Op
 from refold.reduce import SourceEvent
 from refold.reference import merge_partitions, reference_changelog
@@ -210,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
           file=sys.stderr)
     workload = Workload(events=args.events, keys=args.keys, retract_share=args.retract, seed=args.seed)
     records = list(generate(workload))
-    lines = [orjson.dumps(r) for r in records]
+    lines = [jsonbytes.dumps(r) for r in records]
     events = len(lines)
     produced = produce(settings, source, lines, ["player_name"], partitions=args.partitions,
                        per_transaction=50_000, prevalidate=False)

@@ -71,6 +71,7 @@ from refold.cli.produce import produce
 from refold.config import Pipeline
 from refold.dev.chaos import ChaosResult, Engine
 from refold.dev.testing import Workload, generate
+from refold.model import jsonbytes
 from refold.recovery.restore import load_checkpoint
 from refold.spark.job import spark_checkpoint_dir, spark_session
 
@@ -129,7 +130,7 @@ def workload_lines(workload: Workload) -> tuple[list[bytes], int]:
     lines = []
     for record in generate(workload):
         keys.add(record[workload.key_column])
-        lines.append(orjson.dumps(record))
+        lines.append(jsonbytes.dumps(record))
     return lines, len(keys)
 
 

@@ -93,6 +93,7 @@ from bench.scaling import (
     write_yaml,
 )
 from refold.dev.testing import Workload, generate
+from refold.model import jsonbytes
 
 PARTS = ("cpu", "workers", "restart", "keys")
 ROOT = Path(__file__).resolve().parent.parent
@@ -306,7 +307,7 @@ def _produce_step(settings: dict[str, Any], run: dict[str, Any], spec: dict[str,
         w = run["workload"]
         records = list(generate(Workload(events=w["events"], keys=w["keys"], retract_share=w["retract"],
                                          seed=w["seed"])))
-        produce_lines(s, run["source"], [orjson.dumps(r) for r in records])
+        produce_lines(s, run["source"], [jsonbytes.dumps(r) for r in records])
         touched = len({r["player_name"] for r in records})
         return {"keys": w["keys"], "touched_keys": touched, "retract_share": w["retract"]}
     return {}
@@ -335,7 +336,7 @@ def base_spec(s: Settings, args: argparse.Namespace, name: str) -> dict[str, Any
 
 
 def workload_topic(s: Settings, topic: str, events: int, keys: int) -> int:
-    lines = [orjson.dumps(r) for r in generate(Workload(events=events, keys=keys, retract_share=0.2, seed=s.seed))]
+    lines = [jsonbytes.dumps(r) for r in generate(Workload(events=events, keys=keys, retract_share=0.2, seed=s.seed))]
     produce_lines(s, topic, lines)
     return len(lines)
 
@@ -417,7 +418,7 @@ def part_restart(s: Settings, args: argparse.Namespace) -> dict[str, Any]:
             store_bytes = sum(f.stat().st_size for f in store.rglob("*") if f.is_file()) if store.is_dir() else 0
             if cold:
                 shutil.rmtree(store, ignore_errors=True)
-            lines = [orjson.dumps(r) for r in generate(Workload(events=args.chunk, keys=keys, retract_share=0.0,
+            lines = [jsonbytes.dumps(r) for r in generate(Workload(events=args.chunk, keys=keys, retract_share=0.0,
                                                                 seed=s.seed + len(runs) + 1))]
             produce_lines(s, name, lines)
             since = engine.committed_batch()

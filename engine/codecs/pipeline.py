@@ -21,7 +21,6 @@ from collections.abc import Callable, Mapping
 from io import BytesIO
 from typing import Any, Protocol
 
-import orjson
 from fastavro import schemaless_writer
 
 from refold.codecs.avro import AvroCodec
@@ -32,6 +31,7 @@ from refold.codecs.registry import RegistryAvroDecoder, frame, register, registr
 from refold.codecs.schemas import load_raw_schema, parse_row_schema, with_system_fields
 from refold.config import Pipeline
 from refold.errors import ConfigError
+from refold.model import jsonbytes
 from refold.model.changelog import ChangelogEvent, Op
 
 
@@ -86,8 +86,8 @@ class JsonRows:
 
     def encode(self, row: Mapping[str, Any], op: Op | None = None) -> bytes:
         if op is None:
-            return orjson.dumps(row)
-        return orjson.dumps({"op": op.code, **row})
+            return jsonbytes.dumps(row)
+        return jsonbytes.dumps({"op": op.code, **row})
 
 
 class AvroRows:

@@ -77,6 +77,7 @@ from refold.kafka.io import (
     producer_config,
 )
 from refold.kafka.transactions import TransactionalWriter
+from refold.model import jsonbytes
 from refold.ops.verify import verify
 from refold.recovery.restore import load_checkpoints
 from refold.spark.job import spark_checkpoint_dir
@@ -395,7 +396,7 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
             say(f"Spark standalone cluster at {cluster.url} (2 workers x 2 cores; logs under {cluster.home})")
         say(f"generating {cfg.events:,} events over {cfg.keys:,} keys ({cfg.retract:.0%} retractions/corrections)")
         workload = Workload(events=cfg.events, keys=cfg.keys, retract_share=cfg.retract, seed=cfg.seed)
-        rows = [orjson.dumps(r) for r in generate(workload)]
+        rows = [jsonbytes.dumps(r) for r in generate(workload)]
         result.events = len(rows)
         source = f"chaos-source-{uuid.uuid4().hex[:6]}"
         upsert_source = f"chaos-upserts-{uuid.uuid4().hex[:6]}"

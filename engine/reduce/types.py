@@ -8,8 +8,7 @@ from collections.abc import Iterable, Sequence
 from fractions import Fraction
 from typing import Any, NamedTuple, Protocol
 
-import orjson
-
+from refold.model import jsonbytes
 from refold.model.changelog import Op
 
 Tag = tuple[int, int, int]  # (event_time, partition, offset)
@@ -36,7 +35,7 @@ class ViewChange(NamedTuple):
 
     def key_json(self) -> bytes:
         """The Kafka message key: a JSON object of the key columns."""
-        return orjson.dumps(dict(zip(self.key_names, self.key, strict=True)))
+        return jsonbytes.dumps(dict(zip(self.key_names, self.key, strict=True)))
 
 
 class Rejected(Exception):

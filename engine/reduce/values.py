@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from refold.model import jsonbytes
 from refold.model.changelog import Op, canonical_row, legacy_canonical_row
 from refold.model.reasons import Reason
 from refold.reduce.types import Number, Rejected, ViewChange
@@ -39,7 +40,7 @@ def live_fingerprint(row: dict[str, Any], fp: bytes, live: Mapping[bytes, Any]) 
 
 def key_bytes(key: tuple[Any, ...]) -> bytes:
     """The order of output keys within a unit: their canonical JSON list bytes."""
-    return orjson.dumps(list(key))
+    return jsonbytes.dumps(list(key))
 
 
 def same_row(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:

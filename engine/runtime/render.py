@@ -18,10 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import orjson
-
 from refold.codecs import output_encoders
 from refold.config import Pipeline
+from refold.model import jsonbytes
 from refold.model.changelog import Op
 from refold.model.forms import RETRACT_FORM
 from refold.reduce import ViewChange, compact_changes
@@ -73,4 +72,4 @@ class Renderer:
             return []
         key_columns = self.key_columns
         encode = self.delta_encoder.encode
-        return [(orjson.dumps({k: row[k] for k in key_columns}), encode(row)) for row in rows]
+        return [(jsonbytes.dumps({k: row[k] for k in key_columns}), encode(row)) for row in rows]
