@@ -29,7 +29,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
+
+import orjson
 
 from refold.errors import DecodeError, RecordError, RecordSource
 from refold.model.changelog import SYSTEM_COLUMNS, ChangelogEvent
@@ -60,6 +62,18 @@ class BadRecord(Exception):
         error = self.kind(self.reason, source, detail=self.detail, value=value)
         error.__cause__ = self.__cause__
         return error
+
+
+def json_object(value: bytes) -> dict[str, Any] | None:
+    """A JSON object's fields (None for JSON `null`). Raises BadRecord (`undecodable`)
+    for bytes that are not JSON, or JSON that is neither an object nor null."""
+    try:
+        parsed = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise BadRecord(Reason.UNDECODABLE, f"not JSON: {exc}") from exc
+    if parsed is not None and type(parsed) is not dict:
+        raise BadRecord(Reason.UNDECODABLE, f"not a JSON object but a JSON {type(parsed).__name__}")
+    return parsed
 
 
 def decode_each(

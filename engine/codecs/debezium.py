@@ -25,7 +25,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import orjson
 
-from refold.codecs.base import BadRecord, SourceDecoder
+from refold.codecs.base import BadRecord, SourceDecoder, json_object
 from refold.model.changelog import SYSTEM_COLUMNS, ChangelogEvent
 from refold.model.forms import debezium_time, from_debezium
 from refold.model.reasons import Reason
@@ -38,16 +38,9 @@ class DebeziumJsonDecoder(SourceDecoder):
 
     def _events_of(self, value: bytes | None) -> list[ChangelogEvent]:
         """The events of one Debezium record value (`[]` for a tombstone)."""
-        if value is None:
-            return []
-        try:
-            envelope = orjson.loads(value)
-        except orjson.JSONDecodeError as exc:
-            raise BadRecord(Reason.UNDECODABLE, f"not JSON: {exc}") from exc
+        envelope = None if value is None else json_object(value)
         if envelope is None:
             return []
-        if type(envelope) is not dict:
-            raise BadRecord(Reason.UNDECODABLE, f"not a JSON object but a JSON {type(envelope).__name__}")
         try:
             events = from_debezium(envelope)
         except ValueError as exc:
@@ -77,16 +70,9 @@ def debezium_change(value: bytes | None) -> DebeziumChange | None:
     """The change of one Debezium record value; None for a tombstone. Raises BadRecord
     (the reasons of `DebeziumJsonDecoder`, except that a missing `before` is allowed:
     the engine completes it from the key's last row)."""
-    if value is None:
-        return None
-    try:
-        envelope = orjson.loads(value)
-    except orjson.JSONDecodeError as exc:
-        raise BadRecord(Reason.UNDECODABLE, f"not JSON: {exc}") from exc
+    envelope = None if value is None else json_object(value)
     if envelope is None:
         return None
-    if type(envelope) is not dict:
-        raise BadRecord(Reason.UNDECODABLE, f"not a JSON object but a JSON {type(envelope).__name__}")
     payload = envelope.get("payload")
     if payload is None and "payload" in envelope and "op" not in envelope:
         return None  # the tombstone, wrapped

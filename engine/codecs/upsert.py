@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import orjson
 from fastavro import schemaless_reader
 
-from refold.codecs.base import BadRecord
+from refold.codecs.base import BadRecord, json_object
 from refold.codecs.jsonl import _json_event_time
 from refold.codecs.schemas import check_row_types, load_raw_schema, parse_row_schema
 from refold.errors import ConfigError
@@ -82,12 +82,9 @@ class UpsertDecoder:
 
 def json_row(value: bytes) -> dict[str, Any]:
     """A row as a JSON object (no `op`: that would be a changelog event). Raises BadRecord."""
-    try:
-        row = orjson.loads(value)
-    except orjson.JSONDecodeError as exc:
-        raise BadRecord(Reason.UNDECODABLE, f"not JSON: {exc}") from exc
-    if type(row) is not dict:
-        raise BadRecord(Reason.UNDECODABLE, f"not a JSON object but a JSON {type(row).__name__}")
+    row = json_object(value)
+    if row is None:
+        raise BadRecord(Reason.UNDECODABLE, "not a JSON object but JSON null (a tombstone is a null value)")
     if "op" in row:
         raise BadRecord(Reason.SCHEMA_MISMATCH, "a row with an op: an upsert source's values are rows "
                                                 "(form: changelog reads changelog events)")
