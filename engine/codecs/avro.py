@@ -31,6 +31,21 @@ from refold.model.reasons import Reason
 _OP_BY_INT: Final = tuple(Op)
 
 
+def read_one(value: bytes, writer: Any, reader: Any, what: str) -> dict[str, Any]:
+    """The one record of `writer` (resolved to `reader` unless None) that `value` is.
+    Raises BadRecord (`undecodable`: not such a record, or bytes left over after it)."""
+    stream = BytesIO(value)
+    try:
+        record = schemaless_reader(stream, writer, reader)
+    except Exception as exc:  # any failure to read means: not one record of this schema
+        raise BadRecord(Reason.UNDECODABLE, f"not {what}: {type(exc).__name__}: {exc}") from exc
+    left = len(value) - stream.tell()
+    if left:
+        raise BadRecord(Reason.UNDECODABLE, f"{left} bytes left over after {what}")
+    assert isinstance(record, dict)
+    return record
+
+
 class AvroEvents:
     """Reads events from schemaless Avro records of one `writer` schema (resolved to
     `reader` unless None), both parsed by `parse_row_schema` and with an int `op`.
@@ -48,15 +63,7 @@ class AvroEvents:
         how many bytes were left over after `{what}`); `op out of range`."""
         if value is None:
             raise BadRecord.tombstone()
-        stream = BytesIO(value)
-        try:
-            record = schemaless_reader(stream, self._writer, self._reader)
-        except Exception as exc:  # any failure to read means: not one record of this schema
-            raise BadRecord(Reason.UNDECODABLE, f"not {self._what}: {type(exc).__name__}: {exc}") from exc
-        left = len(value) - stream.tell()
-        if left:
-            raise BadRecord(Reason.UNDECODABLE, f"{left} bytes left over after {self._what}")
-        assert isinstance(record, dict)
+        record = read_one(value, self._writer, self._reader, self._what)
         op = record.pop("op")
         if not 0 <= op <= 3:
             raise BadRecord(Reason.OP_OUT_OF_RANGE, f"op must be 0..3, got {op!r}", InvalidEventError)

@@ -20,12 +20,11 @@ values, the row or None, the event time) or raises BadRecord:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from io import BytesIO
 from typing import Any, NamedTuple
 
 import orjson
-from fastavro import schemaless_reader
 
+from refold.codecs.avro import read_one
 from refold.codecs.base import BadRecord, json_object
 from refold.codecs.jsonl import _json_event_time
 from refold.codecs.schemas import check_row_types, load_raw_schema, parse_row_schema
@@ -106,16 +105,7 @@ class AvroRow:
         self._schema = parse_row_schema(raw, self.name)
 
     def __call__(self, value: bytes) -> dict[str, Any]:
-        stream = BytesIO(value)
-        try:
-            row = schemaless_reader(stream, self._schema, None)
-        except Exception as exc:  # any failure to read means: not one record of this schema
-            raise BadRecord(Reason.UNDECODABLE, f"not an Avro {self.name} record: {type(exc).__name__}: {exc}") from exc
-        left = len(value) - stream.tell()
-        if left:
-            raise BadRecord(Reason.UNDECODABLE, f"{left} bytes left over after an Avro {self.name} record")
-        assert isinstance(row, dict)
-        return row
+        return read_one(value, self._schema, None, f"an Avro {self.name} record")
 
 
 def upsert_decoder(format: str, schema_path: str | None, columns: Sequence[str]) -> UpsertDecoder:
