@@ -283,7 +283,7 @@ def debezium_stream(seed: int, length: int) -> list[tuple[int, bytes | None, byt
 
 @pytest.mark.kafka
 @pytest.mark.parametrize("view", ["by_id", "by_team"])
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**16), length=st.integers(1, 50), cut=st.integers(0, 50))
 @example(seed=7, length=50, cut=25)
 def test_debezium_streams_with_key_only_and_full_befores_equal_the_reference(

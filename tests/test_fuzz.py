@@ -126,7 +126,7 @@ def pipeline_for(source: str, bootstrap: str, view: dict[str, Any]) -> Pipeline:
 
 
 @pytest.mark.parametrize("view", [GROUPED, TOP_N], ids=["grouped", "top_n"])
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     plan=st.lists(st.one_of(st.none(), st.sampled_from(BAD_KINDS)), min_size=1, max_size=40),
     seed=st.integers(0, 2**16),

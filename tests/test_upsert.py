@@ -199,7 +199,7 @@ def pipeline_for(source: str, bootstrap: str, view: dict[str, Any], state_dir: P
 
 @pytest.mark.kafka
 @pytest.mark.parametrize("view", list(VIEWS))
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     seed=st.integers(0, 2**16),
     length=st.integers(1, 60),
