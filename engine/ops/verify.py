@@ -17,7 +17,6 @@ import orjson
 
 from refold.codecs import source_decoder
 from refold.codecs.base import BadRecord
-from refold.codecs.debezium import debezium_change, debezium_key
 from refold.codecs.upsert import upsert_decoder
 from refold.config import Pipeline
 from refold.errors import RecordError
@@ -33,8 +32,9 @@ from refold.reference import (
     reference_changelog,
     reference_table,
 )
+from refold.runtime.batch import InputRecord
 from refold.runtime.shards import co_partitioned, message_key
-from refold.runtime.tables import is_table
+from refold.runtime.tables import is_table, table_item
 
 
 @dataclass
@@ -81,29 +81,20 @@ def read_table_source(
 ) -> tuple[dict[int, list[TableRecord]], int]:
     """A table source's records (upsert, Debezium) per partition, in offset order, with
     their tags; and the count of bad ones (Debezium tombstones are neither)."""
-    debezium = pipeline.source.format == "debezium-json"
-    upserts = None if debezium else upsert_decoder(
+    upserts = None if pipeline.source.format == "debezium-json" else upsert_decoder(
         pipeline.source.format, pipeline.source.schema_path, message_key(pipeline))
     partitions: dict[int, list[TableRecord]] = {}
     bad = 0
     for msg in read_to_end(settings, pipeline.source.topic):
-        partition, offset = msg.partition() or 0, msg.offset() or 0
-        ts = msg.timestamp()[1]
+        partition = msg.partition() or 0
         try:
-            if upserts is not None:
-                upsert = upserts.decode(msg.key(), msg.value())
-                record: TableRecord = (upsert.key, "upsert", upsert.row, None,
-                                       (upsert.event_time if upsert.event_time is not None else ts, partition, offset))
-            else:
-                change = debezium_change(msg.value())
-                if change is None:
-                    continue  # a tombstone
-                record = (debezium_key(msg.key()), change.kind, change.after, change.before,
-                          (change.event_time if change.event_time is not None else ts, partition, offset))
+            item = table_item(upserts, InputRecord(partition, msg.offset() or 0, msg.key(), msg.value(),
+                                                   msg.timestamp()[1]))
         except BadRecord:
             bad += 1
             continue
-        partitions.setdefault(partition, []).append(record)
+        if item is not None:
+            partitions.setdefault(partition, []).append((item.key, item.kind, item.row, item.before, item.tag))
     return partitions, bad
 
 

@@ -46,7 +46,7 @@ import orjson
 
 from refold.codecs.base import BadRecord
 from refold.codecs.debezium import debezium_change, debezium_key
-from refold.codecs.upsert import upsert_decoder
+from refold.codecs.upsert import UpsertDecoder, upsert_decoder
 from refold.config import Pipeline
 from refold.errors import RecordSource, UserError
 from refold.model.changelog import Op, canonical_row
@@ -124,7 +124,7 @@ class TableReader:
     def _upsert(self, record: InputRecord) -> TableItem:
         assert self.upserts is not None
         try:
-            upsert = self.upserts.decode(record.key, record.value)
+            item = table_item(self.upserts, record)
         except BadRecord as bad:
             if not self.verified and bad.reason in (Reason.NULL_KEY, Reason.KEY_MISMATCH):
                 try:
@@ -133,19 +133,15 @@ class TableReader:
                     raise self._keyed_otherwise(record) from bad
             raise
         self.verified = True
-        event_time = upsert.event_time if upsert.event_time is not None else record.timestamp
-        return TableItem(upsert.key, UPSERT, upsert.row, None, (event_time, record.partition, record.offset), record)
+        assert item is not None
+        return item
 
     def _debezium(self, record: InputRecord) -> TableItem | None:
-        change = debezium_change(record.value)
-        if change is None:
-            return None  # the tombstone Debezium writes after a delete, for compaction
-        key = debezium_key(record.key)
-        if self.keys is not None and not self.keys.verified:
-            self.keys.matches(record.key, change.after or change.before or {})  # UserError when keyed otherwise
-        event_time = change.event_time if change.event_time is not None else record.timestamp
-        return TableItem(key, change.kind, change.after, change.before,
-                         (event_time, record.partition, record.offset), record)
+        item = table_item(None, record)
+        if item is not None and self.keys is not None and not self.keys.verified:
+            # UserError when keyed otherwise
+            self.keys.matches(record.key, item.row or item.before or {})
+        return item
 
     def _keyed_otherwise(self, record: InputRecord) -> UserError:
         return UserError(
@@ -154,6 +150,23 @@ class TableReader:
             f"{RecordSource(self.topic, record.partition, record.offset)}); set source.key to the columns the "
             "messages are keyed by"
         )
+
+
+def table_item(upserts: UpsertDecoder | None, record: InputRecord) -> TableItem | None:
+    """One record of a table source as a `TableItem`: an upsert record when `upserts`
+    decodes the source, else a Debezium event (None: the tombstone Debezium writes
+    after a delete, for compaction). Raises BadRecord. (`refold verify` reads the
+    source with it too.)"""
+    if upserts is not None:
+        upsert = upserts.decode(record.key, record.value)
+        event_time = upsert.event_time if upsert.event_time is not None else record.timestamp
+        return TableItem(upsert.key, UPSERT, upsert.row, None, (event_time, record.partition, record.offset), record)
+    change = debezium_change(record.value)
+    if change is None:
+        return None
+    event_time = change.event_time if change.event_time is not None else record.timestamp
+    return TableItem(debezium_key(record.key), change.kind, change.after, change.before,
+                     (event_time, record.partition, record.offset), record)
 
 
 class LastRows:
