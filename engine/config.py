@@ -18,6 +18,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     field_validator,
@@ -52,9 +53,13 @@ class ColumnSpec(_Model):
 
 
 class TopNSpec(_Model):
+    """`n` rows per `partition_by` group, ranked by `order_by`; `columns`: the row columns
+    each output row carries (default: every column of the row)."""
+
     n: Annotated[int, Field(ge=1, le=10_000)]
     order_by: dict[str, Literal["asc", "desc"]]
     partition_by: list[str] = []
+    columns: list[str] | None = None
 
     @field_validator("order_by")
     @classmethod
@@ -63,13 +68,67 @@ class TopNSpec(_Model):
             raise ValueError("order_by needs at least one column")
         return value
 
+    @field_validator("columns")
+    @classmethod
+    def _row_columns(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return value
+        if not value:
+            raise ValueError("columns: name at least one row column (or leave it out for all of them)")
+        if "place" in value:
+            raise ValueError("columns: 'place' is the output's own column, not a row column")
+        if len(set(value)) != len(value):
+            raise ValueError("columns: a column is named twice")
+        return value
+
 
 class ViewSpec(_Model):
-    """Either `key` + `columns` (a grouped reduction) or `top_n` (a leaderboard)."""
+    """Either `key` + `columns` (a grouped reduction) or `top_n` (a leaderboard), or `sql`:
+    a query in Spark SQL's dialect that becomes one of them (`refold explain` prints
+    which). `SELECT k, SUM(c) AS total, COUNT(*) AS n FROM topic GROUP BY k` is a
+    grouped view: the key is the GROUP BY columns; the aggregates are SUM, COUNT (`*`,
+    a column), AVG, MIN, MAX, FIRST/FIRST_VALUE, LAST/LAST_VALUE and COLLECT_SET (the
+    `set` aggregation: each distinct value with its live copies); an aggregate without
+    `AS` is named `<function>_<column>` (`count` for COUNT(*)). `SELECT * FROM (SELECT
+    ROW_NUMBER() OVER (PARTITION BY p ORDER BY s DESC) AS place, * FROM topic) WHERE
+    place <= N` is a Top-N; a list of columns instead of `*` becomes `top_n.columns`.
+    `FROM` names the source topic. Joins, WHERE, HAVING, DISTINCT, RANK/DENSE_RANK,
+    ORDER BY or LIMIT outside the window, expressions inside aggregates, a bound that
+    is not a number, and `ASC` without `NULLS LAST` (Refold ranks nulls last) are
+    refused before anything starts, naming the construct and its line and column."""
 
     key: list[str] = []
     columns: dict[str, ColumnSpec] = {}
     top_n: TopNSpec | None = None
+    sql: str | None = None
+    _sql_from: tuple[str, str] | None = PrivateAttr(default=None)  # (table, where it is named)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_sql(cls, value: Any) -> Any:
+        if not isinstance(value, Mapping) or value.get("sql") is None:
+            return value
+        sql = value["sql"]
+        if not isinstance(sql, str):
+            raise ValueError("sql: a query, as text")
+        written = [name for name in ("key", "columns", "top_n") if name in value]
+        if written:
+            raise ValueError(f"write the view either as sql or as key/columns/top_n, not both ({', '.join(written)})")
+        from refold.sql import translate
+
+        return {**translate(sql).spec, **value}
+
+    def model_post_init(self, context: Any) -> None:
+        if self.sql is not None:
+            from refold.sql import translate
+
+            view = translate(self.sql)
+            self._sql_from = (view.table, view.table_at)
+
+    @property
+    def sql_table(self) -> tuple[str, str] | None:
+        """The table a `sql` view reads and where the query names it (None: no sql)."""
+        return self._sql_from
 
     @field_validator("columns", mode="before")
     @classmethod
@@ -275,6 +334,9 @@ class Pipeline(_Model):
 
     @model_validator(mode="after")
     def _cross(self) -> Pipeline:
+        if self.view.sql_table is not None and self.view.sql_table[0] != self.source.topic:
+            table, at = self.view.sql_table
+            raise ValueError(f"view.sql: FROM {table} {at} is not the source topic {self.source.topic!r}")
         if self.view.is_top_n and self.outputs.delta is not None:
             raise ValueError("outputs.delta: delta updates are defined for grouped views, not top_n")
         for i, entry in enumerate(self.outputs.materialize):
@@ -368,8 +430,11 @@ def parse_pipeline(data: Any, where: str = "pipeline") -> Pipeline:
             if loc[:2] == ("outputs", "materialize") and len(loc) > 2:  # one entry: as its driver says
                 problems.append(describe_problem(loc[3:], error, f"outputs.materialize[{loc[2]}]"))
                 continue
-            location = ".".join(str(part) for part in loc) or "(top level)"
-            message = error["msg"]
+            message = error["msg"].removeprefix("Value error, ")
+            location = ".".join(str(part) for part in loc)
+            if not location:  # a check across settings names its settings itself
+                problems.append(message)
+                continue
             if error["type"] == "extra_forbidden":
                 message = "unknown setting"
             elif error["type"] == "missing":

@@ -133,7 +133,8 @@ class _Model:
         for place, (copy_row, _tag) in enumerate(ranked[: top_n.n], start=1):
             row = dict(zip(top_n.partition_by, group, strict=True))
             row["place"] = place
-            row.update({k: v for k, v in copy_row.items() if k not in row})
+            kept = copy_row if top_n.columns is None else {c: copy_row[c] for c in top_n.columns if c in copy_row}
+            row.update({k: v for k, v in kept.items() if k not in row})
             out[(*group, place)] = row
         return out
 

@@ -61,6 +61,7 @@ class TopNReducer:
         self.order_columns = tuple(spec.top_n.order_by)
         self.partition_by = tuple(spec.top_n.partition_by)
         self.key_names = (*self.partition_by, "place")
+        self.columns = None if spec.top_n.columns is None else tuple(spec.top_n.columns)
         self.groups: dict[tuple[Any, ...], _Group] = {}
         self._dirty: set[tuple[tuple[Any, ...], bytes]] = set()
 
@@ -136,9 +137,15 @@ class TopNReducer:
 
     def _output(self, group: tuple[Any, ...], place: int, row: dict[str, Any]) -> dict[str, Any]:
         """The output row at `place`: the group's columns, `place`, then the row's other
-        columns (a row column named `place` is not output)."""
+        columns — those of `top_n.columns` the row has, when it names them (a row column
+        named `place` is not output)."""
         out: dict[str, Any] = dict(zip(self.partition_by, group, strict=True))
         out["place"] = place
+        if self.columns is not None:
+            for column in self.columns:
+                if column not in out and column in row:
+                    out[column] = row[column]
+            return out
         for column, value in row.items():
             if column not in out:
                 out[column] = value

@@ -1,0 +1,53 @@
+"""`refold explain PIPELINE.yaml`: the view a pipeline runs, as the engine reads it.
+
+For a view written in SQL (`view: {sql: …}`) this is the view spec the query became
+(`refold.sql`), in the YAML form a pipeline may write instead; for any view, how it
+runs: its output key, its shards (one per source partition when it is co-partitioned
+with its source, else one that merges them) and the topics it writes. Needs no broker.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from refold.config import Pipeline
+from refold.runtime.shards import co_partitioned, message_key, view_key
+
+
+def view_spec(pipeline: Pipeline) -> dict[str, Any]:
+    """The `view:` mapping of the pipeline's view without its `sql` (the YAML twin)."""
+    view = pipeline.view
+    if view.top_n is not None:
+        top_n = view.top_n.model_dump(exclude_none=True)
+        return {"top_n": top_n}
+    return {"key": list(view.key),
+            "columns": {name: {spec.agg: spec.column} for name, spec in view.columns.items()}}
+
+
+def explain(pipeline: Pipeline) -> str:
+    """The text `refold explain` prints."""
+    view = pipeline.view
+    lines = []
+    if view.sql is not None:
+        lines += ["# the view's SQL:", *("#   " + line for line in view.sql.strip().splitlines()),
+                  "# is this view spec (the same as writing it in the pipeline file):"]
+    lines.append(yaml.safe_dump({"view": view_spec(pipeline)}, sort_keys=False, default_flow_style=None).rstrip())
+    output_key = [*view.top_n.partition_by, "place"] if view.top_n is not None else list(view.key)
+    lines.append(f"# output key: {', '.join(output_key)}")
+    keys = ", ".join(message_key(pipeline)) or "(none)"
+    if co_partitioned(pipeline):
+        lines.append(f"# shards: one per partition of {pipeline.source.topic} (messages keyed by {keys}, "
+                     f"within the view's grouping {', '.join(view_key(view))})")
+    else:
+        grouping = ", ".join(view_key(view)) or "none: a global Top-N"
+        lines.append(f"# shards: one, merging every partition of {pipeline.source.topic} (messages keyed by "
+                     f"{keys}; the view groups by {grouping})")
+    if pipeline.outputs.view is not None:
+        lines.append(f"# view output: {pipeline.outputs.view.topic} ({pipeline.outputs.view.form})")
+    if pipeline.outputs.delta is not None:
+        lines.append(f"# delta output: {pipeline.outputs.delta.topic}")
+    lines.append(f"# dead letters: {pipeline.dlq_topic}; state: {pipeline.state_topic}; "
+                 f"checkpoints: {pipeline.checkpoints_topic}")
+    return "\n".join(lines)
