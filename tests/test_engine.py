@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from refold.cli.produce import produce
-from refold.config import Pipeline, parse_pipeline
+from refold.config import Pipeline, load_pipeline, parse_pipeline
 from refold.dev.testing import Workload, generate
 from refold.errors import RecordError, UserError
 from refold.kafka.io import read_to_end
@@ -149,24 +149,46 @@ def test_per_batch_emit_folds_to_reference(bootstrap_servers, topic, tmp_path, s
     assert_verified(pipeline, settings)
 
 
-def test_rfc015_leaderboard(bootstrap_servers, topic, tmp_path, spark) -> None:
+T1, T2, T3 = "2024-01-01T00:00:00Z", "2024-01-02T00:00:00Z", "2024-01-03T00:00:00Z"
+# RFC-015's output tables for its leaderboard query: (op, place, match_time, player_name, score)
+RFC015_TABLES = {
+    "changelog": [("+A", 1, T1, "Alice", 100), ("+A", 2, T1, "Bob", 80),
+                  ("-C", 2, T1, "Bob", 80), ("+C", 2, T2, "Charlie", 90),
+                  ("-C", 1, T1, "Alice", 100), ("+C", 1, T3, "Charlie", 110),
+                  ("-C", 2, T2, "Charlie", 90), ("+C", 2, T1, "Alice", 100)],
+    "retract": [("+A", 1, T1, "Alice", 100), ("+A", 2, T1, "Bob", 80),
+                ("-R", 2, T1, "Bob", 80), ("+A", 2, T2, "Charlie", 90),
+                ("-R", 1, T1, "Alice", 100), ("-R", 2, T2, "Charlie", 90),
+                ("+A", 1, T3, "Charlie", 110), ("+A", 2, T1, "Alice", 100)],
+    "upsert": [("+A", 1, T1, "Alice", 100), ("+A", 2, T1, "Bob", 80), ("+A", 2, T2, "Charlie", 90),
+               ("+A", 1, T3, "Charlie", 110), ("+A", 2, T1, "Alice", 100)],
+}
+
+
+@pytest.mark.parametrize("form", ["changelog", "retract", "upsert"])
+def test_rfc015_query_gives_the_rfc_tables(form, bootstrap_servers, topic, tmp_path, spark) -> None:
+    """The leaderboard query as RFC-015 writes it (examples/leaderboard.yaml), over its
+    match scores, gives the RFC's changelog, retract and upsert tables, row for row."""
     settings = {"bootstrap.servers": bootstrap_servers}
     source = topic(partitions=1)
     with open("examples/match_scores.jsonl", "rb") as handle:
         produce(settings, source, handle.read().splitlines(), ["player_name"], progress=False)
-    pipeline = pipeline_for(source, {"top_n": {"n": 2, "order_by": {"score": "desc"}}}, tmp=tmp_path)
+    sql = load_pipeline("examples/leaderboard.yaml").view.sql
+    assert sql is not None
+    pipeline = pipeline_for(source, {"sql": sql.replace("from match_scores\n", f"from `{source}`\n")},
+                            tmp=tmp_path, form=form, delta=False)
+    assert pipeline.view.top_n is not None and pipeline.view.top_n.columns == ["match_time", "player_name", "score"]
     run(pipeline, bootstrap_servers, spark)
-    got = [(c.op.code, c.row["place"], c.row["player_name"], c.row["score"]) for c in read_view_changes(pipeline, settings)]
-    assert got == [
-        ("+A", 1, "Alice", 100),
-        ("+A", 2, "Bob", 80),
-        ("-C", 2, "Bob", 80),
-        ("+C", 2, "Charlie", 90),
-        ("-C", 1, "Alice", 100),
-        ("+C", 1, "Charlie", 110),
-        ("-C", 2, "Charlie", 90),
-        ("+C", 2, "Alice", 100),
-    ]
+    if form == "upsert":
+        assert pipeline.outputs.view is not None
+        records = [orjson.loads(m.value()) for m in read_to_end(settings, pipeline.outputs.view.topic)]
+        got = [("+A", r["place"], r["match_time"], r["player_name"], r["score"]) for r in records]
+    else:
+        got = [(c.op.code, c.row["place"], c.row["match_time"], c.row["player_name"], c.row["score"])
+               for c in read_view_changes(pipeline, settings)]
+        assert all(set(c.row) == {"place", "match_time", "player_name", "score"}
+                   for c in read_view_changes(pipeline, settings))  # the query's columns, no others
+    assert got == RFC015_TABLES[form]
 
 
 def test_top_n_with_retractions_equals_reference(bootstrap_servers, topic, tmp_path, spark) -> None:

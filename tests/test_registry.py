@@ -167,5 +167,5 @@ def test_registry_config_is_typed() -> None:
         parse_pipeline({**base, "schema_registry": {"url": "r:8081"}})
     secret = parse_pipeline({**base, "schema_registry": {"url": "http://r:8081", "basic_auth_user_info": "u:pw"}})
     assert "pw" not in repr(secret)
-    with pytest.raises(ConfigError, match=r"outputs\.view: Value error, format avro needs schema"):
+    with pytest.raises(ConfigError, match=r"outputs\.view: format avro needs schema"):
         parse_pipeline({**base, "source": {"topic": "s"}, "outputs": {"view": {"topic": "v", "format": "avro"}}})

@@ -57,6 +57,12 @@ def cmd_spark(args: argparse.Namespace) -> int:
     return localspark.cli(args)
 
 
+def cmd_registry(args: argparse.Namespace) -> int:
+    from refold.dev import localregistry
+
+    return localregistry.cli(args)
+
+
 def cmd_jars(args: argparse.Namespace) -> int:
     from refold.spark import jars
 
@@ -128,6 +134,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_explain(args: argparse.Namespace) -> int:
+    from refold.config import load_pipeline
+    from refold.ops.explain import explain
+
+    print(explain(load_pipeline(args.pipeline)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="refold", description="Exactly-once changelog engine on Kafka.")
     parser.add_argument(
@@ -163,6 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
     spark.add_argument("--ui-port", type=int, help="master UI port (default 8080 when free, else a free one)")
     spark.set_defaults(func=cmd_spark)
 
+    registry = sub.add_parser("registry", help="a local Apicurio schema registry (Confluent-compatible API) on "
+                                               "127.0.0.1, for trying schema_registry: (in-memory storage)")
+    registry.add_argument("action", choices=["build", "start", "stop", "status"])
+    registry.add_argument("--port", type=int, help="HTTP port (default: a free one)")
+    registry.set_defaults(func=cmd_registry)
+
     jars = sub.add_parser("jars", help="resolve the JVM jars (Kafka broker, Spark Kafka connector) with Maven")
     jars.set_defaults(func=cmd_jars)
 
@@ -195,6 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="committed offsets, lag, last batch of a pipeline")
     status.add_argument("pipeline")
     status.set_defaults(func=cmd_status)
+
+    explain = sub.add_parser("explain", help="the view a pipeline runs (the spec a SQL view becomes), its shards "
+                                             "and topics")
+    explain.add_argument("pipeline")
+    explain.set_defaults(func=cmd_explain)
     return parser
 
 

@@ -1,4 +1,4 @@
-"""`make demo`: the RFC-015 match scores through a top-2 leaderboard and per-player totals.
+"""`make demo`: the RFC-015 match scores through a top-2 leaderboard (RFC-015's own SQL) and per-player totals.
 
 Starts the local broker (unless REFOLD_BOOTSTRAP_SERVERS names another), produces
 the six match results, runs both example pipelines until idle in one Spark
@@ -31,6 +31,11 @@ def _pipeline(name: str, run_id: str, source: str, bootstrap: str, folder: Path)
     data: dict[str, Any] = yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text())
     data["pipeline"] = f"{data['pipeline']}-{run_id}"
     data["kafka"] = {"bootstrap.servers": bootstrap}
+    if "sql" in data["view"]:  # the query names the example's topic; this run reads its own
+        named = f"from {data['source']['topic']}\n"
+        if named not in data["view"]["sql"]:
+            raise AssertionError(f"examples/{name}.yaml: its query does not read {data['source']['topic']}")
+        data["view"]["sql"] = data["view"]["sql"].replace(named, f"from `{source}`\n")
     data["source"]["topic"] = source
     for output in ("view", "delta"):
         if output in data["outputs"]:
@@ -92,6 +97,10 @@ def main() -> int:
         spark.stop()
 
     for pipeline in pipelines:
+        if pipeline.view.sql is not None:
+            print(f"\n== {pipeline.pipeline}: the view is this SQL (RFC-015's leaderboard query; "
+                  "`refold explain examples/leaderboard.yaml` prints the view spec it becomes)")
+            print("\n".join("  " + line for line in pipeline.view.sql.rstrip().splitlines()))
         changes = read_view_changes(pipeline, settings)
         assert pipeline.outputs.view is not None
         print(f"\n== {pipeline.outputs.view.topic}: the view changelog")

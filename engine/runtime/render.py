@@ -5,7 +5,9 @@ effects, output-key order), or, with `emit: per_batch`, one net change per key i
 order. Its forms (DESIGN.md §2):
 
 - `changelog`: the changes as they are.
-- `retract`: each op in its retract form (`refold.model.forms.RETRACT_FORM`).
+- `retract`: each op in its retract form (`refold.model.forms.RETRACT_FORM`), a unit's
+  (with `per_batch`, a batch's) retractions before its appends, as RFC-015's retract
+  stream is written: what leaves the view is retracted before what replaces it.
 - `upsert`: the new row for `+A`/`+C`, a tombstone (None) for `-R`, nothing for `-C`
   (its `+C` overwrites the key).
 
@@ -44,12 +46,16 @@ class Renderer:
         spec = self.view_spec
         if spec is None:
             return []
+        form = spec.form
         if spec.emit == "per_batch":
-            flat = [c for unit_changes, _ in changes for c in unit_changes]
-            timed: Iterable[tuple[ViewChange, int | None]] = ((c, None) for c in compact_changes(flat))
+            flat = compact_changes([c for unit_changes, _ in changes for c in unit_changes])
+            if form == "retract":
+                flat = _retractions_first(flat)
+            timed: Iterable[tuple[ViewChange, int | None]] = ((c, None) for c in flat)
+        elif form == "retract":
+            timed = ((c, ts) for unit_changes, ts in changes for c in _retractions_first(unit_changes))
         else:
             timed = ((c, ts) for unit_changes, ts in changes for c in unit_changes)
-        form = spec.form
         encode = self.view_encoder.encode
         records: list[tuple[bytes, bytes | None, int | None]] = []
         key_json: dict[tuple[Any, ...], bytes] = {}
@@ -73,3 +79,10 @@ class Renderer:
         key_columns = self.key_columns
         encode = self.delta_encoder.encode
         return [(jsonbytes.dumps({k: row[k] for k in key_columns}), encode(row)) for row in rows]
+
+
+def _retractions_first(changes: list[ViewChange]) -> list[ViewChange]:
+    """One unit's changes with its `-R`/`-C` before its `+A`/`+C`, each side in its order."""
+    if len(changes) < 2:
+        return changes
+    return [c for c in changes if not c.op.adds] + [c for c in changes if c.op.adds]
