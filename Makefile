@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 REFOLD := $(VENV)/bin/refold
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup jars test unit lint demo chaos bench bench-contenders bench-latency bench-scaling bench-tasks \
+.PHONY: setup jars registry test unit lint demo chaos bench bench-contenders bench-latency bench-scaling bench-tasks \
 	bench-plots \
 	kafka-start kafka-stop clean
 
@@ -21,6 +21,10 @@ $(STAMP): pyproject.toml
 jars: setup
 	$(REFOLD) jars
 
+# Apicurio Registry (Maven Central, ~150 MB, once) for the tests against a real schema registry.
+registry: setup
+	$(PY) -m refold.dev.localregistry build
+
 lint: setup
 	$(VENV)/bin/ruff check engine connectors tests bench
 	$(VENV)/bin/mypy
@@ -28,7 +32,7 @@ lint: setup
 unit: setup
 	$(PY) -m pytest tests -m "not kafka and not spark" -q
 
-test: setup jars lint
+test: setup jars registry lint
 	$(PY) -m pytest tests -q --durations=15
 
 demo: setup jars
