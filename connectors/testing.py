@@ -56,7 +56,8 @@ class Recording(p.Driver[Any]):
         self.pattern = inner.pattern
         self.store_errors = inner.store_errors
         self.ack_waits_for_load = ack_waits_for_load
-        self.loaded = threading.Condition()  # notified on each Load
+        self.loaded = threading.Condition()  # notified on each Load, and at the end
+        self.ending = False  # no batch follows: an Acknowledge waits for no Load
 
     def sink(self) -> p.Sink | None:
         return self.inner.sink()
@@ -71,7 +72,7 @@ class Recording(p.Driver[Any]):
         self.log.append(("Acknowledge", request.batch))
         if self.ack_waits_for_load and request.batch > 0:
             with self.loaded:  # until the next batch has sent a Load (maybe before this Acknowledge)
-                self.loaded.wait_for(lambda: self._loaded_in(request.batch + 1), 30.0)
+                self.loaded.wait_for(lambda: self.ending or self._loaded_in(request.batch + 1), 30.0)
         answer = self.inner.acknowledge(request)
         self.log.append(("Acknowledged",))
         return answer
@@ -110,6 +111,12 @@ class Recording(p.Driver[Any]):
 
     def close(self) -> None:
         self.inner.close()
+
+    def end(self) -> None:
+        """No batch follows: the last Acknowledge stops waiting for its Load."""
+        with self.loaded:
+            self.ending = True
+            self.loaded.notify_all()
 
 
 class RecordingExecutor(ThreadExecutor):
@@ -205,6 +212,7 @@ class Harness:
         self.start()
 
     def close(self) -> None:
+        self.driver.end()
         self.runtime.close()
 
     def transactions(self) -> list[list[Entry]]:

@@ -178,6 +178,17 @@ def _bootstrap_env(bootstrap: str) -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One Spark session (`local[2]`) for every test that runs the engine in this process
+    (starting one costs seconds); such tests never stop it."""
+    from refold.spark.job import spark_session
+
+    session = spark_session("local[2]", {"spark.sql.streaming.checkpointLocation": str(tmp_path_factory.mktemp("spark"))})
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
 def bootstrap_servers(kafka_broker: TestBroker) -> str:
     return kafka_broker.bootstrap
 

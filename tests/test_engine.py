@@ -24,7 +24,6 @@ from refold.runtime.shard import ShardProcessor
 from refold.spark.job import (
     run_pipeline,
     spark_checkpoint_dir,
-    spark_session,
 )
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
@@ -42,13 +41,6 @@ ALL_REDUCTIONS = {
     "teams": {"set": "team"},
     "bonus": {"sum": "bonus"},
 }
-
-
-@pytest.fixture(scope="module")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    session = spark_session("local[2]", {"spark.sql.streaming.checkpointLocation": str(tmp_path_factory.mktemp("spark"))})
-    yield session
-    session.stop()
 
 
 def pipeline_for(source: str, view: dict[str, Any], *, tmp: Any, form: str = "changelog", delta: bool = True,

@@ -33,7 +33,7 @@ from refold.ops.verify import read_deltas, read_table_source, same
 from refold.recovery.records import decode_dead_letter
 from refold.reduce import ViewChange
 from refold.reference import fold_changelog, fold_deltas, reference_table
-from refold.spark.job import run_pipeline, spark_session
+from refold.spark.job import run_pipeline
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -106,7 +106,7 @@ def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return samples
 
 
-def test_debezium_topic_to_avro_view_with_metrics(bootstrap_servers, topic, tmp_path: Path) -> None:
+def test_debezium_topic_to_avro_view_with_metrics(bootstrap_servers, topic, tmp_path: Path, spark: Any) -> None:
     settings = {"bootstrap.servers": bootstrap_servers}
     source = topic(partitions=2)
     records, tombstones, bad = debezium_records(list(generate(Workload(events=1200, keys=80, seed=17))))
@@ -132,7 +132,6 @@ def test_debezium_topic_to_avro_view_with_metrics(bootstrap_servers, topic, tmp_
         "max_batch_events": 400,
         "spark": {"checkpoint_dir": str(tmp_path / "spark")},
     })
-    spark = spark_session("local[2]")
     failure: list[BaseException] = []
 
     def engine() -> None:
@@ -163,7 +162,6 @@ def test_debezium_topic_to_avro_view_with_metrics(bootstrap_servers, topic, tmp_
             metrics = scrape(f"http://127.0.0.1:{port}/metrics")
     finally:
         runner.join(300)
-        spark.stop()
     assert not failure, failure
     seconds = time.monotonic() - started
 

@@ -40,7 +40,7 @@ from refold.ops.verify import by_key, output_key, read_deltas, read_source, same
 from refold.recovery.restore import load_checkpoint
 from refold.reduce import ViewChange
 from refold.reference import fold_changelog, fold_deltas, merge_partitions, reference_changelog
-from refold.spark.job import run_pipeline, spark_session
+from refold.spark.job import run_pipeline
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -87,13 +87,6 @@ def registry(refold_home: Path) -> Iterator[localregistry.RegistryInfo]:
         yield info
     finally:
         localregistry.stop(home=refold_home)
-
-
-@pytest.fixture(scope="module")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    session = spark_session("local[2]", {"spark.sql.streaming.checkpointLocation": str(tmp_path_factory.mktemp("spark"))})
-    yield session
-    session.stop()
 
 
 class Changelog:
