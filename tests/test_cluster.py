@@ -31,6 +31,7 @@ from refold.config import Pipeline, load_pipeline
 from refold.dev import localspark, sparkprocs
 from refold.dev.sparkstate import master_state
 from refold.recovery.restore import load_checkpoint
+from refold.runtime.hooks import worker_crash_marker
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -193,26 +194,27 @@ def test_a_pipeline_runs_on_the_standalone_cluster(
     assert ran, apps
 
 
-@pytest.mark.parametrize("where", ["in_txn:2", "after_commit:2"])
-def test_a_python_worker_killed_on_an_executor_is_run_again(
-    cluster: localspark.ClusterInfo, bootstrap_servers: str, topic, tmp_path: Path, where: str
+def test_python_workers_killed_on_an_executor_are_run_again(
+    cluster: localspark.ClusterInfo, bootstrap_servers: str, topic, tmp_path: Path
 ) -> None:
-    # The first Python worker to reach the point (inside batch 2's transaction, or right
-    # after its commit) kills itself; Spark runs the task again on the executor, which
-    # settles the dead worker's transaction and commits what is not committed yet.
+    # The first Python worker to reach each point (inside batch 2's transaction; right
+    # after batch 4's commit) kills itself; Spark runs the task again on the executor,
+    # which settles the dead worker's transaction and commits what is not committed yet.
+    points = ("in_txn:2", "after_commit:4")
     source, events = load(bootstrap_servers, topic)
     path = write_pipeline(tmp_path, source, bootstrap_servers, cluster, max_batch_events=300)
     pipeline = load_pipeline(path)
     log = tmp_path / "engine.log"
-    with running(start_engine(path, log, idle=4, REFOLD_TEST_CRASH_WORKER=where)) as proc:
+    with running(start_engine(path, log, idle=4, REFOLD_TEST_CRASH_WORKER=",".join(points))) as proc:
         app = wait_for("application on the cluster", lambda: app_id(cluster, pipeline), proc, log)
         code, err = finish(proc, log)
     assert code == 0, err[-4000:]
-    marker = Path(os.environ["REFOLD_HOME"]) / f"crash-worker-{proc.pid}"
-    assert marker.exists(), "no Python worker reached the crash point"
+    base = Path(os.environ["REFOLD_HOME"]) / f"crash-worker-{proc.pid}"
+    for point in points:
+        assert worker_crash_marker(base, point).exists(), f"no Python worker reached {point}"
     logs = executor_logs(cluster, app)
-    assert "kill -9 of Python worker" in logs, logs[-3000:]
-    assert re.search(r"Running task \d+\.1 in stage", logs), logs[-3000:]  # a second attempt of the task
+    assert logs.count("kill -9 of Python worker") >= len(points), logs[-3000:]
+    assert len(re.findall(r"Running task \d+\.1 in stage", logs)) >= len(points), logs[-3000:]  # second attempts
     assert_exact(pipeline, bootstrap_servers, events)
 
 

@@ -8,9 +8,9 @@ Injected, never read inline: whoever starts the engine builds them once from
   with its Spark and tasks) at that point of a shard's batch (`mid_batch`: the batch
   is decoded, nothing reduced or sent; `in_txn`: its records sent, not committed;
   `after_commit`: committed, before the local store and Spark record it).
-- `REFOLD_TEST_CRASH_WORKER=<where>:<batch>`: the same points, SIGKILL of the Python
-  worker that runs the shard's task (Spark runs the task again), once per `marker`
-  file: the first worker to get there kills itself.
+- `REFOLD_TEST_CRASH_WORKER=<where>:<batch>[,<where>:<batch>…]`: the same points,
+  SIGKILL of the Python worker that runs the shard's task (Spark runs the task again),
+  once per point (a marker file each): the first worker to get there kills itself.
 - `REFOLD_TEST_STALL_IN_TXN_SECONDS`: keep the first transaction open that long, or,
   with `REFOLD_TEST_STALL_UNTIL=<path>`, until that file exists (at most that long).
 """
@@ -42,14 +42,14 @@ class Hooks:
         stall_until: Path | None = None,
         *,
         crash_pid: int | None = None,
-        worker_crash_at: str | None = None,
+        worker_crash_at: str | None = None,  # points, comma-separated
         worker_crash_marker: Path | None = None,
     ) -> None:
         self.crash_at = crash_at
         self.crash_pid = crash_pid  # the engine's process (None: this one)
         self.stall_seconds = stall_seconds
         self.stall_until = stall_until
-        self.worker_crash_at = worker_crash_at
+        self.worker_crash_at = frozenset(p.strip() for p in worker_crash_at.split(",")) if worker_crash_at else frozenset()
         self.worker_crash_marker = worker_crash_marker
         self._stalled = False
 
@@ -76,14 +76,14 @@ class Hooks:
             log.warning("test hook: kill -9 of the engine at %s of batch %d", where, batch)
             os.kill(self.crash_pid or os.getpid(), signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)  # a worker outlives its driver by a moment
-        if self.worker_crash_at == point and self._first_worker_crash():
+        if point in self.worker_crash_at and self._first_worker_crash(point):
             log.warning("test hook: kill -9 of Python worker %d at %s of batch %d", os.getpid(), where, batch)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def _first_worker_crash(self) -> bool:
-        marker = self.worker_crash_marker
-        if marker is None:
+    def _first_worker_crash(self, point: str) -> bool:
+        if self.worker_crash_marker is None:
             return True
+        marker = worker_crash_marker(self.worker_crash_marker, point)
         try:
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.open("x").close()
@@ -102,6 +102,11 @@ class Hooks:
         deadline = time.monotonic() + self.stall_seconds
         while time.monotonic() < deadline and not (release is not None and release.exists()):
             time.sleep(0.1)
+
+
+def worker_crash_marker(base: Path, point: str) -> Path:
+    """The file that says a worker crashed at `point` (`<base>-<where>-<batch>`)."""
+    return base.with_name(f"{base.name}-{point.replace(':', '-')}")
 
 
 def _seconds(value: float) -> str:
