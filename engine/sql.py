@@ -98,6 +98,7 @@ class SqlView:
 def translate(sql: str) -> SqlView:
     """The view spec of a query (see the module docstring); SqlError when Refold cannot
     run it exactly."""
+    _refuse_time_windows(sql)  # before parsing: the parser may not read Spark's window(…)
     try:
         statements = [s for s in sqlglot.parse(sql, read=DIALECT) if s is not None]
     except ParseError as exc:
@@ -117,6 +118,23 @@ def translate(sql: str) -> SqlView:
     if source is not None and isinstance(source.this, exp.Subquery):
         return _top_n(query, source.this)
     return _grouped(query)
+
+
+TIME_WINDOWS: Final = ("window", "session_window", "tumble", "hop", "session", "cumulate")
+
+
+def _refuse_time_windows(sql: str) -> None:
+    """Event-time window functions (Spark's `window(…)`, Flink's `TUMBLE(…)`), which the
+    parser may not read at all: named, with their position."""
+    try:
+        tokens = sqlglot.tokenize(sql, read=DIALECT)
+    except TokenError:
+        return
+    for token, following in zip(tokens, tokens[1:], strict=False):
+        if token.text.lower() in TIME_WINDOWS and following.text == "(":
+            column = token.col - (token.end - token.start)
+            raise SqlError(f"{token.text}(…) (line {token.line}, column {column}): windows over event time are "
+                           "not supported (a view reduces all of its keys' live rows, whatever their time)")
 
 
 def _grouped(query: exp.Select) -> SqlView:
