@@ -83,23 +83,29 @@ class TopNSpec(_Model):
 
 
 class ViewSpec(_Model):
-    """Either `key` + `columns` (a grouped reduction) or `top_n` (a leaderboard), or `sql`:
-    a query in Spark SQL's dialect that becomes one of them (`refold explain` prints
-    which). `SELECT k, SUM(c) AS total, COUNT(*) AS n FROM topic GROUP BY k` is a
+    """Either `key` + `columns` (a grouped reduction) or `top_n` (a leaderboard), and
+    optionally `where`: a SQL condition on the source rows (comparisons, AND, OR, NOT,
+    IS NULL, IN, BETWEEN over columns and literals); the view reduces the rows it holds
+    true for, applied to retractions and corrections alike (a correction whose old row
+    fails becomes an append of the new one, and the other way round). Or `sql`: a query
+    in Spark SQL's dialect that becomes one of them (`refold explain` prints which).
+    `SELECT k, SUM(c) AS total, COUNT(*) AS n FROM topic WHERE … GROUP BY k` is a
     grouped view: the key is the GROUP BY columns; the aggregates are SUM, COUNT (`*`,
     a column), AVG, MIN, MAX, FIRST/FIRST_VALUE, LAST/LAST_VALUE and COLLECT_SET (the
     `set` aggregation: each distinct value with its live copies); an aggregate without
     `AS` is named `<function>_<column>` (`count` for COUNT(*)). `SELECT * FROM (SELECT
-    ROW_NUMBER() OVER (PARTITION BY p ORDER BY s DESC) AS place, * FROM topic) WHERE
-    place <= N` is a Top-N; a list of columns instead of `*` becomes `top_n.columns`.
-    `FROM` names the source topic. Joins, WHERE, HAVING, DISTINCT, RANK/DENSE_RANK,
-    ORDER BY or LIMIT outside the window, expressions inside aggregates, a bound that
-    is not a number, and `ASC` without `NULLS LAST` (Refold ranks nulls last) are
-    refused before anything starts, naming the construct and its line and column."""
+    ROW_NUMBER() OVER (PARTITION BY p ORDER BY s DESC) AS place, * FROM topic WHERE …)
+    WHERE place <= N` is a Top-N; a list of columns instead of `*` becomes
+    `top_n.columns`. `FROM` names the source topic. Joins, HAVING, DISTINCT,
+    RANK/DENSE_RANK, ORDER BY or LIMIT outside the window, expressions inside
+    aggregates, a bound that is not a number, and `ASC` without `NULLS LAST` (Refold
+    ranks nulls last) are refused before anything starts, naming the construct and its
+    line and column."""
 
     key: list[str] = []
     columns: dict[str, ColumnSpec] = {}
     top_n: TopNSpec | None = None
+    where: str | None = None
     sql: str | None = None
     _sql_from: tuple[str, str] | None = PrivateAttr(default=None)  # (table, where it is named)
 
@@ -117,6 +123,15 @@ class ViewSpec(_Model):
         from refold.sql import translate
 
         return {**translate(sql).spec, **value}
+
+    @field_validator("where")
+    @classmethod
+    def _condition(cls, value: str | None) -> str | None:
+        if value is not None:
+            from refold.model.predicate import parse_condition
+
+            parse_condition(value)
+        return value
 
     def model_post_init(self, context: Any) -> None:
         if self.sql is not None:

@@ -20,6 +20,7 @@ import orjson
 
 from refold.config import ViewSpec
 from refold.model.changelog import Op, canonical_row
+from refold.model.predicate import Condition, FilterTypeError, compile_condition, parse_condition
 from refold.model.reasons import Reason
 from refold.reduce import (
     SourceEvent,
@@ -205,10 +206,34 @@ class _Model:
 def reference_changelog(spec: ViewSpec, units: Sequence[Sequence[SourceEvent]]) -> ReferenceResult:
     model = _Model(spec)
     result = ReferenceResult()
+    condition = compile_condition(parse_condition(spec.where)) if spec.where is not None else None
     for index, unit in enumerate(units):
+        if condition is not None:
+            kept = _filtered(condition, unit, index, result)
+            if not kept:  # refused, or nothing of it passes
+                continue
+            unit = kept
         _step(model, unit, index, result)
     result.view = model.outputs_of(model.live)
     return result
+
+
+def _filtered(condition: Condition, unit: Sequence[SourceEvent], index: int,
+              result: ReferenceResult) -> list[SourceEvent] | None:
+    """What of the unit passes `view.where`: the events whose rows pass, where a
+    correction pair that loses its old side is an append of the new row and one that
+    loses its new side a retraction of the old (the filtered changelog). None, and the
+    refusal recorded, when the condition cannot compare one of its rows."""
+    try:
+        passes = [condition(event.row) is True for event in unit]
+    except FilterTypeError:
+        result.rejected.append((index, Reason.SCHEMA_MISMATCH))
+        return None
+    kept = [event for event, passed in zip(unit, passes, strict=True) if passed]
+    if len(unit) == 2 and unit[0].op is Op.CORRECT_FROM and len(kept) == 1:
+        only = kept[0]
+        return [SourceEvent(Op.RETRACT if only is unit[0] else Op.APPEND, only.row, only.tag)]
+    return kept
 
 
 def _step(model: _Model, unit: Sequence[SourceEvent], index: int, result: ReferenceResult) -> bool:
@@ -261,6 +286,7 @@ def reference_table(spec: ViewSpec, partitions: Mapping[int, Sequence[TableRecor
     A refused unit leaves the key's row as it was."""
     model = _Model(spec)
     result = ReferenceResult()
+    condition = compile_condition(parse_condition(spec.where)) if spec.where is not None else None
     last: dict[tuple[Any, ...], dict[str, Any]] = {}
     records = heapq.merge(*(partitions[p] for p in sorted(partitions)), key=lambda record: record[4])
     for index, (key, kind, row, before, tag) in enumerate(records):
@@ -295,7 +321,14 @@ def reference_table(spec: ViewSpec, partitions: Mapping[int, Sequence[TableRecor
                 unit = [SourceEvent(Op.CORRECT_FROM, taken, tag), SourceEvent(Op.CORRECT_TO, row, tag)]
             else:
                 unit = [SourceEvent(Op.RETRACT, taken, tag)]
-        if _step(model, unit, index, result) and key is not None:
+        if condition is not None:  # the table's row changes whether or not the view sees it
+            kept = _filtered(condition, unit, index, result)
+            if kept is None:
+                continue
+            applied = _step(model, kept, index, result) if kept else True
+        else:
+            applied = _step(model, unit, index, result)
+        if applied and key is not None:
             if row is None or kind == "d":
                 last.pop(key, None)
             else:

@@ -24,7 +24,8 @@ Two query shapes, in Spark SQL's dialect (parsed by `sqlglot`, never by hand):
   output row carries.
 
 The `FROM` table is the pipeline's source topic (a dotted name may be written as is,
-`FROM db.public.scores`, or quoted). Anything else — joins, `WHERE`, `HAVING`,
+`FROM db.public.scores`, or quoted); its `WHERE` becomes the view's row filter
+(`where`, `refold.model.predicate`). Anything else — joins, `HAVING`,
 `DISTINCT`, windows other than `ROW_NUMBER`, a place bound that is not a literal,
 expressions inside aggregates, `ORDER BY`/`LIMIT` outside the window — is refused by
 `SqlError`, naming the construct and where it stands in the query, before anything
@@ -33,6 +34,7 @@ starts: Refold runs a query only when it can run it exactly under retraction.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -62,7 +64,6 @@ SUPPORTED: Final = "SUM, COUNT, AVG, MIN, MAX, FIRST/FIRST_VALUE, LAST/LAST_VALU
 # query parts no view shape takes, with what to say about each
 REFUSED_PARTS: Final[dict[str, str]] = {
     "joins": "JOIN: a view reads one source topic; joins are not supported",
-    "where": "WHERE: filters are not supported (a view reduces every event of its source)",
     "having": "HAVING: a filter on aggregates is not exact under retraction here; not supported",
     "order": "ORDER BY outside ROW_NUMBER() OVER (…): a view has no order; for a Top-N write "
              "ROW_NUMBER() OVER (ORDER BY …) AS place … WHERE place <= N",
@@ -130,7 +131,7 @@ def _refuse_time_windows(sql: str) -> None:
         tokens = sqlglot.tokenize(sql, read=DIALECT)
     except TokenError:
         return
-    for token, following in zip(tokens, tokens[1:], strict=False):
+    for token, following in itertools.pairwise(tokens):
         if token.text.lower() in TIME_WINDOWS and following.text == "(":
             column = token.col - (token.end - token.start)
             raise SqlError(f"{token.text}(…) (line {token.line}, column {column}): windows over event time are "
@@ -183,7 +184,7 @@ def _grouped(query: exp.Select) -> SqlView:
                        "(a view's rows carry their key)")
     if not columns:
         raise SqlError(f"SELECT {_at(query)}: a grouped view needs at least one aggregate")
-    return SqlView({"key": key, "columns": columns}, table, table_at)
+    return SqlView({"key": key, "columns": columns, **_where(query)}, table, table_at)
 
 
 def agg_name(node: exp.Expression) -> str:
@@ -296,7 +297,21 @@ def _top_n(outer: exp.Select, subquery: exp.Subquery) -> SqlView:
     top_n: dict[str, Any] = {"n": n, "order_by": order_by, "partition_by": partition_by}
     if columns is not None:
         top_n["columns"] = [c for c in columns if c not in partition_by]
-    return SqlView({"top_n": top_n}, table, table_at)
+    return SqlView({"top_n": top_n, **_where(inner)}, table, table_at)
+
+
+def _where(query: exp.Select) -> dict[str, str]:
+    """`{"where": condition}` of a SELECT's WHERE (checked: `refold.model.predicate`)."""
+    where = query.args.get("where")
+    if where is None:
+        return {}
+    from refold.model.predicate import compile_condition
+
+    try:
+        compile_condition(where.this)
+    except ValueError as exc:
+        raise SqlError(f"{exc} {_at(where)}".replace("where: ", "WHERE ", 1)) from None
+    return {"where": where.this.sql(dialect=DIALECT)}
 
 
 def _outer_columns(outer: exp.Select, inner: list[str] | None, partition_by: list[str]) -> list[str] | None:

@@ -19,11 +19,11 @@ from refold.runtime.shards import co_partitioned, message_key, view_key
 def view_spec(pipeline: Pipeline) -> dict[str, Any]:
     """The `view:` mapping of the pipeline's view without its `sql` (the YAML twin)."""
     view = pipeline.view
+    where = {"where": view.where} if view.where is not None else {}
     if view.top_n is not None:
-        top_n = view.top_n.model_dump(exclude_none=True)
-        return {"top_n": top_n}
+        return {"top_n": view.top_n.model_dump(exclude_none=True), **where}
     return {"key": list(view.key),
-            "columns": {name: {spec.agg: spec.column} for name, spec in view.columns.items()}}
+            "columns": {name: {spec.agg: spec.column} for name, spec in view.columns.items()}, **where}
 
 
 def explain(pipeline: Pipeline) -> str:

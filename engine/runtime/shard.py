@@ -63,6 +63,7 @@ from refold.recovery.records import (
 from refold.recovery.restore import load_checkpoints
 from refold.reduce import Rejected, SourceEvent, make_reducer
 from refold.reduce.values import key_bytes
+from refold.reduce.where import condition_of, filter_unit
 from refold.runtime.batch import DeadLetters, InputRecord, Outgoing, Unit, UnitReader
 from refold.runtime.collector import collector_paused
 from refold.runtime.hooks import NO_HOOKS, Hooks
@@ -131,6 +132,8 @@ class ShardProcessor:
         # a table source (upsert, Debezium): records become units as they are applied (refold.runtime.tables)
         self.tables = TableReader(pipeline, self.dead_letters, keys) if is_table(pipeline) else None
         self.last_rows = LastRows()
+        # the view's row filter (`view.where`), applied to each unit before the reducer
+        self.row_filter = condition_of(pipeline.view.where) if pipeline.view.where is not None else None
         self.renderer = Renderer(pipeline)
         self.aborts = 0  # transactions that failed and were run again
         self.last = BatchStats()
@@ -409,7 +412,10 @@ class ShardProcessor:
                 if not events:
                     unchanged += 1
                     continue
-                changes.append((self.reducer.apply(events), item.tag[0]))
+                if self.row_filter is not None:
+                    events = [event for _, event in filter_unit(self.row_filter, events)]
+                if events:  # else: the row changes, the view does not see it
+                    changes.append((self.reducer.apply(events), item.tag[0]))
             except Rejected as rejected:
                 self.dead_letters.add(out, item.record, rejected.reason, rejected.detail)
                 continue
@@ -420,8 +426,14 @@ class ShardProcessor:
         """Apply each unit; a refused unit changes nothing and is dead-lettered, one
         dead letter per input record (a Debezium update is a pair from one record)."""
         changes: list[UnitChanges] = []
+        row_filter = self.row_filter
         for unit in units:
             try:
+                if row_filter is not None:
+                    kept = filter_unit(row_filter, [event for event, _ in unit])
+                    if not kept:
+                        continue
+                    unit = [(event, unit[index][1]) for index, event in kept]
                 changes.append((self.reducer.apply([event for event, _ in unit]), unit[0][0].tag[0]))
             except Rejected as rejected:
                 refused = unit[rejected.index][1]
