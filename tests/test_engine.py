@@ -131,11 +131,12 @@ def test_other_forms_equal_reference(bootstrap_servers, topic, tmp_path, spark, 
         assert fold_changelog(read_view_changes(second, settings)) == want  # the re-grouped upsert view
 
 
-def test_per_batch_emit_folds_to_reference(bootstrap_servers, topic, tmp_path, spark) -> None:
+def test_per_batch_emit_with_a_row_filter_folds_to_reference(bootstrap_servers, topic, tmp_path, spark) -> None:
     settings = {"bootstrap.servers": bootstrap_servers}
     source = topic(partitions=2)
     produce_rows(settings, source, list(generate(Workload(events=1500, keys=50, seed=8))))
-    pipeline = pipeline_for(source, {"key": ["player_name"], "columns": {"latest": {"last": "score"}}},
+    pipeline = pipeline_for(source, {"key": ["player_name"], "columns": {"latest": {"last": "score"}},
+                                     "where": "score >= 300 AND team <> 'red'"},
                             tmp=tmp_path, emit="per_batch", max_batch_events=500)
     run(pipeline, bootstrap_servers, spark)
     assert_verified(pipeline, settings)

@@ -18,6 +18,7 @@ from refold.errors import ConfigError
 from refold.model.changelog import Op
 from refold.ops.explain import explain, view_spec
 from refold.reduce import Rejected, SourceEvent, make_reducer
+from refold.reduce.where import condition_of, filter_unit
 from refold.reference import fold_changelog, reference_changelog
 from refold.sql import SqlError, translate
 
@@ -65,6 +66,13 @@ TWINS = [
         id="grouped-qualified-columns",
     ),
     pytest.param(
+        "SELECT player_name, SUM(score) AS total FROM scores WHERE league = 'pro' AND (bonus IS NOT NULL "
+        "OR score BETWEEN 10 AND 20) AND team IN ('red', 'blue') GROUP BY player_name",
+        {"key": ["player_name"], "columns": {"total": {"sum": "score"}},
+         "where": "league = 'pro' AND (NOT bonus IS NULL OR score BETWEEN 10 AND 20) AND team IN ('red', 'blue')"},
+        id="grouped-where",
+    ),
+    pytest.param(
         RFC015_QUERY.replace("match_scores", "scores"),
         {"top_n": {"n": 2, "order_by": {"score": "desc"}, "columns": ["match_time", "player_name", "score"]}},
         id="rfc015-top-n",
@@ -81,6 +89,12 @@ TWINS = [
         {"top_n": {"n": 4, "order_by": {"score": "desc"}, "partition_by": ["league"],
                    "columns": ["player_name"]}},
         id="top-n-outer-projection",
+    ),
+    pytest.param(
+        "SELECT * FROM (SELECT ROW_NUMBER() OVER (ORDER BY score DESC) AS place, * FROM scores "
+        "WHERE NOT banned) WHERE place <= 5",
+        {"top_n": {"n": 5, "order_by": {"score": "desc"}}, "where": "NOT banned"},
+        id="top-n-where",
     ),
 ]
 
@@ -129,7 +143,6 @@ def test_sql_or_key_columns_not_both() -> None:
 
 REFUSED = [
     ("SELECT k, SUM(v) FROM scores JOIN teams ON scores.t = teams.t GROUP BY k", r"JOIN.*line 1, column 35"),
-    ("SELECT k, SUM(v) FROM scores WHERE v > 1 GROUP BY k", r"WHERE: filters are not supported.*line 1, column 36"),
     ("SELECT k, SUM(v) FROM scores GROUP BY k HAVING SUM(v) > 1", r"HAVING.*line 1, column 48"),
     ("SELECT k, COUNT(DISTINCT v) FROM scores GROUP BY k", r"COUNT\(DISTINCT …\) \(line 1, column 11\)"),
     ("SELECT k, SUM(v * 2) FROM scores GROUP BY k", r"SUM\(v \* 2\) \(line 1, column 11\).*not an expression"),
@@ -164,6 +177,10 @@ REFUSED = [
      r"window\(…\) \(line 1, column 39\): windows over event time are not supported"),
     ("SELECT k, SUM(v) FROM scores GROUP BY TUMBLE(event_time, INTERVAL '1' HOUR), k",
      r"TUMBLE\(…\) \(line 1, column 39\): windows over event time"),
+    ("SELECT k, SUM(v) FROM scores WHERE v + 1 > 2 GROUP BY k",
+     r"WHERE v \+ 1: a column or a literal is expected here \(line 1, column 36\)"),
+    ("SELECT k, SUM(v) FROM scores WHERE UPPER(k) = 'A' GROUP BY k", r"WHERE UPPER\(k\): a column or a literal"),
+    ("SELECT k, SUM(v) FROM scores WHERE v IN (SELECT v FROM other) GROUP BY k", r"IN takes a list of literals"),
     ("SELEC k FROM scores", r"not a query Refold can read at line 1"),
     ("SELECT k, SUM(v) FROM scores GROUP BY k; SELECT 1", r"one SELECT statement, got 2"),
 ]
@@ -185,7 +202,15 @@ TOP_SQL = ("SELECT * FROM (SELECT ROW_NUMBER() OVER (PARTITION BY t ORDER BY v D
            "FROM scores) WHERE place <= 2")
 TOP_ASC_SQL = ("SELECT place, k, v FROM (SELECT ROW_NUMBER() OVER (ORDER BY v ASC NULLS LAST) AS place, * "
                "FROM scores) WHERE place < 4")
+GROUPED_WHERE_SQL = ("SELECT k, COUNT(*) AS n, SUM(v) AS total, MAX(v) AS high FROM scores "
+                     "WHERE (b > 3 OR b IS NULL) AND t <> 'y' GROUP BY k")
+TOP_WHERE_SQL = ("SELECT * FROM (SELECT ROW_NUMBER() OVER (PARTITION BY k ORDER BY v DESC) AS place, k, v, b "
+                 "FROM scores WHERE b BETWEEN 2 AND 7 OR v IN (1, 2, 3, 4, 5)) WHERE place <= 2")
 YAML_TWINS = {
+    GROUPED_WHERE_SQL: {"key": ["k"], "columns": {"n": {"count": "*"}, "total": {"sum": "v"}, "high": {"max": "v"}},
+                        "where": "(b > 3 OR b IS NULL) AND t <> 'y'"},
+    TOP_WHERE_SQL: {"top_n": {"n": 2, "order_by": {"v": "desc"}, "partition_by": ["k"], "columns": ["v", "b"]},
+                    "where": "b BETWEEN 2 AND 7 OR v IN (1, 2, 3, 4, 5)"},
     GROUPED_SQL: {"key": ["k", "t"], "columns": {"total": {"sum": "v"}, "n": {"count": "*"}, "nb": {"count": "b"},
                                                  "mean_b": {"avg": "b"}, "low": {"min": "v"}, "high": {"max": "b"}}},
     TOP_SQL: {"top_n": {"n": 2, "order_by": {"v": "desc"}, "partition_by": ["t"], "columns": ["k", "v"]}},
@@ -250,10 +275,16 @@ def sqlite_result(sql: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def engine_changes(spec: ViewSpec, units: list[list[SourceEvent]]) -> list[Any]:
-    """The reducer's view changelog over the units; it equals the reference's."""
+    """The reducer's view changelog over the units (filtered by `where` as a shard does);
+    it equals the reference's."""
     reducer = make_reducer(spec)
+    condition = condition_of(spec.where) if spec.where is not None else None
     changes = []
     for unit in units:
+        if condition is not None:
+            unit = [event for _, event in filter_unit(condition, unit)]
+            if not unit:
+                continue
         try:
             changes.extend(reducer.apply(unit))
         except Rejected as exc:  # pragma: no cover - the units are valid
@@ -263,7 +294,8 @@ def engine_changes(spec: ViewSpec, units: list[list[SourceEvent]]) -> list[Any]:
     return changes
 
 
-@pytest.mark.parametrize("sql", [GROUPED_SQL, TOP_SQL, TOP_ASC_SQL], ids=["grouped", "top-n", "top-n-asc-global"])
+@pytest.mark.parametrize("sql", [GROUPED_SQL, TOP_SQL, TOP_ASC_SQL, GROUPED_WHERE_SQL, TOP_WHERE_SQL],
+                         ids=["grouped", "top-n", "top-n-asc-global", "grouped-where", "top-n-where"])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(units=live_changelogs())
 def test_the_view_is_what_the_query_means(sql: str, units: list[list[SourceEvent]]) -> None:
@@ -285,3 +317,69 @@ def test_the_view_is_what_the_query_means(sql: str, units: list[list[SourceEvent
                 assert math.isclose(mine[column], value), (column, mine, theirs)
             else:
                 assert mine[column] == value, (column, mine, theirs)
+
+
+# The row filter on any changelog (bad units too): the shard's path equals the reference ---------------
+
+
+@st.composite
+def any_changelogs(draw: st.DrawFn) -> list[list[SourceEvent]]:
+    """Appends, retractions (of live rows or not), correction pairs that cross the
+    filter either way, nulls, and now and then a row the condition cannot compare."""
+    values = st.one_of(st.none(), st.integers(-3, 3))
+    live: list[dict[str, Any]] = []
+    units: list[list[SourceEvent]] = []
+    for index in range(draw(st.integers(1, 50))):
+        tag = (index, 0, index)
+        v = draw(st.one_of(values, st.just("text")) if draw(st.integers(0, 30)) == 0 else values)
+        fresh = {"k": draw(st.sampled_from("ab")), "v": v}
+        choice = draw(st.integers(0, 9))
+        if choice < 4 or not live:
+            units.append([SourceEvent(Op.APPEND, fresh, tag)])
+            live.append(fresh)
+        elif choice < 6:
+            units.append([SourceEvent(Op.RETRACT, live.pop(draw(st.integers(0, len(live) - 1))), tag)])
+        elif choice < 9:
+            old = live.pop(draw(st.integers(0, len(live) - 1)))
+            units.append([SourceEvent(Op.CORRECT_FROM, old, tag), SourceEvent(Op.CORRECT_TO, fresh, tag)])
+            live.append(fresh)
+        else:  # maybe not live
+            units.append([SourceEvent(Op.RETRACT, fresh, tag)])
+    return units
+
+
+@pytest.mark.parametrize("view", [
+    {"key": ["k"], "columns": {"n": {"count": "*"}, "s": {"sum": "v"}, "top": {"max": "v"}}, "where": "v > 0"},
+    {"key": ["k"], "columns": {"n": {"count": "*"}, "last": {"last": "v"}}, "where": "NOT (v = 1 OR v IS NULL)"},
+    {"top_n": {"n": 2, "order_by": {"v": "desc"}, "partition_by": ["k"]}, "where": "v IN (-1, 1, 3) OR v IS NULL"},
+], ids=["grouped", "grouped-not", "top-n"])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(units=any_changelogs())
+def test_the_row_filter_equals_the_reference(view: dict[str, Any], units: list[list[SourceEvent]]) -> None:
+    spec = ViewSpec.model_validate(view)
+    condition = condition_of(view["where"])
+    reducer = make_reducer(spec)
+    changes, rejected = [], []
+    for index, unit in enumerate(units):
+        try:
+            kept = [event for _, event in filter_unit(condition, unit)]
+            if kept:
+                changes.extend(reducer.apply(kept))
+        except Rejected as exc:
+            rejected.append((index, exc.reason))
+    expected = reference_changelog(spec, units)
+    assert rejected == expected.rejected
+    assert changes == expected.changes
+    assert fold_changelog(changes) == expected.view == reducer.view()
+
+
+def test_a_correction_across_the_filter_is_an_append_or_a_retraction() -> None:
+    condition = condition_of("v > 0")
+    old, new = {"k": "a", "v": -1}, {"k": "a", "v": 5}
+    pair = [SourceEvent(Op.CORRECT_FROM, old, (1, 0, 0)), SourceEvent(Op.CORRECT_TO, new, (1, 0, 1))]
+    assert filter_unit(condition, pair) == [(1, SourceEvent(Op.APPEND, new, (1, 0, 1)))]
+    back = [SourceEvent(Op.CORRECT_FROM, new, (2, 0, 2)), SourceEvent(Op.CORRECT_TO, old, (2, 0, 3))]
+    assert filter_unit(condition, back) == [(0, SourceEvent(Op.RETRACT, new, (2, 0, 2)))]
+    assert filter_unit(condition, [SourceEvent(Op.APPEND, {"k": "a"}, (3, 0, 4))]) == []  # absent: unknown
+    with pytest.raises(Rejected, match=r"schema mismatch.*a string compared with a number"):
+        filter_unit(condition, [SourceEvent(Op.APPEND, {"k": "a", "v": "x"}, (4, 0, 5))])

@@ -147,6 +147,10 @@ VIEWS = {
     "by_team": {"key": ["team"], "columns": {"n": {"count": "*"}, "total": {"sum": "score"},
                                              "worst": {"min": "score"}, "latest": {"last": "player"}}},
     "top_n": {"top_n": {"n": 2, "order_by": {"score": "desc"}, "partition_by": ["team"]}},
+    # a row filter: a key's update across it is an append or a retraction of the view's
+    # row; a score that is not a number cannot be compared (schema mismatch)
+    "by_team_where": {"key": ["team"], "columns": {"n": {"count": "*"}, "total": {"sum": "score"}},
+                      "where": "score >= 2"},
 }
 PARTITIONS = 2
 
