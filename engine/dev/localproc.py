@@ -136,6 +136,18 @@ def locked(base: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def stop_server(base: Path, pid_file: Path, running: Callable[[], int | None], timeout: float) -> bool:
+    """Stop the server of home `base` whose process group `running()` finds (under the
+    home's lock): SIGTERM, SIGKILL after `timeout` seconds; removes `pid_file`. Returns
+    False when none ran."""
+    with locked(base):
+        pid = running()
+        if pid is not None:
+            end_group(pid, timeout)
+        pid_file.unlink(missing_ok=True)
+        return pid is not None
+
+
 def bindable(port: int, wait: float = 0.0) -> bool:
     """Whether a server could listen on `port` now (or within `wait` seconds)."""
     deadline = time.monotonic() + wait

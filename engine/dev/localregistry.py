@@ -49,9 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from refold import environment
-from refold.dev.localproc import HOST, ServerStartError, free_port
+from refold.dev.localproc import HOST, ServerStartError, free_port, stop_server
 from refold.dev.localproc import bindable as _bindable
-from refold.dev.localproc import end_group as _end_group
 from refold.dev.localproc import kill_group as _kill_group
 from refold.dev.localproc import locked as _locked
 from refold.dev.localproc import rotate as _rotate
@@ -271,14 +270,7 @@ def stop(timeout: float = 30.0, *, home: Path | None = None) -> bool:
     """Stop the registry: SIGTERM to its process group, then SIGKILL after `timeout`
     seconds. Removes the pid file. Returns False when none ran."""
     base = registry_home(home)
-    with _locked(base):
-        pid = _running_pid(base)
-        if pid is None:
-            _pid_file(base).unlink(missing_ok=True)
-            return False
-        _end_group(pid, timeout)
-        _pid_file(base).unlink(missing_ok=True)
-        return True
+    return stop_server(base, _pid_file(base), lambda: _running_pid(base), timeout)
 
 
 def status(home: Path | None = None) -> RegistryInfo | None:
