@@ -42,7 +42,7 @@ chaos: setup jars
 	$(PY) -m refold.dev.chaos
 
 # `make bench`: every benchmark in one go (~45 minutes at the defaults on 2 cores), then the plots.
-# Parts: bench-contenders (Refold vs the limit pipe, Spark and Flink; BENCH_ARGS, e.g.
+# Parts: bench-contenders (Refold vs the limit pipe, Spark SQL, Refold's reducer on Spark's sink, Flink; BENCH_ARGS, e.g.
 # "--events 50000 --keys 5000 --contenders limit,refold"), bench-latency (at half the
 # peak bench-contenders measured; LATENCY_ARGS), bench-scaling (keys, retractions,
 # recovery; SCALING_ARGS), bench-tasks (the executor model: driver vs executor CPU,

@@ -12,7 +12,7 @@ Spark commits its offsets to its checkpoint: **at least once** — a crash betwe
 write and Spark's offset commit writes the batch again. No Kafka transaction, no state
 changelog, no checkpoint record, no local state store: the state lives in the
 driver's memory for the life of the query (`SparkSinkShard`). Used by `make bench`
-(`bench.run`, contender "spark") to price Refold's exactly-once.
+(`bench.run`, contender "spark-sink") to price Refold's exactly-once.
 """
 
 from __future__ import annotations
