@@ -156,6 +156,23 @@ def test_avro_source_resolves_to_the_reader_schema(tmp_path: Path) -> None:
     assert events == [ChangelogEvent(Op.APPEND, {"player_name": "Al", "score": 3, "team": "none"}, 5)]
 
 
+def test_an_incompatible_writer_schema_is_a_schema_mismatch(tmp_path: Path) -> None:
+    # a reader schema, and a writer whose `score` became a string: Avro's resolution
+    # cannot read it as the reader's long; the record is dead-lettered as a schema
+    # mismatch that names the change, not as undecodable bytes
+    url = mock_url()
+    reader = tmp_path / "reader.avsc"
+    reader.write_text(json.dumps(with_system_fields(SCORE)))
+    p = pipeline(tmp_path, url=url, source={"topic": "scores", "format": "avro", "schema": str(reader)})
+    changed = dict(SCORE, fields=[SCORE["fields"][0], {"name": "score", "type": "string"}])
+    serialize = AvroSerializer(registry_client(p.schema_registry), json.dumps(with_system_fields(changed)))  # type: ignore[arg-type]
+    value = serialize({"op": 0, "event_time": 5, "player_name": "Al", "score": "three"},
+                      SerializationContext("scores", MessageField.VALUE))
+    (error,) = source_decoder(p).decode_records([value])
+    assert isinstance(error, DecodeError) and error.reason == "schema mismatch"
+    assert "incompatible schema change" in (error.detail or "") and "string is not long" in (error.detail or "")
+
+
 def test_registry_config_is_typed() -> None:
     base = {"pipeline": "p", "source": {"topic": "s", "format": "avro"},
             "view": {"key": ["k"], "columns": {"n": {"count": "*"}}}, "outputs": {"view": {"topic": "v"}}}

@@ -15,6 +15,7 @@ from io import BytesIO
 from typing import Any, ClassVar, Final
 
 from fastavro import schemaless_reader, schemaless_writer
+from fastavro.read import SchemaResolutionError
 
 from refold.codecs.base import BadRecord, Codec, check_row
 from refold.codecs.schemas import (
@@ -33,11 +34,16 @@ _OP_BY_INT: Final = tuple(Op)
 
 def read_one(value: bytes, writer: Any, reader: Any, what: str) -> dict[str, Any]:
     """The one record of `writer` (resolved to `reader` unless None) that `value` is.
-    Raises BadRecord (`undecodable`: not such a record, or bytes left over after it)."""
+    Raises BadRecord: `undecodable` (not such a record, or bytes left over after it),
+    `schema mismatch` (a record of `writer` that Avro's resolution rules cannot read as
+    `reader`: a field's type changed, a field without a default removed)."""
     stream = BytesIO(value)
     try:
         record = schemaless_reader(stream, writer, reader)
-    except Exception as exc:  # any failure to read means: not one record of this schema
+    except SchemaResolutionError as exc:  # read fine, but not as the reader schema: an incompatible change
+        raise BadRecord(Reason.SCHEMA_MISMATCH, f"{what} cannot be read as the reader schema (an incompatible "
+                        f"schema change): {exc}") from exc
+    except Exception as exc:  # any other failure to read means: not one record of this schema
         raise BadRecord(Reason.UNDECODABLE, f"not {what}: {type(exc).__name__}: {exc}") from exc
     left = len(value) - stream.tell()
     if left:
