@@ -117,12 +117,16 @@ class ViewSpec(_Model):
         sql = value["sql"]
         if not isinstance(sql, str):
             raise ValueError("sql: a query, as text")
-        written = [name for name in ("key", "columns", "top_n") if name in value]
-        if written:
-            raise ValueError(f"write the view either as sql or as key/columns/top_n, not both ({', '.join(written)})")
         from refold.sql import translate
 
-        return {**translate(sql).spec, **value}
+        translated = translate(sql).spec
+        written = {name: value[name] for name in ("key", "columns", "top_n", "where")
+                   if value.get(name) not in (None, [], {})}
+        # a view dumped with its spec (model_dump) reads back when the spec is the query's
+        if written and not _same_view(cls, written, translated):
+            raise ValueError(f"write the view either as sql or as key/columns/top_n/where, not both "
+                             f"({', '.join(written)})")
+        return {**value, **translated}
 
     @field_validator("where")
     @classmethod
@@ -187,6 +191,14 @@ class ViewSpec(_Model):
     @property
     def is_top_n(self) -> bool:
         return self.top_n is not None
+
+
+def _same_view(model: type[ViewSpec], written: dict[str, Any], translated: dict[str, Any]) -> bool:
+    """Whether a view's spec, as written beside its `sql`, is the spec the query gives."""
+    try:
+        return model.model_validate(written) == model.model_validate(translated)
+    except ValidationError:
+        return False
 
 
 class SourceSpec(_Model):

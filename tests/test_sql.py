@@ -136,7 +136,10 @@ def test_from_names_the_source_topic() -> None:
 
 def test_sql_or_key_columns_not_both() -> None:
     with pytest.raises(ConfigError, match="either as sql or as key/columns/top_n"):
-        pipeline({"sql": "SELECT k, SUM(v) AS s FROM scores GROUP BY k", "key": ["k"]})
+        pipeline({"sql": "SELECT k, SUM(v) AS s FROM scores GROUP BY k", "key": ["j"]})
+    # a pipeline dumped and read back (its spec beside its query) is the same pipeline
+    sql_pipeline = pipeline({"sql": "SELECT k, SUM(v) AS s FROM scores WHERE v > 0 GROUP BY k"})
+    assert Pipeline.model_validate_json(sql_pipeline.model_dump_json(by_alias=True)) == sql_pipeline
 
 
 # Refused constructs: named, with their position ------------------------------------------
