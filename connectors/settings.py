@@ -143,9 +143,84 @@ class PostgresSettings(DriverSettings):
         return _plain(value, longest=63)  # PostgreSQL's identifier limit
 
 
+class DeltaSettings(DriverSettings):
+    """`driver: delta`: Delta Lake tables (delta-rs; remote store authoritative).
+
+    `path` is a local folder (it must exist) or an object-store URI (`s3://…`,
+    `az://…`, `gs://…`); each binding is the Delta table `<path>/<target>`, created
+    at the first Open. `storage_options` go to delta-rs as they are (credentials,
+    endpoint, region: its `storage_options`); their values are secrets, never in a
+    repr, a log line or a message. `parallelism` is not used (no parallel writers)."""
+
+    implementation: ClassVar[str] = "refold.connectors.delta:DeltaDriver"
+
+    driver: Literal["delta"]
+    path: str  # the folder (or object-store URI) the tables are under: <path>/<view>, <path>/<delta>
+    view: str | None = "view"
+    storage_options: dict[str, SecretStr] = Field(default_factory=dict)  # delta-rs's; values never logged
+
+    @field_validator("path")
+    @classmethod
+    def _some_path(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("name a folder or an object-store URI (s3://bucket/prefix)")
+        return value
+
+
+class IcebergSettings(DriverSettings):
+    """`driver: iceberg`: Apache Iceberg tables in a catalog (pyiceberg; remote store
+    authoritative: each batch is one table commit carrying the shard's checkpoint,
+    fenced by the catalog's commit check). `warehouse` is the folder (or object-store
+    URI) the tables' files go under; `uri` the catalog: by default a SQLite file
+    `<warehouse>/catalog.db` (pyiceberg's SQL catalog), or `http(s)://…` for a REST
+    catalog, `sqlite:///…` / `postgresql+psycopg://…` for a SQL catalog elsewhere
+    (secret: it may hold a password). `catalog` names the catalog (the SQL catalog's
+    rows are keyed by it), `namespace` the namespace the tables are created in
+    (`a.b` for a nested one), `properties` are handed to the catalog as they are
+    (e.g. `credential`, `token`, `s3.endpoint`; secret values, never logged), and
+    `commit_attempts` bounds the commits retried when another shard committed first."""
+
+    implementation: ClassVar[str] = "refold.connectors.iceberg:IcebergDriver"
+
+    driver: Literal["iceberg"]
+    warehouse: str  # the folder (it must exist) or object-store URI the tables' files are under
+    view: str | None = "view"
+    uri: SecretStr | None = None  # the catalog; None: a SQLite catalog file <warehouse>/catalog.db
+    catalog: str = "refold"  # the catalog's name
+    namespace: str = "refold"  # created when missing; dots separate the levels of a nested one
+    properties: dict[str, SecretStr] = Field(default_factory=dict)  # catalog properties; never logged
+    commit_attempts: int = Field(default=8, ge=1, le=100)  # per table and batch, when other shards commit
+
+    @field_validator("uri")
+    @classmethod
+    def _catalog_uri(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return None
+        scheme = urlsplit(value.get_secret_value()).scheme
+        if scheme not in ("http", "https", "sqlite") and not scheme.startswith("postgresql"):
+            raise ValueError(
+                f"a catalog URI of scheme {scheme!r}: write http(s)://… (a REST catalog), "
+                "sqlite:///… or postgresql+psycopg://… (a SQL catalog)"
+            )
+        return value
+
+    @field_validator("catalog")
+    @classmethod
+    def _plain_catalog(cls, value: str) -> str:
+        return _plain(value)
+
+    @field_validator("namespace")
+    @classmethod
+    def _plain_namespace(cls, value: str) -> str:
+        for level in value.split("."):
+            _plain(level)
+        return value
+
+
 # One `outputs.materialize` entry: the model its `driver:` names.
 MaterializeSettings = Annotated[
-    SQLiteSettings | ParquetSettings | WebhookSettings | PostgresSettings, Field(discriminator="driver")
+    SQLiteSettings | ParquetSettings | WebhookSettings | PostgresSettings | DeltaSettings | IcebergSettings,
+    Field(discriminator="driver"),
 ]
 
 # driver name -> its settings model

@@ -39,9 +39,15 @@ from refold.reduce import SourceEvent, make_reducer
 from refold.reference import fold_deltas, reference_changelog
 
 POSTGRES = pytest.param("postgres", marks=POSTGRES_MARKS)
-VIEW_DRIVERS = ["sqlite", "parquet", POSTGRES]
-ALL_DRIVERS = ["sqlite", "parquet", "webhook", POSTGRES]
-FENCED_DRIVERS = ["sqlite", POSTGRES]  # remote store authoritative: a nonce fences zombies
+# the lakehouse drivers' cases (each its own line: "delta" / "iceberg" once they take part)
+DELTA: list[Any] = ["delta"]
+DELTA_FENCED: list[Any] = ["delta"]
+ICEBERG: list[Any] = ["iceberg"]
+ICEBERG_FENCED: list[Any] = ["iceberg"]
+VIEW_DRIVERS = ["sqlite", "parquet", POSTGRES, *DELTA, *ICEBERG]
+ALL_DRIVERS = ["sqlite", "parquet", "webhook", POSTGRES, *DELTA, *ICEBERG]
+# remote store authoritative: a nonce (or the table's own commit check) fences zombies
+FENCED_DRIVERS = ["sqlite", POSTGRES, *DELTA_FENCED, *ICEBERG_FENCED]
 COLUMNS = {"total": {"sum": "score"}, "best": {"max": "score"}, "n": {"count": "*"}, "latest": {"last": "score"}}
 CRASH_STEPS = ["after_stores", "after_start_commit", "after_kafka_commit", "after_acknowledge"]
 
@@ -114,6 +120,28 @@ def _case(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> DriverCa
             {"driver": "postgres", "dsn": dsn, "view": "scores", "delta": "scores_delta"},
             lambda: postgres.read_view(dsn, "scores"),
             lambda: postgres.read_deltas(dsn, "scores_delta"),
+        )
+    if name == "delta":
+        from refold.connectors.delta import read_delta_deltas, read_delta_view
+
+        lake = tmp_path / "delta"
+        lake.mkdir()
+        return DriverCase(
+            name,
+            {"driver": "delta", "path": str(lake), "view": "scores", "delta": "scores_delta"},
+            lambda: read_delta_view(lake, "scores"),
+            lambda: read_delta_deltas(lake, "scores_delta"),
+        )
+    if name == "iceberg":
+        from refold.connectors.iceberg import read_iceberg_deltas, read_iceberg_view
+
+        warehouse = tmp_path / "warehouse"
+        warehouse.mkdir()
+        return DriverCase(
+            name,
+            {"driver": "iceberg", "warehouse": str(warehouse), "view": "scores", "delta": "scores_delta"},
+            lambda: read_iceberg_view(warehouse, "scores"),
+            lambda: read_iceberg_deltas(warehouse, "scores_delta"),
         )
     raise AssertionError(name)
 
