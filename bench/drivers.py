@@ -1,20 +1,25 @@
-"""Rows/s of each materialization driver on a 100k-row view: `python -m bench.drivers`.
+"""Rows/s of each materialization driver: `python -m bench.drivers [--rows 10000,100000]`.
 
-Drives the runtime directly (no Kafka, no Spark; writers on threads): one
-transaction stores 100k new view rows (Load finds nothing, then Store +
-StartCommit + Acknowledge), a second one updates all of them (every Load hits).
-The webhook takes the same number of delta rows, POSTed to a local
-`http.server`. PostgreSQL is measured when `REFOLD_POSTGRES_DSN` names a server.
+Drives the runtime directly (no Kafka, no Spark; writers on threads): per view size,
+one transaction stores that many new view rows (Load finds nothing, then Store +
+StartCommit + Acknowledge), a second one updates all of them (every Load hits). The
+webhook takes the same number of delta rows, POSTed to a local `http.server`. Every
+driver runs in the same process, one after the other, at each size: SQLite,
+Parquet, the webhook, PostgreSQL (`REFOLD_POSTGRES_DSN`, else a local server from
+Debian's binaries started for the run with `durable=False`, as the tests run it),
+Delta Lake and Iceberg (local folders; Iceberg's SQL catalog in SQLite).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.server
 import os
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,30 +86,53 @@ def measure(settings: dict[str, Any], rows: int) -> tuple[float, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--rows", default="10000,100000", help="view sizes, comma-separated")
     args = parser.parse_args()
+    sizes = [int(size) for size in args.rows.split(",") if size.strip()]
     server, url = _receiver()
     results = []
-    with tempfile.TemporaryDirectory(prefix="refold-bench-") as folder:
-        lake = Path(folder) / "lake"
-        lake.mkdir()
-        cases: list[tuple[str, dict[str, Any]]] = [
-            ("sqlite", {"driver": "sqlite", "path": str(Path(folder) / "bench.db"), "view": "scores"}),
-            ("parquet", {"driver": "parquet", "path": str(lake), "view": "scores", "parallelism": 4}),
-            ("webhook (deltas)", {"driver": "webhook", "url": url, "delta": "scores", "parallelism": 4}),
-        ]
-        dsn = os.environ.get("REFOLD_POSTGRES_DSN")
-        if dsn:
-            cases.append(("postgres", {"driver": "postgres", "dsn": dsn, "view": "bench_scores"}))
-        for name, settings in cases:
-            insert, update = measure(settings, args.rows)
-            results.append((name, insert, update))
-            print(f"  {name}: done", flush=True)
+    with tempfile.TemporaryDirectory(prefix="refold-bench-") as folder, _postgres(Path(folder)) as dsn:
+        for size in sizes:
+            run = Path(folder) / f"run-{size}"
+            for name in ("lake", "delta", "iceberg"):
+                (run / name).mkdir(parents=True)
+            cases: list[tuple[str, dict[str, Any]]] = [
+                ("sqlite", {"driver": "sqlite", "path": str(run / "bench.db"), "view": "scores"}),
+                ("parquet", {"driver": "parquet", "path": str(run / "lake"), "view": "scores", "parallelism": 4}),
+                ("webhook (deltas)", {"driver": "webhook", "url": url, "delta": "scores", "parallelism": 4}),
+                ("postgres", {"driver": "postgres", "dsn": dsn, "view": f"bench_scores_{size}"}),
+                ("delta", {"driver": "delta", "path": str(run / "delta"), "view": "scores"}),
+                ("iceberg", {"driver": "iceberg", "warehouse": str(run / "iceberg"), "view": "scores"}),
+            ]
+            for name, settings in cases:
+                insert, update = measure(settings, size)
+                results.append((name, size, insert, update))
+                print(f"  {name}, {size:,} rows: done", flush=True)
     server.shutdown()
-    print(f"\n{'driver':<18} {'insert rows/s':>14} {'update rows/s':>14}   ({args.rows:,} rows, one transaction each)")
-    for name, insert, update in results:
-        print(f"{name:<18} {insert:>14,.0f} {update:>14,.0f}")
+    print(f"\n{'driver':<18} {'rows':>8} {'insert rows/s':>14} {'update rows/s':>14}   (one transaction each)")
+    for name, size, insert, update in results:
+        print(f"{name:<18} {size:>8,} {insert:>14,.0f} {update:>14,.0f}")
     return 0
+
+
+@contextlib.contextmanager
+def _postgres(folder: Path) -> Iterator[str]:
+    """`REFOLD_POSTGRES_DSN`, else a local server in `folder` for the run."""
+    dsn = os.environ.get("REFOLD_POSTGRES_DSN")
+    if dsn:
+        yield dsn
+        return
+    from refold.dev import localpg
+
+    folder.chmod(0o755)  # PostgreSQL runs as its own user: it must enter the folder
+    home = folder / "pg"
+    home.mkdir()
+    home.chmod(0o755)
+    info = localpg.start(home=home, quiet=True, durable=False, die_with_parent=True)
+    try:
+        yield info.dsn()
+    finally:
+        localpg.stop(home=home)
 
 
 if __name__ == "__main__":
