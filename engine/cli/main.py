@@ -66,7 +66,11 @@ def cmd_registry(args: argparse.Namespace) -> int:
 def cmd_jars(args: argparse.Namespace) -> int:
     from refold.spark import jars
 
-    for name in ("kafka-broker", "spark-connectors"):
+    unknown = [name for name in args.sets if name not in jars.SETS]
+    if unknown:
+        print(f"refold jars: unknown set {', '.join(unknown)}; known: {', '.join(jars.SETS)}", file=sys.stderr)
+        return 2
+    for name in args.sets or ("kafka-broker", "spark-connectors"):
         paths = jars.resolve(name)
         print(f"{name}: {len(paths)} jars in {paths[0].parent if paths else '-'}")
     return 0
@@ -184,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     registry.set_defaults(func=cmd_registry)
 
     jars = sub.add_parser("jars", help="resolve the JVM jars (Kafka broker, Spark Kafka connector) with Maven")
+    jars.add_argument("sets", nargs="*", metavar="SET",
+                      help="the sets to resolve (default: kafka-broker spark-connectors; also "
+                           "flink-connectors, lakehouse-readers: Spark readers of Delta and Iceberg tables)")
     jars.set_defaults(func=cmd_jars)
 
     produce = sub.add_parser("produce", help="write JSON-lines changelog events to a topic, transactionally")

@@ -2,7 +2,8 @@
 
 Starts the local broker (unless REFOLD_BOOTSTRAP_SERVERS names another), produces
 the six match results, runs both example pipelines until idle in one Spark
-session, and prints each view changelog and the final views.
+session, and prints each view changelog, the final views and the tables they are
+materialized into (the leaderboard: SQLite and Delta Lake, under `<home>/demo/`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import yaml
 
 from refold.cli.produce import produce
 from refold.config import Pipeline, parse_pipeline
-from refold.connectors.settings import SQLiteSettings
+from refold.connectors.settings import DeltaSettings, SQLiteSettings
 from refold.environment import home as project_home
 from refold.ops.verify import read_view_changes
 from refold.reference import fold_changelog
@@ -45,6 +46,10 @@ def _pipeline(name: str, run_id: str, source: str, bootstrap: str, folder: Path)
     for entry in data["outputs"].get("materialize", []):
         if entry.get("driver") == "sqlite":  # one database per run, under the Refold home
             entry["path"] = str(folder / f"{name}-{run_id}.db")
+        elif entry.get("driver") == "delta":  # one folder of Delta tables per run, beside it
+            lake = folder / f"{name}-{run_id}-delta"
+            lake.mkdir(parents=True, exist_ok=True)  # the driver wants the folder to exist
+            entry["path"] = str(lake)
     return parse_pipeline(data, where=f"examples/{name}.yaml")
 
 
@@ -68,6 +73,14 @@ def _sqlite_rows(path: str, table: str) -> list[dict[str, Any]]:
         return [{n: v for n, v in zip(names, row, strict=True) if n != "_doc"} for row in cursor]
     finally:
         db.close()
+
+
+def _delta_rows(path: str, table: str) -> list[dict[str, Any]]:
+    """A Delta view table's rows (each row's `_doc`, as `read_delta_view` returns them), by key."""
+    from refold.connectors.delta import read_delta_view
+
+    view = read_delta_view(path, table)
+    return [view[key] for key in sorted(view, key=repr)]
 
 
 def _cell(value: Any) -> str:
@@ -114,6 +127,10 @@ def main() -> int:
                 table = entry.view or "view"
                 print(f"\n== {pipeline.pipeline}: materialized into SQLite {entry.path}, table {table}")
                 print(_table(_sqlite_rows(str(entry.path), table)))
+        for entry in pipeline.outputs.materialize:  # after SQLite's
+            if isinstance(entry, DeltaSettings) and entry.view:
+                print(f"\n== {pipeline.pipeline}: materialized into Delta Lake, table {entry.path}/{entry.view}")
+                print(_table(_delta_rows(entry.path, entry.view)))
     print(
         "\nThe broker keeps running: `.venv/bin/refold consume <topic> --from-beginning --until-idle 2`"
         " to look around, `make kafka-stop` to stop it."

@@ -1,10 +1,13 @@
 """JVM dependencies, resolved with Maven from Maven Central into `.refold/jars/<name>/`.
 
-Three pinned sets, each described by a pom beside this module (`jvm/<name>.pom.xml`):
+Four pinned sets, each described by a pom beside this module (`jvm/<name>.pom.xml`):
 
 - `kafka-broker`: a local Apache Kafka broker (`refold.dev.localkafka`);
 - `spark-connectors`: Spark's Kafka source and sink, passed to Spark as `spark.jars`;
-- `flink-connectors`: Flink's Kafka SQL connector, for the Flink contender of `make bench`.
+- `flink-connectors`: Flink's Kafka SQL connector, for the Flink contender of `make bench`;
+- `lakehouse-readers`: delta-spark and Iceberg's Spark runtime (with SQLite's JDBC driver),
+  for a Spark session that reads the tables of the `delta` and `iceberg` drivers (tests,
+  users); never passed to the engine's own session.
 
 A set is resolved once. Its folder keeps a stamp with the pom's hash and the jar
 names; a changed pom, or a jar gone missing, makes the set resolve again.
@@ -37,7 +40,12 @@ from refold import environment
 from refold.errors import PrerequisiteError
 
 POMS = Path(__file__).resolve().parent / "jvm"
-SETS = ("kafka-broker", "spark-connectors", "flink-connectors")  # the last one: `make bench` only
+SETS = (
+    "kafka-broker",
+    "spark-connectors",
+    "flink-connectors",  # `make bench` only
+    "lakehouse-readers",  # tests and readers of the Delta/Iceberg tables only, not the engine's Spark session
+)
 _STAMP = ".resolved.json"
 _MAVEN_NS = {"m": "http://maven.apache.org/POM/4.0.0"}
 
