@@ -122,6 +122,7 @@ from refold.connectors.protocol import (
     StartCommit,
     StartedCommit,
     Store,
+    by_binding,
 )
 from refold.connectors.settings import DeltaSettings
 
@@ -288,11 +289,9 @@ class DeltaDriver(SessionDriver[DeltaSettings, _Session]):
 
     def load(self, requests: Sequence[Load]) -> list[Loaded]:
         session = self.opened()
-        by_binding: dict[int, list[Load]] = {}
-        for request in requests:
-            by_binding.setdefault(request.binding, []).append(request)
+        grouped = by_binding(requests)
         found: list[Loaded] = []
-        for index, loads in by_binding.items():
+        for index, loads in grouped.items():
             with self._failures("Load"):
                 docs = read_docs(session.tables[index].table, session.writer, {key_json(r.key) for r in loads})
             for request in loads:

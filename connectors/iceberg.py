@@ -118,6 +118,7 @@ from refold.connectors.protocol import (
     StartCommit,
     StartedCommit,
     Store,
+    by_binding,
 )
 from refold.connectors.settings import IcebergSettings
 
@@ -341,10 +342,8 @@ class IcebergDriver(SessionDriver[IcebergSettings, _Session]):
     def load(self, requests: Sequence[Load]) -> list[Loaded]:
         session = self.opened()
         found: list[Loaded] = []
-        by_binding: dict[int, list[Load]] = {}
-        for request in requests:
-            by_binding.setdefault(request.binding, []).append(request)
-        for index, loads in by_binding.items():
+        grouped = by_binding(requests)
+        for index, loads in grouped.items():
             target = session.targets[index]
             wanted = {key_json(load.key): load.key for load in loads}
             table = session.catalog.load_table(target.ident)

@@ -58,6 +58,7 @@ from refold.connectors.protocol import (
     StartedCommit,
     Store,
     TxnInfo,
+    by_binding,
 )
 from refold.connectors.settings import ParquetSettings
 
@@ -75,10 +76,8 @@ class ParquetWriter(SinkWriter):
     def prepare(self, txn: TxnInfo, part: int, stores: Sequence[Store]) -> CommitInfo:
         staging = Path(self.root) / STAGING / _staging_name(txn.pipeline, txn.materialization, txn.writer)
         staged: list[tuple[int, str]] = []
-        by_binding: dict[int, list[Store]] = {}
-        for store in stores:
-            by_binding.setdefault(store.binding, []).append(store)
-        for index, items in sorted(by_binding.items()):
+        grouped = by_binding(stores)
+        for index, items in sorted(grouped.items()):
             binding = txn.bindings[index]
             name = f"{txn.batch:012d}-{part:04d}-{index}-{uuid.uuid4().hex[:12]}.parquet"
             _write(staging / name, _table(binding, items, txn.batch), self.compression)

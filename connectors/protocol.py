@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
@@ -390,6 +390,17 @@ class SessionDriver(Driver[S], Generic[S, T]):
 
 
 # Building drivers -------------------------------------------------------------------------
+
+
+R = TypeVar("R", Load, Store)
+
+
+def by_binding(requests: Iterable[R]) -> dict[int, list[R]]:
+    """Loads or Stores grouped by their binding, each group in the requests' order."""
+    grouped: dict[int, list[R]] = {}
+    for request in requests:
+        grouped.setdefault(request.binding, []).append(request)
+    return grouped
 
 
 def build_driver(entry: DriverSettings | Mapping[str, Any], where: str = "outputs.materialize[0]") -> Driver[Any]:

@@ -53,6 +53,7 @@ from refold.connectors.protocol import (
     StartCommit,
     StartedCommit,
     Store,
+    by_binding,
 )
 from refold.connectors.settings import SQLiteSettings
 
@@ -145,10 +146,8 @@ class SQLiteDriver(SessionDriver[SQLiteSettings, _Session]):
     def load(self, requests: Sequence[Load]) -> list[Loaded]:
         session = self.opened()
         found: list[Loaded] = []
-        by_binding: dict[int, list[Load]] = {}
-        for request in requests:
-            by_binding.setdefault(request.binding, []).append(request)
-        for index, loads in by_binding.items():
+        grouped = by_binding(requests)
+        for index, loads in grouped.items():
             binding = session.bindings[index]
             keys = ", ".join(quote(k) for k in binding.key)
             one = "(" + ", ".join("?" for _ in binding.key) + ")"
