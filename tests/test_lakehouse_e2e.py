@@ -19,10 +19,11 @@ from typing import Any
 
 import orjson
 import pytest
+from deltalake import DeltaTable
 
 from refold.cli.produce import produce
 from refold.config import parse_pipeline
-from refold.connectors.delta import read_delta_deltas, read_delta_view
+from refold.connectors.delta import key_json, read_delta_deltas, read_delta_view
 from refold.connectors.iceberg import read_iceberg_deltas, read_iceberg_view
 from refold.dev.testing import Workload, generate
 from refold.ops.verify import read_view_changes, same, verify
@@ -99,6 +100,8 @@ def test_spark_and_a_second_reader_see_the_view_in_delta_and_iceberg(
 
     view = fold_changelog(read_view_changes(pipeline, settings))
     assert 100 < len(view) <= 300
+    # verify read all four tables back: two view tables, two delta tables
+    assert report.table_rows > 2 * len(view), report.table_rows
     spec = pipeline.view
 
     # the second reader: delta-rs and pyiceberg, the rows' `_doc`
@@ -122,3 +125,9 @@ def test_spark_and_a_second_reader_see_the_view_in_delta_and_iceberg(
         deltas = [json.loads(r["_doc"]) for r in tables.get((fmt, "scores_delta"), [])]
         assert deltas, f"Spark {fmt}: no delta rows"
         assert_same_view(fold_deltas(spec, deltas), view, f"Spark {fmt}: scores_delta")
+
+    # verify sees a table that lost a row (as `make chaos` relies on)
+    lost = sorted(view)[0]
+    DeltaTable(str(lake / "scores")).delete(f"_key = '{key_json(lost)}'")
+    broken = verify(pipeline, settings)
+    assert any(a.startswith("delta table scores: key") and "missing" in a for a in broken.anomalies), broken.anomalies

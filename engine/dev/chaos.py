@@ -6,8 +6,9 @@ separate `refold run` processes: a grouped view (sum, count, avg, min, max,
 first, last, set) and a Top-N view of the changelog, and a grouped view of an
 upsert topic (`source.form: upsert`) the harness writes beside it, chunk by chunk:
 the changelog as the table of each player's latest row (`+A`/`+C` put the row, `-R`
-a tombstone). Between chunks it injects one fault at a random moment, chosen from a
-seeded plan:
+a tombstone). The grouped pipeline also materializes its view and its deltas into a
+Delta Lake table each (`--lakehouse delta,iceberg` adds Iceberg tables). Between
+chunks it injects one fault at a random moment, chosen from a seeded plan:
 
 - `kill9`            kill -9 of an engine after it committed new work;
 - `kill9_in_commit`  kill -9 inside the Kafka transaction (records sent, not
@@ -31,7 +32,8 @@ cores on 127.0.0.1, each engine 2 executors of 1 core), or with `--local` on
 
 At the end every engine runs until idle, and the harness checks like Kafka's
 EosTestDriver: every output read with read_committed; the view changelog record
-by record against the reference reducer; deltas reduced to the view; no
+by record against the reference reducer; deltas reduced to the view; the lakehouse
+tables read back (delta-rs, pyiceberg) equal to the view, the delta tables folded; no
 duplicates, no losses (`refold.ops.verify`); every output partition free of open
 transactions (last stable offset = high watermark) and accepting a final
 transactional marker that a read_committed consumer sees. One line of figures
@@ -54,18 +56,17 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-import yaml
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from refold.cli.produce import produce
 from refold.dev import localkafka, localspark, sparkprocs
 from refold.dev.chaosengine import FAULTS, ChaosResult, Engine, exit_kind
+from refold.dev.chaospipelines import chunks, upsert_records, write_pipelines
 from refold.dev.testing import Workload, generate
 from refold.errors import RefoldError, UserError
 from refold.kafka.io import (
@@ -83,19 +84,6 @@ from refold.recovery.restore import load_checkpoints
 from refold.spark.job import spark_checkpoint_dir
 
 CLUSTER_FAULTS = ("executor_kill", "spark_worker_kill")
-GROUPED = {
-    "total": {"sum": "score"},
-    "games": {"count": "*"},
-    "mean": {"avg": "score"},
-    "best": {"max": "score"},
-    "worst": {"min": "score"},
-    "opening": {"first": "score"},
-    "latest": {"last": "score"},
-    "teams": {"set": "team"},
-}
-TOP_N = {"n": 3, "order_by": {"score": "desc"}, "partition_by": ["player_name"]}  # each player's best 3
-UPSERT = {"rows": {"count": "*"}, "total": {"sum": "score"}, "best": {"max": "score"}, "teams": {"set": "team"},
-          "latest": {"last": "score"}}  # per player, over the upsert topic (one row a player)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +99,7 @@ class ChaosConfig:
     batch: int = 5_000  # max events per micro-batch
     idle: float = 6.0  # --until-idle of every engine run
     pipelines: tuple[str, ...] = ("grouped", "top_n", "upsert")
+    lakehouse: tuple[str, ...] = ("delta",)  # tables the grouped pipeline materializes into too
     cluster: bool = True  # on a standalone cluster the harness starts (else local[2])
 
 
@@ -123,67 +112,6 @@ def fault_plan(cfg: ChaosConfig, rng: random.Random) -> list[str]:
         plan += [kind] * cfg.others
     rng.shuffle(plan)
     return plan
-
-
-def chunks(rows: Sequence[bytes], parts: int) -> Iterator[Sequence[bytes]]:
-    """`rows` in about `parts` slices, never cut between a `-C` and its `+C`."""
-    size = max(1, len(rows) // max(1, parts))
-    start = 0
-    while start < len(rows):
-        end = min(len(rows), start + size)
-        while end < len(rows) and orjson.loads(rows[end - 1]).get("op") == "-C":
-            end += 1
-        yield rows[start:end]
-        start = end
-
-
-def upsert_records(rows: Sequence[bytes]) -> list[tuple[bytes, bytes | None]]:
-    """A changelog chunk as upsert records keyed by player: `+A`/`+C` put the row (the
-    player's latest), `-R` a tombstone, `-C` nothing."""
-    out: list[tuple[bytes, bytes | None]] = []
-    for raw in rows:
-        event = orjson.loads(raw)
-        op = event.pop("op")
-        event.pop("event_time", None)
-        key = orjson.dumps({"player_name": event["player_name"]})
-        if op in ("+A", "+C"):
-            out.append((key, orjson.dumps(event)))
-        elif op == "-R":
-            out.append((key, None))
-    return out
-
-
-def write_pipelines(cfg: ChaosConfig, directory: Path, source: str, bootstrap: str,
-                    master: str | None = None, upsert_source: str = "") -> list[Path]:
-    paths = []
-    for kind in cfg.pipelines:
-        name = f"chaos-{kind}-{uuid.uuid4().hex[:6]}"
-        views: dict[str, dict[str, Any]] = {
-            "grouped": {"key": ["player_name"], "columns": GROUPED},
-            "top_n": {"top_n": TOP_N},
-            "upsert": {"key": ["player_name"], "columns": UPSERT},
-        }
-        view = views[kind]
-        spec: dict[str, Any] = {
-            "pipeline": name,
-            "kafka": {"bootstrap.servers": bootstrap},
-            "source": {"topic": upsert_source, "form": "upsert"} if kind == "upsert" else {"topic": source},
-            "view": view,
-            "outputs": {"view": {"topic": f"{name}.view"}},
-            "trigger": "200ms",
-            "max_batch_events": cfg.batch,
-            "spark": {"checkpoint_dir": str(directory / "spark" / name), "state_dir": str(directory / "state")},
-        }
-        if master is not None:
-            spec["spark"]["master"] = master
-            spec["spark"]["conf"] = {"spark.executor.cores": "1", "spark.executor.memory": "512m",
-                                     "spark.cores.max": "2"}
-        if kind != "top_n":  # delta updates are defined for grouped views only
-            spec["outputs"]["delta"] = {"topic": f"{name}.delta"}
-        path = directory / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(spec, sort_keys=False))
-        paths.append(path)
-    return paths
 
 
 def inject(kind: str, target: Engine, rng: random.Random, home: Path, say: Any,
@@ -358,6 +286,7 @@ def _finish_and_verify(engines: list[Engine], result: ChaosResult, settings: dic
         report = verify(engine.pipeline, settings)
         result.view_records += report.view_records
         result.delta_records += report.delta_records
+        result.table_rows += report.table_rows
         result.anomalies += [f"{engine.name}: {a}" for a in report.anomalies]
         expected = upserts if engine.pipeline.source.form == "upsert" else result.events
         if report.events != expected:
@@ -403,7 +332,8 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
         upserts = 0
         master = cluster.url if cluster is not None else None
         engines = [Engine(p, logs, result, cfg.idle)
-                   for p in write_pipelines(cfg, work, source, bootstrap, master, upsert_source)]
+                   for p in write_pipelines(cfg.pipelines, work, source, bootstrap, batch=cfg.batch, master=master,
+                                            upsert_source=upsert_source, lakehouse=cfg.lakehouse)]
         plan = fault_plan(cfg, rng)
         if not own_broker:
             plan = [k for k in plan if k != "broker_restart"]
@@ -463,11 +393,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--work", type=Path, default=None, help="working folder (default: a temporary one)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures there")
+    parser.add_argument("--lakehouse", default=",".join(defaults.lakehouse),
+                        help="table drivers the grouped pipeline materializes into too: delta, iceberg, or ''")
     parser.add_argument("--local", action="store_true",
                         help="run the engines on local[2], not on a standalone cluster (no executor or worker faults)")
     args = parser.parse_args(argv)
     cfg = ChaosConfig(events=args.events, keys=args.keys, retract=args.retract, kills=args.kills,
-                      others=args.others, batch=args.batch, seed=args.seed, cluster=not args.local)
+                      others=args.others, batch=args.batch, seed=args.seed, cluster=not args.local,
+                      lakehouse=tuple(d for d in args.lakehouse.split(",") if d))
     work = args.work or Path(tempfile.mkdtemp(prefix="refold-chaos-"))
     work.mkdir(parents=True, exist_ok=True)
     from refold.environment import jars_home
@@ -491,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
                                          "faults": dict(result.faults), "events": result.events,
                                          "engine_starts": result.engine_starts,
                                          "engine_exits": dict(result.engine_exits),
+                                         "table_rows": result.table_rows,
                                          "anomalies": result.anomalies, "seconds": result.seconds}, indent=2))
     return 1 if result.anomalies else 0
 

@@ -29,6 +29,7 @@ class ChaosResult:
     engine_exits: Counter[str] = field(default_factory=Counter)
     view_records: int = 0
     delta_records: int = 0
+    table_rows: int = 0  # rows of the lakehouse tables checked
     anomalies: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -38,7 +39,7 @@ class ChaosResult:
         return (
             f"chaos: events={self.events:,} faults[{faults}] total_faults={sum(self.faults.values())} "
             f"engine_starts={self.engine_starts} stalls={self.stalls} exits[{exits}] view_records={self.view_records:,} "
-            f"delta_records={self.delta_records:,} anomalies={len(self.anomalies)} wall={self.seconds:.0f}s"
+            f"delta_records={self.delta_records:,} table_rows={self.table_rows:,} anomalies={len(self.anomalies)} wall={self.seconds:.0f}s"
         )
 
 

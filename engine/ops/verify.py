@@ -3,7 +3,8 @@
 Like Kafka's EosTestDriver: read the input and every output with
 read_committed, recompute the expected view changelog with the pure-Python
 reference, and list every anomaly (a missing, extra, duplicated or different
-record). Used by the tests, `make chaos` and the benchmarks.
+record), and the Delta Lake and Iceberg tables the pipeline materializes into
+the same way. Used by the tests, `make chaos` and the benchmarks.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class Report:
     events: int = 0
     view_records: int = 0
     delta_records: int = 0
+    table_rows: int = 0  # rows of the lakehouse tables compared (view and delta tables)
     dead_letters: int = 0
     anomalies: list[str] = field(default_factory=list)
 
@@ -208,7 +210,43 @@ def verify(pipeline: Pipeline, settings: Mapping[str, Any], *, exact_order: bool
         deltas = read_deltas(pipeline, settings)
         report.delta_records = len(deltas)
         _compare_views(report, expected.view, fold_deltas(pipeline.view, deltas), "folded deltas")
+    _compare_tables(report, pipeline, expected.view)
     return report
+
+
+def read_tables(entry: Any) -> tuple[dict[tuple[Any, ...], dict[str, Any]] | None, list[dict[str, Any]] | None]:
+    """A lakehouse materialization's view table (rows by key) and delta table (rows in
+    the order written), each None when the entry has no such binding or its driver is
+    not a table format Refold reads back (only `delta` and `iceberg` are)."""
+    if entry.driver == "delta":
+        from refold.connectors.delta import read_delta_deltas, read_delta_view
+
+        options = {k: v.get_secret_value() for k, v in entry.storage_options.items()} or None
+        return (read_delta_view(entry.path, entry.view, options) if entry.view else None,
+                read_delta_deltas(entry.path, entry.delta, options) if entry.delta else None)
+    if entry.driver == "iceberg":
+        from refold.connectors.iceberg import read_iceberg_deltas, read_iceberg_view
+
+        where = {"namespace": entry.namespace, "catalog": entry.catalog,
+                 "properties": {k: v.get_secret_value() for k, v in entry.properties.items()}}
+        uri = entry.uri.get_secret_value() if entry.uri is not None else None
+        return (read_iceberg_view(entry.warehouse, entry.view, uri, **where) if entry.view else None,
+                read_iceberg_deltas(entry.warehouse, entry.delta, uri, **where) if entry.delta else None)
+    return None, None
+
+
+def _compare_tables(report: Report, pipeline: Pipeline, want: Mapping[Any, Any]) -> None:
+    """Each Delta Lake or Iceberg table the pipeline materializes into must hold the
+    reference's view: the view table key by key, the delta table once folded."""
+    for entry in pipeline.outputs.materialize:
+        view, deltas = read_tables(entry)
+        if view is not None:
+            report.table_rows += len(view)
+            _compare_views(report, want, view, f"{entry.materialization} table {entry.view}")
+        if deltas is not None:
+            report.table_rows += len(deltas)
+            _compare_views(report, want, fold_deltas(pipeline.view, deltas),
+                           f"{entry.materialization} table {entry.delta}, folded")
 
 
 def _fold_retract(changes: list[ViewChange]) -> dict[tuple[Any, ...], dict[str, Any]]:

@@ -1,0 +1,103 @@
+"""What the chaos harness runs: the pipelines it writes (a grouped view, a Top-N view
+and a grouped view of an upsert topic, the grouped one also into lakehouse tables)
+and the input it feeds them in chunks."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+
+GROUPED = {
+    "total": {"sum": "score"},
+    "games": {"count": "*"},
+    "mean": {"avg": "score"},
+    "best": {"max": "score"},
+    "worst": {"min": "score"},
+    "opening": {"first": "score"},
+    "latest": {"last": "score"},
+    "teams": {"set": "team"},
+}
+TOP_N = {"n": 3, "order_by": {"score": "desc"}, "partition_by": ["player_name"]}  # each player's best 3
+UPSERT = {"rows": {"count": "*"}, "total": {"sum": "score"}, "best": {"max": "score"}, "teams": {"set": "team"},
+          "latest": {"last": "score"}}  # per player, over the upsert topic (one row a player)
+
+
+def chunks(rows: Sequence[bytes], parts: int) -> Iterator[Sequence[bytes]]:
+    """`rows` in about `parts` slices, never cut between a `-C` and its `+C`."""
+    size = max(1, len(rows) // max(1, parts))
+    start = 0
+    while start < len(rows):
+        end = min(len(rows), start + size)
+        while end < len(rows) and orjson.loads(rows[end - 1]).get("op") == "-C":
+            end += 1
+        yield rows[start:end]
+        start = end
+
+
+def upsert_records(rows: Sequence[bytes]) -> list[tuple[bytes, bytes | None]]:
+    """A changelog chunk as upsert records keyed by player: `+A`/`+C` put the row (the
+    player's latest), `-R` a tombstone, `-C` nothing."""
+    out: list[tuple[bytes, bytes | None]] = []
+    for raw in rows:
+        event = orjson.loads(raw)
+        op = event.pop("op")
+        event.pop("event_time", None)
+        key = orjson.dumps({"player_name": event["player_name"]})
+        if op in ("+A", "+C"):
+            out.append((key, orjson.dumps(event)))
+        elif op == "-R":
+            out.append((key, None))
+    return out
+
+
+def write_pipelines(kinds: Sequence[str], directory: Path, source: str, bootstrap: str, *, batch: int,
+                    master: str | None = None, upsert_source: str = "", lakehouse: Sequence[str] = ()) -> list[Path]:
+    """One pipeline file per kind (`grouped`, `top_n`, `upsert`) in `directory`; the
+    grouped pipeline also materializes into a table of each `lakehouse` driver
+    (`delta`, `iceberg`) under `directory/lake`, its view and its deltas."""
+    paths = []
+    lake = directory / "lake"
+    for kind in kinds:
+        name = f"chaos-{kind}-{uuid.uuid4().hex[:6]}"
+        views: dict[str, dict[str, Any]] = {
+            "grouped": {"key": ["player_name"], "columns": GROUPED},
+            "top_n": {"top_n": TOP_N},
+            "upsert": {"key": ["player_name"], "columns": UPSERT},
+        }
+        view = views[kind]
+        spec: dict[str, Any] = {
+            "pipeline": name,
+            "kafka": {"bootstrap.servers": bootstrap},
+            "source": {"topic": upsert_source, "form": "upsert"} if kind == "upsert" else {"topic": source},
+            "view": view,
+            "outputs": {"view": {"topic": f"{name}.view"}},
+            "trigger": "200ms",
+            "max_batch_events": batch,
+            "spark": {"checkpoint_dir": str(directory / "spark" / name), "state_dir": str(directory / "state")},
+        }
+        if master is not None:
+            spec["spark"]["master"] = master
+            spec["spark"]["conf"] = {"spark.executor.cores": "1", "spark.executor.memory": "512m",
+                                     "spark.cores.max": "2"}
+        if kind != "top_n":  # delta updates are defined for grouped views only
+            spec["outputs"]["delta"] = {"topic": f"{name}.delta"}
+        if kind == "grouped" and lakehouse:
+            spec["outputs"]["materialize"] = [_table(driver, lake, kind) for driver in lakehouse]
+        path = directory / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(spec, sort_keys=False))
+        paths.append(path)
+    return paths
+
+
+def _table(driver: str, lake: Path, kind: str) -> dict[str, Any]:
+    """A materialization entry: the view and the deltas in tables `<kind>_view`,
+    `<kind>_deltas` of a Delta Lake folder or a local Iceberg catalog."""
+    folder = lake / driver
+    folder.mkdir(parents=True, exist_ok=True)
+    where = {"path": str(folder)} if driver == "delta" else {"warehouse": str(folder)}
+    return {"driver": driver, **where, "view": f"{kind}_view", "delta": f"{kind}_deltas"}
