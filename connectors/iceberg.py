@@ -284,9 +284,16 @@ class IcebergDriver(SessionDriver[IcebergSettings, _Session]):
         return text
 
     def _create_namespace(self, catalog: Catalog, namespace: tuple[str, ...]) -> None:
+        """Create the namespace when missing. The shards open at once: when another
+        shard's create wins the race, the SQL catalog's insert fails on its unique key
+        (sqlalchemy's IntegrityError, which pyiceberg passes on), and the namespace is there."""
         try:
             if not catalog.namespace_exists(namespace):
-                catalog.create_namespace_if_not_exists(namespace)
+                try:
+                    catalog.create_namespace_if_not_exists(namespace)
+                except Exception:
+                    if not catalog.namespace_exists(namespace):
+                        raise
         except _REFUSED as exc:
             raise self.config_error(
                 "namespace", f"cannot create the namespace {'.'.join(namespace)!r}: {self._scrub(exc)}"
