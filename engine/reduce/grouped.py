@@ -18,10 +18,10 @@ from fractions import Fraction
 from typing import Any
 
 import orjson
-from sortedcontainers import SortedKeyList, SortedList
 
 from refold.config import ColumnSpec, ViewSpec
 from refold.model.reasons import Reason
+from refold.reduce.ordered import Sorted
 from refold.reduce.statecodec import (
     decode_state,
     row_fingerprint,
@@ -63,7 +63,7 @@ class _Multiset:
 
     def __init__(self) -> None:
         self.counts: dict[Any, int] = {}
-        self.ordered: SortedKeyList | None = None
+        self.ordered: Sorted | None = None
 
     def change(self, value: Any, copies: int) -> None:
         counts = self.counts
@@ -73,7 +73,7 @@ class _Multiset:
                 if self.ordered is not None:
                     self.ordered.add(value)
                 elif counts:
-                    self.ordered = SortedKeyList(counts, key=value_order)
+                    self.ordered = Sorted(counts, key=value_order)
                     self.ordered.add(value)
             counts[value] = count
         else:
@@ -109,7 +109,7 @@ class _Key:
         self.floats: dict[str, int] = dict.fromkeys(plan.sum_columns, 0)
         self.nonnull: dict[str, int] = dict.fromkeys(plan.nonnull_columns, 0)
         self.multisets: list[_Multiset] = [_Multiset() for _ in plan.multiset_columns]
-        self.order: SortedList | None = SortedList() if plan.needs_tags else None
+        self.order: Sorted | None = Sorted() if plan.needs_tags else None
         self.view: dict[str, Any] | None = None
 
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sortedcontainers import SortedList
-
 from refold.config import ViewSpec
 from refold.model.reasons import Reason
+from refold.reduce.ordered import Sorted
 from refold.reduce.statecodec import decode_state, row_fingerprint, row_key, state_value
 from refold.reduce.types import Rejected, SourceEvent, Tag, ViewChange
 from refold.reduce.values import (
@@ -46,7 +45,7 @@ class _Group:
     __slots__ = ("ranked", "rows", "top")
 
     def __init__(self) -> None:
-        self.ranked = SortedList()  # (sort key, tag, fp)
+        self.ranked = Sorted()  # (sort key, tag, fp)
         self.rows: dict[bytes, tuple[dict[str, Any], list[Tag]]] = {}  # fp -> (row, live tags ascending)
         self.top: list[dict[str, Any]] = []  # the output rows at places 1..
 
