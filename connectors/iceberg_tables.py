@@ -86,7 +86,14 @@ def open_catalog(
         return RestCatalog(name, uri=uri, **props)
     from pyiceberg.catalog.sql import SqlCatalog
 
-    return SqlCatalog(name, uri=uri, **props)
+    try:
+        return SqlCatalog(name, uri=uri, **props)
+    except Exception as exc:
+        # Shards open at once: SqlCatalog creates its tables when missing, and a shard
+        # that loses that race gets "table … already exists"; they exist now.
+        if "already exists" not in str(exc):
+            raise
+        return SqlCatalog(name, uri=uri, **props)
 
 
 def base_schema(kind: str) -> Schema:
