@@ -6,6 +6,8 @@ catalog in a SQLite file under `tmp_path`."""
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +100,35 @@ def test_the_checkpoint_comes_back_at_open_per_shard(warehouse: Path) -> None:
     assert last[SUMMARY_WRITER] == fence_property("conf", "0-1", "iceberg")
     assert p.RuntimeCheckpoint.decode(str(last[SUMMARY_CHECKPOINT]).encode()) == _checkpoint(2, "0-1")
     assert read_iceberg_view(warehouse, "scores") == {("alice",): _row("alice", 5), ("bob",): _row("bob", 9)}
+
+
+def test_shards_opening_at_once_on_a_new_warehouse_all_open(tmp_path: Path) -> None:
+    """The engine's shards Open at the same moment: on a fresh warehouse each may find no
+    catalog tables, no namespace and no table, and try to create them; every loser of
+    those races must go on with what the winner made (seen in loaded CI runs)."""
+    for round_ in range(3):
+        folder = tmp_path / f"warehouse{round_}"
+        folder.mkdir()
+        writers = [f"0-{n}" for n in range(4)]
+        drivers = {writer: _driver(folder) for writer in writers}
+        start = threading.Barrier(len(writers))
+
+        def open_one(writer: str, start: threading.Barrier = start, drivers: dict[str, IcebergDriver] = drivers) -> p.Opened:
+            start.wait()
+            return _open(drivers[writer], writer)
+
+        try:
+            with ThreadPoolExecutor(len(writers)) as pool:
+                opened = list(pool.map(open_one, writers))
+            assert [o.runtime_checkpoint for o in opened] == [None] * len(writers)
+            for n, writer in enumerate(writers):
+                _commit(drivers[writer], 1, [_put(f"p{n}", n)], writer)
+        finally:
+            for driver in drivers.values():
+                driver.close()
+        props = _table(folder).properties
+        assert all(fence_property("conf", writer, "iceberg") in props for writer in writers)
+        assert read_iceberg_view(folder, "scores") == {(f"p{n}",): _row(f"p{n}", n) for n in range(len(writers))}
 
 
 def test_without_the_property_open_walks_the_snapshots(warehouse: Path) -> None:
