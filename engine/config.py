@@ -311,6 +311,9 @@ class SparkSpec(_Model):
     # shards together (past it, the least recently used shards' reducers start empty)
     state_cache_keys: Annotated[int, Field(ge=1)] = 200_000
     state_dir: str | None = None  # the executors' local stores; default <Refold home>/state
+    # the reduction core of a grouped view: `auto` the native one (refold_native, built from native/)
+    # where it runs the view, else Python; `native` refuses a view it cannot run; `python` never native
+    core: Literal["auto", "native", "python"] = "auto"
 
     @field_validator("conf")
     @classmethod

@@ -57,6 +57,33 @@ class Outgoing:
     state: list[tuple[bytes, bytes | None]] = field(default_factory=list)
     delta_rows: list[dict[str, Any]] = field(default_factory=list)  # for delta materializations
 
+    def by_topic(self, pipeline: Pipeline) -> dict[str, int]:
+        """How many records go to each output topic and the dead-letter topic."""
+        counts: dict[str, int] = {}
+        if pipeline.outputs.view is not None:
+            counts[pipeline.outputs.view.topic] = len(self.view)
+        if pipeline.outputs.delta is not None:
+            counts[pipeline.outputs.delta.topic] = len(self.delta)
+        counts[pipeline.dlq_topic] = len(self.dlq)
+        return counts
+
+
+@dataclass(slots=True)
+class BatchStats:
+    """What a shard's batch (or, summed, a batch of every shard) read and wrote."""
+
+    batch: int = 0
+    records_in: int = 0
+    records_out: int = 0
+    dead_letters: int = 0
+    skipped: int = 0
+    tombstones: int = 0  # records that carry no change (Debezium tombstones): counted, not applied
+    seconds: float = 0.0
+    commit_seconds: float = 0.0  # begin_transaction to commit_transaction
+    committed_at: float = 0.0
+    out_by_topic: dict[str, int] = field(default_factory=dict)
+    shards: int = 1  # how many shards committed a part of the batch
+
 
 @dataclass(frozen=True, slots=True)
 class DeadLetters:
@@ -83,6 +110,17 @@ class DeadLetters:
                 pipeline=self.pipeline,
             )
         )
+
+    def refuse(self, out: Outgoing, unit: Sequence[Item], refused_index: int, reason: str) -> None:
+        """A unit the reducer refused: one dead letter per input record (a Debezium update
+        is a pair from one record) — the refused event's with `reason`, the other half of
+        a refused pair as such."""
+        refused = unit[refused_index][1]
+        for index, (_event, record) in enumerate(unit):
+            if index == refused_index:
+                self.add(out, record, reason)
+            elif record is not refused:
+                self.add(out, record, Reason.CORRECTION_PAIR_REJECTED)
 
 
 class Units(NamedTuple):

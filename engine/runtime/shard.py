@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -64,9 +64,10 @@ from refold.recovery.restore import load_checkpoints
 from refold.reduce import Rejected, SourceEvent, make_reducer
 from refold.reduce.values import key_bytes
 from refold.reduce.where import condition_of, filter_unit
-from refold.runtime.batch import DeadLetters, InputRecord, Outgoing, Unit, UnitReader
+from refold.runtime.batch import BatchStats, DeadLetters, InputRecord, Outgoing, Unit, UnitReader
 from refold.runtime.collector import collector_paused
 from refold.runtime.hooks import NO_HOOKS, Hooks
+from refold.runtime.native import Unsupported, native_core
 from refold.runtime.render import Renderer, UnitChanges
 from refold.runtime.shards import KeyCheck, checkpoint_key, shard_writer
 from refold.runtime.tables import LastRows, TableItem, TableReader, is_table
@@ -77,21 +78,6 @@ log = logging.getLogger(__name__)
 
 ATTEMPTS = 3  # transactions per batch before the processor gives up
 STORE_LOCK_SECONDS = 120.0  # how long a shard waits for another attempt's hold on its store
-
-
-@dataclass(slots=True)
-class BatchStats:
-    batch: int = 0
-    records_in: int = 0
-    records_out: int = 0
-    dead_letters: int = 0
-    skipped: int = 0
-    tombstones: int = 0  # records that carry no change (Debezium tombstones): counted, not applied
-    seconds: float = 0.0
-    commit_seconds: float = 0.0  # begin_transaction to commit_transaction
-    committed_at: float = 0.0
-    out_by_topic: dict[str, int] = field(default_factory=dict)
-    shards: int = 1  # how many shards committed a part of the batch
 
 
 class ShardProcessor:
@@ -144,7 +130,9 @@ class ShardProcessor:
         self.state_root = state_root
         self.store: ShardStore | None = None
         self.reducer = make_reducer(pipeline.view)
-        self.held: set[tuple[Any, ...]] = set()  # the keys the reducer holds as the store does
+        # the native core (refold.runtime.native) in the reducer's place, while it runs the view
+        self.core = native_core(pipeline)
+        self.held: set[Any] = set()  # the keys the reducer (key tuples) or the core (key JSON) holds as the store does
         self.held_all = False  # the reducer holds the whole store (a backfill needs the whole view)
         self.checkpoint = first_checkpoint(self.pipeline, self.shard)
         self._watermarks: Consumer | None = None
@@ -220,6 +208,8 @@ class ShardProcessor:
 
     def _forget_reducer(self) -> None:
         self.reducer = make_reducer(self.pipeline.view)
+        if self.core is not None:
+            self.core = native_core(self.pipeline)
         self.held = set()
         self.held_all = False
 
@@ -291,9 +281,11 @@ class ShardProcessor:
         out = Outgoing()
         if self.tables is None:
             read = self.reader.read(fresh, self.checkpoint.pending, out)
-            self._load(self._touched(read.units))
-            self.hooks.crash_point("mid_batch", self.checkpoint.batch + 1)
-            changes = self._reduce(read.units, out)
+            native = self.core is not None and self._reduce_natively(read.units, out)
+            if not native:
+                self._load(self._touched(read.units))
+                self.hooks.crash_point("mid_batch", self.checkpoint.batch + 1)
+                changes = self._reduce(read.units, out)
             pending, unchanged = read.pending, read.tombstones
         else:
             items = self.tables.read(fresh, out)
@@ -302,11 +294,13 @@ class ShardProcessor:
             changes, unchanged = self._reduce_table_rows(items, out)
             unchanged += self.tables.tombstones
             pending = {}
-        out.view = self.renderer.view(changes)
-        out.delta_rows = self.reducer.take_deltas()
-        out.delta = self.renderer.deltas(out.delta_rows)
+            native = False
+        if not native:  # (the native core made the view, delta and state records itself)
+            out.view = self.renderer.view(changes)
+            out.delta_rows = self.reducer.take_deltas()
+            out.delta = self.renderer.deltas(out.delta_rows)
+            out.state = self.reducer.take_state_changes() + self.last_rows.take_state_changes()
         out.dlq.sort(key=lambda letter: (letter.partition, letter.offset))  # input order
-        out.state = self.reducer.take_state_changes() + self.last_rows.take_state_changes()
         stats = BatchStats(
             batch=self.checkpoint.batch + 1,
             records_in=len(fresh),
@@ -314,7 +308,7 @@ class ShardProcessor:
             dead_letters=len(out.dlq),
             skipped=len(records) - len(fresh),
             tombstones=unchanged,
-            out_by_topic=self._out_by_topic(out),
+            out_by_topic=out.by_topic(self.pipeline),
         )
         offsets = dict(committed)
         for record in fresh:
@@ -347,12 +341,14 @@ class ShardProcessor:
         self.last = stats
         return stats
 
-    def _touched(self, units: Sequence[Unit]) -> set[tuple[Any, ...]]:
+    def _touched(self, units: Sequence[Unit]) -> set[Any]:
+        if self.core is not None:
+            return set(self.core.touched(units))  # as key JSON
         touched = {self.reducer.state_key(event) for unit in units for event, _ in unit}
         touched.discard(None)
         return touched
 
-    def _load(self, touched: set[tuple[Any, ...]]) -> None:
+    def _load(self, touched: set[Any]) -> None:
         """Load the view keys the batch is about to touch and the reducer does not hold
         from the store (all of it when a materialization backfills from the whole view).
         Past `spark.state_cache_keys` held keys the reducer starts empty first."""
@@ -371,7 +367,10 @@ class ShardProcessor:
         if len(self.held) + len(wanted) > self.pipeline.spark.state_cache_keys:
             self._forget_reducer()
             wanted = touched
-        self.reducer.restore(self.store.load_keys(key_bytes(key) for key in wanted))
+        if self.core is not None:
+            self.core.restore(self.store.load_keys(wanted))
+        else:
+            self.reducer.restore(self.store.load_keys(key_bytes(key) for key in wanted))
         self.held |= wanted
 
     def _stamp(self, state: Sequence[tuple[bytes, bytes | None]], checkpoint: Checkpoint) -> None:
@@ -426,32 +425,46 @@ class ShardProcessor:
         """Apply each unit; a refused unit changes nothing and is dead-lettered, one
         dead letter per input record (a Debezium update is a pair from one record)."""
         changes: list[UnitChanges] = []
-        row_filter = self.row_filter
-        for unit in units:
+        for unit in self._filtered(units):
             try:
-                if row_filter is not None:
-                    kept = filter_unit(row_filter, [event for event, _ in unit])
-                    if not kept:
-                        continue
-                    unit = [(event, unit[index][1]) for index, event in kept]
                 changes.append((self.reducer.apply([event for event, _ in unit]), unit[0][0].tag[0]))
             except Rejected as rejected:
-                refused = unit[rejected.index][1]
-                for index, (_event, record) in enumerate(unit):
-                    if index == rejected.index:
-                        self.dead_letters.add(out, record, rejected.reason)
-                    elif record is not refused:
-                        self.dead_letters.add(out, record, Reason.CORRECTION_PAIR_REJECTED)
+                self.dead_letters.refuse(out, unit, rejected.index, rejected.reason)
         return changes
 
-    def _out_by_topic(self, out: Outgoing) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        if self.pipeline.outputs.view is not None:
-            counts[self.pipeline.outputs.view.topic] = len(out.view)
-        if self.pipeline.outputs.delta is not None:
-            counts[self.pipeline.outputs.delta.topic] = len(out.delta)
-        counts[self.pipeline.dlq_topic] = len(out.dlq)
-        return counts
+    def _reduce_natively(self, units: Sequence[Unit], out: Outgoing) -> bool:
+        """`_reduce` and the records of its changes, deltas and state, all in the native
+        core. False when the core cannot take the batch (a value it does not handle): it
+        is dropped, before anything of the batch is sent, and the shard reduces in Python
+        from here on, starting with this batch (from its store)."""
+        assert self.core is not None
+        units = self._filtered(units) if self.row_filter is not None else units
+        try:
+            self._load(self._touched(units))
+            self.hooks.crash_point("mid_batch", self.checkpoint.batch + 1)
+            refused, view, delta, state = self.core.apply_batch(units)
+        except Unsupported as exc:
+            log.info("%s shard %d reduces in Python from here: the native core %s", self.pipeline.pipeline, self.shard, exc)
+            self.core = None
+            self._forget_reducer()
+            return False
+        for unit_index, index, reason, _detail in refused:
+            self.dead_letters.refuse(out, units[unit_index], index, Reason(reason))
+        out.view, out.delta, out.state = view, delta, state
+        return True
+
+    def _filtered(self, units: Sequence[Unit]) -> list[Unit]:
+        """The units with the events the view's row filter (`view.where`) keeps; a unit
+        it keeps nothing of is left out."""
+        row_filter = self.row_filter
+        if row_filter is None:
+            return list(units)
+        kept_units: list[Unit] = []
+        for unit in units:
+            kept = filter_unit(row_filter, [event for event, _ in unit])
+            if kept:
+                kept_units.append(tuple((event, unit[index][1]) for index, event in kept))
+        return kept_units
 
     # The transaction -----------------------------------------------------------------
 
