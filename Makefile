@@ -4,18 +4,26 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 REFOLD := $(VENV)/bin/refold
 STAMP  := $(VENV)/.installed
+NATIVE := $(VENV)/.native
 
 .PHONY: setup jars registry test unit lint demo chaos bench bench-contenders bench-latency bench-scaling bench-tasks \
 	bench-plots \
 	kafka-start kafka-stop clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(NATIVE)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# The native reduction core (Rust, native/): pip builds it with maturin and cargo, crates
+# from crates.io; the engine runs in Python without it (refold.runtime.native).
+$(NATIVE): $(STAMP) native/pyproject.toml native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
+	@command -v cargo >/dev/null || { echo "make setup: the native core needs Rust's cargo (Debian: apt-get install cargo)"; exit 1; }
+	$(PY) -m pip install --quiet ./native
+	touch $(NATIVE)
 
 # Maven jars (Kafka broker, Spark's Kafka connector) into .refold/jars.
 jars: setup

@@ -28,7 +28,10 @@ initialised and the empty checkpoints and `P.state` read): the local one is star
 when none is running.
 
     python -m bench.hotpath [--events 200000] [--keys 20000] [--batch 100000] [--repeat 2]
-                            [--store rocksdb|memory]
+                            [--store rocksdb|memory] [--core python,native]
+
+`--core` runs each reduction core in turn (`spark.core`; default both, then their
+ratio): `python` the Python reducer, `native` the Rust core (`refold_native`).
 """
 
 from __future__ import annotations
@@ -124,7 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", choices=("rocksdb", "memory"), default="rocksdb",
                         help="rocksdb: each shard's real local store in a temporary directory (the engine's "
                              "path); memory: no store, the reducer holds everything")
+    parser.add_argument("--core", default="python,native",
+                        help="the reduction cores to run, one after the other (spark.core: python, native)")
     args = parser.parse_args(argv)
+    cores = [core.strip() for core in args.core.split(",") if core.strip()]
 
     from refold.dev.localkafka import ensure_broker
 
@@ -135,23 +141,29 @@ def main(argv: list[str] | None = None) -> int:
     # the source topic is never read (the records are in memory); its partitions make the shards
     ensure_topics(settings, [TopicSpec("hotpath-source", 4),
                              *engine_topics(pipeline(name, "hotpath-source", bootstrap, args.batch), 4)])
-    runs = []
-    for attempt in range(1, args.repeat + 1):
-        with tempfile.TemporaryDirectory(prefix="refold-hotpath-") as state_dir:
-            spec = pipeline(name, "hotpath-source", bootstrap, args.batch, state_dir=Path(state_dir))
-            processor = DryProcessor(spec, settings, memory=args.store == "memory")
-            try:
-                started = time.process_time()
-                for start in range(0, len(records), args.batch):
-                    processor.process(records[start : start + args.batch])
-                runs.append(time.process_time() - started)
-            finally:
-                processor.close()
-        print(f"run {attempt}: {runs[-1]:.2f} CPU s, {processor.sent:,} records to send", file=sys.stderr)
-    best = min(runs)
-    print(f"hot path ({args.store} state): {len(records):,} events, {args.keys:,} keys, batch {args.batch:,}: "
-          f"{best:.2f} CPU s (best of {len(runs)}), {best / len(records) * 1e6:.1f} µs/event, "
-          f"{len(records) / best:,.0f} events per CPU second")
+    best: dict[str, float] = {}
+    for core in cores:
+        runs = []
+        for attempt in range(1, args.repeat + 1):
+            with tempfile.TemporaryDirectory(prefix="refold-hotpath-") as state_dir:
+                spec = pipeline(name, "hotpath-source", bootstrap, args.batch, state_dir=Path(state_dir),
+                                spark={"core": core})
+                processor = DryProcessor(spec, settings, memory=args.store == "memory")
+                try:
+                    started = time.process_time()
+                    for start in range(0, len(records), args.batch):
+                        processor.process(records[start : start + args.batch])
+                    runs.append(time.process_time() - started)
+                finally:
+                    processor.close()
+            print(f"{core} run {attempt}: {runs[-1]:.2f} CPU s, {processor.sent:,} records to send", file=sys.stderr)
+        best[core] = min(runs)
+        print(f"hot path ({core} core, {args.store} state): {len(records):,} events, {args.keys:,} keys, "
+              f"batch {args.batch:,}: {best[core]:.2f} CPU s (best of {len(runs)}), "
+              f"{best[core] / len(records) * 1e6:.1f} µs/event, {len(records) / best[core]:,.0f} events per CPU second")
+    if "python" in best and "native" in best:
+        print(f"native / python CPU: {best['native'] / best['python']:.3f} "
+              f"({best['python'] / best['native']:.1f}x fewer CPU seconds per event)")
     return 0
 
 

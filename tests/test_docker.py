@@ -88,7 +88,12 @@ def test_entrypoint_refuses_to_start_without_its_settings(tmp_path: Path) -> Non
 def test_dockerfile_installs_the_entrypoint_as_a_non_root_user() -> None:
     lines = dockerfile()
     froms = [line for line in lines if line.startswith("FROM ")]
-    assert len(froms) == 2 and all("python:3.11" in line for line in froms)
+    assert len(froms) == 3 and all("python:3.11" in line for line in froms[1:])
+    # the native core is built from source in a Rust stage and installed into the venv
+    assert froms[0].startswith("FROM rust:") and froms[0].endswith(" AS native")
+    assert any("pip wheel" in line and "./native" in line for line in lines)
+    assert any(line.startswith("COPY --from=native ") for line in lines)
+    assert any("pip install" in line and "/wheels/refold_native-" in line for line in lines)
     runtime = lines[lines.index(froms[-1]):]
     assert any("openjdk-17-jre-headless" in line for line in runtime)
     assert any(re.search(r"\brefold jars\b", line) for line in lines), "jars are resolved at build time"
@@ -170,7 +175,7 @@ def test_compose_runs_a_spark_master_and_a_worker_from_the_engine_image() -> Non
         assert spark_class.name == "spark-class"
         assert daemon["environment"]["SPARK_HOME"] == str(spark_class.parent.parent)
         # the venv the Dockerfile makes, on the image's Python
-        python = next(line for line in dockerfile() if line.startswith("FROM ")).split()[1]
+        python = next(line for line in dockerfile() if line.startswith("FROM python:")).split()[1]
         version = re.match(r"python:(\d+\.\d+)", python)
         assert version is not None
         assert spark_class.is_relative_to(f"/opt/venv/lib/python{version[1]}/site-packages/pyspark")

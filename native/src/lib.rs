@@ -1,0 +1,147 @@
+//! `refold_native`: Refold's native reduction core (see README.md).
+//!
+//! - `json`: JSON bytes as orjson writes and reads them
+//! - `value`: column values, read off Python objects; `value_order`
+//! - `statecodec`: `P.state` records (refold.reduce.statecodec)
+//! - `core`: the grouped reduction and its rendering (refold.reduce.grouped,
+//!   refold.runtime.render)
+//!
+//! This file is the Python interface: `GroupedCore` and `Unsupported`.
+
+mod core;
+mod json;
+mod statecodec;
+mod value;
+
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+
+use crate::core::{Core, Fail, Plan, RestoreFail};
+
+create_exception!(
+    refold_native,
+    Unsupported,
+    PyException,
+    "An input the native core does not handle: reduce this batch (and on) in Python."
+);
+
+fn raise(fail: Fail) -> PyErr {
+    match fail {
+        Fail::Unsup(why) => Unsupported::new_err(why.0),
+        Fail::Py(err) => err,
+        // a refusal is data, never raised: only a bug would get here
+        Fail::Reject(r) => Unsupported::new_err(format!("unexpected refusal: {}", r.reason)),
+    }
+}
+
+/// A grouped view's reducer and renderer in one (see the module's README).
+#[pyclass(module = "refold_native")]
+struct GroupedCore {
+    core: Core,
+}
+
+#[pymethods]
+impl GroupedCore {
+    #[new]
+    #[pyo3(signature = (key_columns, columns, view_form, delta))]
+    fn new(
+        py: Python<'_>,
+        key_columns: Vec<String>,
+        columns: Vec<(String, String, String)>,
+        view_form: Option<String>,
+        delta: bool,
+    ) -> PyResult<Self> {
+        if key_columns.is_empty() {
+            return Err(PyValueError::new_err("a grouped view needs at least one key column"));
+        }
+        Ok(GroupedCore { core: Core::new(Plan::new(py, key_columns, columns, view_form, delta)?) })
+    }
+
+    /// `GroupedReducer.restore(records)`: (record key, value) pairs of `P.state`.
+    fn restore(&mut self, py: Python<'_>, records: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.core.restore(py, records).map_err(|fail| match fail {
+            RestoreFail::NotState(why) => PyValueError::new_err(format!("not a state record: {why}")),
+            RestoreFail::Fail(fail) => raise(fail),
+        })
+    }
+
+    /// The key JSON (`key_bytes`) of `state_key(event)` for every event of the units.
+    fn touched<'py>(&self, py: Python<'py>, units: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
+        let keys = self.core.touched(py, units).map_err(raise)?;
+        PyList::new(py, keys.iter().map(|k| PyBytes::new(py, k)))
+    }
+
+    /// One batch: (rejected, view records, delta records, state records).
+    fn apply_batch<'py>(&mut self, py: Python<'py>, units: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyTuple>> {
+        // the batch's records are tuples of bytes, ints and None, which make no cycles: the
+        // cyclic collector pauses while they are made (it would walk the heap again and
+        // again over a large batch), and resumes as it was
+        let was_enabled = unsafe { pyo3::ffi::PyGC_Disable() };
+        let out = self.core.apply_batch(py, units);
+        if was_enabled == 1 {
+            unsafe { pyo3::ffi::PyGC_Enable() };
+        }
+        let out = out.map_err(raise)?;
+        let rejected = out
+            .rejected
+            .into_iter()
+            .map(|(unit, r)| (unit, r.index, r.reason, r.detail).into_pyobject(py).map(|t| t.into_any()))
+            .collect::<PyResult<Vec<_>>>()?;
+        PyTuple::new(
+            py,
+            [
+                PyList::new(py, rejected)?,
+                PyList::new(py, out.view)?,
+                PyList::new(py, out.delta)?,
+                PyList::new(py, out.state)?,
+            ],
+        )
+    }
+
+    /// `GroupedReducer.view()`: the current view rows by key tuple.
+    fn view<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.core.view(py)
+    }
+
+    fn __len__(&self) -> usize {
+        self.core.len()
+    }
+}
+
+/// The core's JSON writer on a Python value, for the tests: `orjson.dumps(value)`
+/// (`option=OPT_SORT_KEYS` with `sort_keys`); Unsupported where the core would be.
+#[pyfunction]
+#[pyo3(signature = (value, sort_keys = false))]
+fn _dumps<'py>(py: Python<'py>, value: &Bound<'py, PyAny>, sort_keys: bool) -> PyResult<Bound<'py, PyBytes>> {
+    let mut out = Vec::new();
+    value::write_py(&mut out, value, sort_keys, 0).map_err(|why| Unsupported::new_err(why.0))?;
+    let via_value = value::value_of(value, 0).map_err(|why| Unsupported::new_err(why.0))?;
+    let mut again = Vec::new();
+    via_value.write(&mut again, sort_keys);
+    if again != out {
+        return Err(PyValueError::new_err("the two writers differ"));
+    }
+    Ok(PyBytes::new(py, &out))
+}
+
+/// The core's JSON reader, for the tests: `orjson.loads(data)` of what it reads;
+/// ValueError for what is not JSON, Unsupported for what the core does not hold.
+#[pyfunction]
+fn _loads<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+    match json::parse(data) {
+        Ok(value) => value.to_py(py),
+        Err(json::ReadError::Invalid(why)) => Err(PyValueError::new_err(why)),
+        Err(json::ReadError::Unsupported(why)) => Err(Unsupported::new_err(why)),
+    }
+}
+
+#[pymodule]
+fn refold_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("Unsupported", m.py().get_type::<Unsupported>())?;
+    m.add_class::<GroupedCore>()?;
+    m.add_function(wrap_pyfunction!(_dumps, m)?)?;
+    m.add_function(wrap_pyfunction!(_loads, m)?)?;
+    Ok(())
+}

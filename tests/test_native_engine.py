@@ -1,0 +1,205 @@
+"""The native core inside the engine: the shards of a pipeline with `spark.core: native`
+commit, batch by batch, exactly the records the same pipeline commits with the Python
+reducer — view, delta and `P.state` records byte for byte, the same dead letters —
+through real transactions, a value the core does not take (it falls back to Python
+from its store), and a restart (it restores from its store). The core's own
+differential tests are in tests/test_native_core.py."""
+
+from __future__ import annotations
+
+import random
+import re
+import uuid
+from typing import Any
+
+import orjson
+import pytest
+
+from refold.config import Pipeline, parse_pipeline
+from refold.errors import ConfigError
+from refold.kafka.io import ensure_topics
+from refold.recovery.records import Checkpoint
+from refold.runtime.batch import InputRecord, Outgoing
+from refold.runtime.native import native_core, why_not
+from refold.runtime.processor import BatchProcessor
+from refold.runtime.shard import ShardProcessor
+from refold.spark.job import engine_topics
+
+pytestmark = pytest.mark.kafka
+
+PARTITIONS = 2
+VIEW = {
+    "key": ["player"],
+    "columns": {
+        "total": {"sum": "score"}, "games": {"count": "*"}, "best": {"max": "score"}, "low": {"min": "score"},
+        "opening": {"first": "score"}, "team": {"last": "team"}, "mean": {"avg": "score"},
+        "teams": {"set": "team"}, "scored": {"count": "score"},
+    },
+    "where": "team <> 'grey'",
+}
+
+
+class Recording(ShardProcessor):
+    """Commits as the engine does, and keeps what each batch sent."""
+
+    def _commit(self, out: Outgoing, checkpoint: Checkpoint) -> None:
+        super()._commit(out, checkpoint)
+        self.sent.append((checkpoint.batch, out))
+
+    @property
+    def sent(self) -> list[tuple[int, Outgoing]]:
+        if not hasattr(self, "_sent"):
+            self._sent: list[tuple[int, Outgoing]] = []
+        return self._sent
+
+
+class RecordingProcessor(BatchProcessor):
+    shard_type = Recording
+
+
+def _pipeline(settings: dict[str, Any], source: str, core: str) -> Pipeline:
+    name = f"nc{core[0]}{uuid.uuid4().hex[:8]}"
+    pipeline = parse_pipeline({
+        "pipeline": name, "kafka": settings, "source": {"topic": source},
+        "view": VIEW,
+        "outputs": {"view": {"topic": f"{name}.view"}, "delta": {"topic": f"{name}.delta"}},
+        "spark": {"core": core},
+    })
+    ensure_topics(settings, engine_topics(pipeline, PARTITIONS))
+    return pipeline
+
+
+def _batches(seed: int) -> list[list[InputRecord]]:
+    """Four batches over 30 players in two partitions: appends, retractions of live and
+    of never-seen rows, correction pairs, a -C left open at a batch's end, a record that
+    is not JSON; the third batch has a float score (a summed column: the native core
+    does not take it)."""
+    rng = random.Random(seed)
+    offsets = [0] * PARTITIONS
+    live: list[dict[str, Any]] = []
+    batches: list[list[InputRecord]] = []
+    records: list[InputRecord] = []
+
+    def emit(op: str, row: dict[str, Any], raw: bytes | None = None) -> None:
+        partition = sum(row["player"].encode()) % PARTITIONS
+        key = orjson.dumps({"player": row["player"]})
+        value = raw if raw is not None else orjson.dumps({"op": op, **row})
+        records.append(InputRecord(partition, offsets[partition], key, value, 1_000 + offsets[partition]))
+        offsets[partition] += 1
+
+    for number in range(4):
+        for _ in range(300):
+            roll = rng.random()
+            row = {"player": f"p{rng.randrange(30)}", "score": rng.randrange(-5, 50),
+                   "team": rng.choice(["red", "blue", "grey", None])}
+            if roll < 0.55 or not live:
+                emit("+A", row)
+                live.append(row)
+            elif roll < 0.7:
+                emit("-R", live.pop(rng.randrange(len(live))))
+            elif roll < 0.85:
+                old = live.pop(rng.randrange(len(live)))
+                new = {**old, "score": rng.randrange(-5, 50)}
+                emit("-C", old)
+                emit("+C", new)
+                live.append(new)
+            elif roll < 0.92:
+                emit("-R", row)  # most likely not live: a dead letter
+            elif roll < 0.95:
+                emit("+A", row, raw=b"{not json")
+            else:
+                emit("+C", row)  # an orphan
+        if number == 2:
+            emit("+A", {"player": "p1", "score": 2.5, "team": "red"})
+        held = None
+        if number == 1:  # a -C at the end of the batch: its +C opens the next one
+            held = live.pop()
+            emit("-C", held)
+        batches.append(records[:])
+        records.clear()
+        if held is not None:
+            emit("+C", {**held, "score": 99})
+            live.append({**held, "score": 99})
+    return batches
+
+
+def _run(pipeline: Pipeline, settings: dict[str, Any], batches: list[list[InputRecord]]) -> dict[int, list[Any]]:
+    """Every batch through a processor, then a restarted one for the last; what each shard sent per batch."""
+    sent: dict[int, list[Any]] = {}
+    processor = RecordingProcessor(pipeline, settings)
+    try:
+        for records in batches[:-1]:
+            processor.process(records)
+        _collect(processor, sent)
+    finally:
+        processor.close()
+    restarted = RecordingProcessor(pipeline, settings)
+    try:
+        restarted.process(batches[-1])
+        _collect(restarted, sent)
+    finally:
+        restarted.close()
+    return sent
+
+
+def _collect(processor: BatchProcessor, sent: dict[int, list[Any]]) -> None:
+    for index, shard in processor.shards.items():
+        assert isinstance(shard, Recording)
+        for batch, out in shard.sent:
+            sent.setdefault(index, []).append((
+                batch, out.view, out.delta, out.state,
+                [(letter.partition, letter.offset, letter.reason) for letter in out.dlq],
+            ))
+
+
+def test_native_shards_commit_what_python_shards_commit(bootstrap_servers, topic) -> None:
+    settings = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=PARTITIONS)
+    batches = _batches(7)
+    python = _run(_pipeline(settings, source, "python"), settings, batches)
+    native_pipeline = _pipeline(settings, source, "native")
+    native = _run(native_pipeline, settings, batches)
+    assert sorted(native) == sorted(python) == list(range(PARTITIONS))
+    for shard in python:
+        assert [b[0] for b in native[shard]] == [b[0] for b in python[shard]] == [1, 2, 3, 4]
+        for ours, theirs in zip(native[shard], python[shard], strict=True):
+            assert ours == theirs, f"shard {shard}, batch {theirs[0]}"
+    sent = [record for shard in python.values() for batch in shard for record in batch[1]]
+    assert len(sent) > 500  # the batches did something
+    assert any(batch[4] for shard in python.values() for batch in shard)  # and had dead letters
+
+
+def test_the_float_batch_falls_back_and_a_new_processor_runs_native_again(bootstrap_servers, topic) -> None:
+    settings = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=PARTITIONS)
+    pipeline = _pipeline(settings, source, "native")
+    batches = _batches(11)
+    processor = RecordingProcessor(pipeline, settings)
+    try:
+        for records in batches[:2]:
+            processor.process(records)
+        assert all(shard.core is not None for shard in processor.shards.values())
+        processor.process(batches[2])  # p1's float score: its shard falls back to Python
+        fallen = {index for index, shard in processor.shards.items() if shard.core is None}
+        assert fallen == {sum(b"p1") % PARTITIONS}
+    finally:
+        processor.close()
+    again = RecordingProcessor(pipeline, settings)
+    try:
+        assert all(shard.core is not None for shard in again.shards.values())
+    finally:
+        again.close()
+
+
+def test_spark_core_native_refuses_a_view_it_cannot_run(bootstrap_servers) -> None:
+    settings = {"bootstrap.servers": bootstrap_servers}
+    top_n = {"top_n": {"n": 3, "partition_by": ["team"], "order_by": {"score": "desc"}}}
+    for core, expect in (("native", ConfigError), ("auto", None)):
+        pipeline = parse_pipeline({"pipeline": "x", "kafka": settings, "source": {"topic": "s"}, "view": top_n,
+                                   "outputs": {"view": {"topic": "x.view"}}, "spark": {"core": core}})
+        assert why_not(pipeline) == "Top-N views reduce in Python"
+        if expect is None:
+            assert native_core(pipeline) is None
+        else:
+            with pytest.raises(expect, match=re.escape("spark.core: native, but Top-N views reduce in Python")):
+                native_core(pipeline)
