@@ -1,0 +1,372 @@
+//! A batch in: `apply_batch` over its units (`GroupedReducer.apply` per unit), the
+//! checks of refold.reduce.grouped that refuse a unit before it changes anything
+//! (`checked_key`, `_checked`, `_check_live`), and `touched` (`state_key`).
+
+use blake2::digest::consts::U16;
+use blake2::{Blake2b, Digest};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
+use rustc_hash::FxHashSet;
+
+use super::plan::Form;
+use super::{reject, Core, Fail, Fp, Rejected, KEY_TOO_LARGE, MAX_KEY_CHARS, NOT_LIVE, NULL_KEY, SCHEMA_MISMATCH};
+use crate::json::{write_int, write_str};
+use crate::statecodec::Tag;
+use crate::value::{int_of, kind, str_of, write_py_dict, Kind, Unsup};
+
+/// An event read and checked (`_checked`): its op, key, fingerprint and what the sums
+/// and non-null counts read off its row.
+pub(super) struct Checked<'py> {
+    pub(super) adds: bool,
+    pub(super) key: Vec<u8>,
+    pub(super) fp: Fp,
+    pub(super) row: Bound<'py, PyDict>,
+    pub(super) tag: Tag,
+    pub(super) sums: Vec<Option<i64>>,
+    pub(super) nonnull: Vec<bool>,
+}
+
+/// What `apply_batch` hands back: the refusals, and the records as Python tuples —
+/// view (key, value or None, event time), delta (key, value), state (key, value or None).
+pub struct BatchOut<'py> {
+    pub rejected: Vec<(usize, Rejected)>,
+    pub view: Vec<Bound<'py, PyAny>>,
+    pub delta: Vec<Bound<'py, PyAny>>,
+    pub state: Vec<Bound<'py, PyAny>>,
+}
+
+/// A unit's view records before they are ordered: (adds, message key, value or None).
+pub(super) type UnitRecords<'py> = Vec<(bool, Bound<'py, PyAny>, Option<Bound<'py, PyAny>>)>;
+
+fn blake2b16(data: &[u8]) -> Fp {
+    let mut hasher = Blake2b::<U16>::new();
+    hasher.update(data);
+    hasher.finalize().into()
+}
+
+/// The items of a tuple or a list (a unit, an item, an event).
+fn seq_items<'py>(obj: &Bound<'py, PyAny>, what: &str) -> Result<Vec<Bound<'py, PyAny>>, Fail> {
+    if let Ok(tuple) = obj.cast::<PyTuple>() {
+        return Ok(tuple.iter().collect());
+    }
+    if let Ok(list) = obj.cast::<PyList>() {
+        return Ok(list.iter().collect());
+    }
+    Err(Fail::Unsup(Unsup(format!("{what} that is not a tuple or a list"))))
+}
+
+fn seq_get<'py>(obj: &Bound<'py, PyAny>, index: usize, what: &str) -> Result<Bound<'py, PyAny>, Fail> {
+    if let Ok(tuple) = obj.cast::<PyTuple>() {
+        if index < tuple.len() {
+            return Ok(tuple.get_item(index)?);
+        }
+    } else if let Ok(list) = obj.cast::<PyList>() {
+        if index < list.len() {
+            return Ok(list.get_item(index)?);
+        }
+    }
+    Err(Fail::Unsup(Unsup(format!("{what} that is not a tuple or a list of the expected size"))))
+}
+
+/// A unit's events (item[0] of each item), into `events`.
+fn unit_events<'py>(unit: &Bound<'py, PyAny>, events: &mut Vec<Bound<'py, PyAny>>) -> Result<(), Fail> {
+    if let Ok(tuple) = unit.cast::<PyTuple>() {
+        for item in tuple.iter() {
+            events.push(seq_get(&item, 0, "an item")?);
+        }
+    } else if let Ok(list) = unit.cast::<PyList>() {
+        for item in list.iter() {
+            events.push(seq_get(&item, 0, "an item")?);
+        }
+    } else {
+        return Err(Fail::Unsup(Unsup::new("a unit that is not a tuple or a list")));
+    }
+    if events.is_empty() {
+        return Err(Fail::Unsup(Unsup::new("an empty unit")));
+    }
+    Ok(())
+}
+
+/// A SourceEvent's (op, row, tag).
+fn event_parts<'py>(event: &Bound<'py, PyAny>) -> Result<(i64, Bound<'py, PyDict>, Tag), Fail> {
+    let op = seq_get(event, 0, "an event")?;
+    let row = seq_get(event, 1, "an event")?;
+    let tag = seq_get(event, 2, "an event")?;
+    let op: i64 = op.extract().map_err(|_| Unsup::new("an op that is not an Op"))?;
+    if !(0..=3).contains(&op) {
+        return Err(Fail::Unsup(Unsup::new("an op out of range")));
+    }
+    let row = row.cast_exact::<PyDict>().map_err(|_| Unsup::new("a row that is not a dict"))?.clone();
+    let tag = if let Ok(t) = tag.extract::<(i64, i64, i64)>() {
+        t
+    } else {
+        let items = seq_items(&tag, "a tag")?;
+        if items.len() != 3 {
+            return Err(Fail::Unsup(Unsup::new("a tag that is not 3 integers")));
+        }
+        let one = |o: &Bound<'_, PyAny>| o.extract::<i64>().map_err(|_| Unsup::new("a tag that is not 3 integers"));
+        (one(&items[0])?, one(&items[1])?, one(&items[2])?)
+    };
+    Ok((op, row, tag))
+}
+
+impl Core {
+    // checks ------------------------------------------------------------------------
+
+    /// `checked_key(row, key_columns, "key", multiset_columns, index)`: the key's JSON
+    /// and values, Rejected as Python refuses, Unsupported for a bool, float or
+    /// 64-bit-overflowing key value (Python's dict would merge 1, 1.0 and True).
+    fn checked_key(&self, py: Python<'_>, row: &Bound<'_, PyDict>, index: usize) -> Result<Vec<u8>, Fail> {
+        let plan = &self.plan;
+        let mut values = Vec::with_capacity(plan.key_names.len());
+        for (i, name) in plan.key_names.iter().enumerate() {
+            match row.get_item(name.bind(py))? {
+                Some(value) => values.push(value),
+                None => return Err(reject(NULL_KEY, index, Some(plan.missing_detail[i].clone()))),
+            }
+        }
+        if values.iter().any(|v| v.is_none()) {
+            return Err(reject(NULL_KEY, index, None));
+        }
+        // key_problem
+        let mut chars = 0usize;
+        for value in &values {
+            match kind(value) {
+                Kind::Str(s) => chars += s.len()?,
+                Kind::Int(_) | Kind::Float(_) | Kind::Bool(_) => {}
+                _ => return Err(reject(SCHEMA_MISMATCH, index, Some("a key column holds a list or an object".into()))),
+            }
+        }
+        if chars > MAX_KEY_CHARS {
+            return Err(reject(KEY_TOO_LARGE, index, Some(format!("{chars} characters, at most {MAX_KEY_CHARS}"))));
+        }
+        // scalar_problem
+        for (i, name) in plan.multiset_columns.iter().enumerate() {
+            if let Some(value) = row.get_item(name.bind(py))? {
+                match kind(&value) {
+                    Kind::None | Kind::Str(_) | Kind::Int(_) | Kind::Float(_) | Kind::Bool(_) => {}
+                    _ => return Err(reject(SCHEMA_MISMATCH, index, Some(plan.multiset_detail[i].clone()))),
+                }
+            }
+        }
+        // key_bytes(key)
+        let mut key = Vec::with_capacity(24);
+        key.push(b'[');
+        for (i, value) in values.iter().enumerate() {
+            if i > 0 {
+                key.push(b',');
+            }
+            match kind(value) {
+                Kind::Str(s) => write_str(&mut key, str_of(s)?),
+                Kind::Int(n) => write_int(&mut key, int_of(n)?),
+                _ => return Err(Fail::Unsup(Unsup::new("a float or boolean key value"))),
+            }
+        }
+        key.push(b']');
+        Ok(key)
+    }
+
+    /// `_checked(event, index)`: the event's key and row fingerprint (for a removal,
+    /// `live_fingerprint` against the key's live rows), and its summed values.
+    fn checked<'py>(&mut self, py: Python<'py>, event: &Bound<'py, PyAny>, index: usize) -> Result<Checked<'py>, Fail> {
+        let (op, row, tag) = event_parts(event)?;
+        let adds = op == 0 || op == 3;
+        let key = self.checked_key(py, &row, index)?;
+        let plan = &self.plan;
+        let mut sums = Vec::with_capacity(plan.sum_columns.len());
+        let mut unsupported: Option<Unsup> = None;
+        for (i, name) in plan.sum_columns.iter().enumerate() {
+            match row.get_item(name.bind(py))? {
+                None => sums.push(None),
+                Some(value) => match kind(&value) {
+                    Kind::None => sums.push(None),
+                    Kind::Int(n) => match int_of(n) {
+                        Ok(n) => sums.push(Some(n)),
+                        Err(e) => {
+                            unsupported.get_or_insert(e);
+                            sums.push(None)
+                        }
+                    },
+                    Kind::Float(_) => {
+                        unsupported.get_or_insert(Unsup::new("a float in a summed column"));
+                        sums.push(None)
+                    }
+                    _ => return Err(reject(SCHEMA_MISMATCH, index, Some(plan.sum_detail[i].clone()))),
+                },
+            }
+        }
+        if let Some(err) = unsupported {
+            return Err(Fail::Unsup(err));
+        }
+        let mut nonnull = Vec::with_capacity(plan.nonnull_columns.len());
+        for name in &plan.nonnull_columns {
+            nonnull.push(matches!(row.get_item(name.bind(py))?, Some(v) if !v.is_none()));
+        }
+        // fingerprint(row): blake2b of canonical_row (sorted keys, null columns left out)
+        let scratch = &mut self.scratch;
+        scratch.clear();
+        write_py_dict(scratch, &row, true, true, 0)?;
+        let mut fp = blake2b16(scratch);
+        if !adds {
+            if let Some(state) = self.keys.get(key.as_slice()) {
+                // live_fingerprint: state from before a null column equalled an absent one
+                if !state.rows.contains_key(&fp) && row.values().iter().any(|v| v.is_none()) {
+                    scratch.clear();
+                    write_py_dict(scratch, &row, true, false, 0)?;
+                    let legacy = blake2b16(scratch);
+                    if state.rows.contains_key(&legacy) {
+                        fp = legacy;
+                    }
+                }
+            }
+        }
+        Ok(Checked { adds, key, fp, row, tag, sums, nonnull })
+    }
+
+    // apply ---------------------------------------------------------------------------
+
+    /// `GroupedReducer.apply(unit)` and the unit's part of `Renderer.view`.
+    fn apply_unit<'py>(
+        &mut self,
+        py: Python<'py>,
+        events: &[Bound<'py, PyAny>],
+        records: &mut UnitRecords<'py>,
+    ) -> Result<i64, Fail> {
+        let ts;
+        if events.len() == 1 {
+            // _apply_event
+            let c = self.checked(py, &events[0], 0)?;
+            ts = c.tag.0;
+            if c.adds {
+                self.add(py, &c)?;
+            } else {
+                let live = self.keys.get(c.key.as_slice()).is_some_and(|s| s.rows.contains_key(&c.fp));
+                if !live {
+                    return Err(reject(NOT_LIVE, 0, None));
+                }
+                self.remove(&c)?;
+            }
+            self.settle(py, &c.key, records)?;
+        } else {
+            let mut prepared = Vec::with_capacity(events.len());
+            for (index, event) in events.iter().enumerate() {
+                prepared.push(self.checked(py, event, index)?);
+            }
+            ts = prepared[0].tag.0;
+            self.check_live(&prepared)?;
+            let mut keys: Vec<&[u8]> = Vec::new();
+            for c in &prepared {
+                if !keys.contains(&c.key.as_slice()) {
+                    keys.push(&c.key);
+                }
+                if c.adds {
+                    self.add(py, c)?;
+                } else {
+                    self.remove(c)?;
+                }
+            }
+            keys.sort();
+            for key in keys {
+                self.settle(py, key, records)?;
+            }
+        }
+        Ok(ts)
+    }
+
+    /// `_check_live`: every removal of the unit finds a live copy, counting the unit's
+    /// own earlier events.
+    fn check_live(&self, prepared: &[Checked<'_>]) -> Result<(), Fail> {
+        let mut pending: Vec<(&[u8], &Fp, i64)> = Vec::new();
+        for (index, c) in prepared.iter().enumerate() {
+            let step = if c.adds { 1 } else { -1 };
+            let at = pending.iter().position(|(k, f, _)| *k == c.key.as_slice() && *f == &c.fp);
+            let have = match at {
+                Some(at) => pending[at].2,
+                None => self
+                    .keys
+                    .get(c.key.as_slice())
+                    .and_then(|s| s.rows.get(&c.fp))
+                    .map_or(0, |entry| entry.count),
+            };
+            if have + step < 0 {
+                return Err(reject(NOT_LIVE, index, None));
+            }
+            match at {
+                Some(at) => pending[at].2 = have + step,
+                None => pending.push((&c.key, &c.fp, have + step)),
+            }
+        }
+        Ok(())
+    }
+
+    pub fn apply_batch<'py>(&mut self, py: Python<'py>, units: &Bound<'py, PyAny>) -> Result<BatchOut<'py>, Fail> {
+        let units = seq_items(units, "units")?;
+        let mut out = BatchOut {
+            rejected: Vec::new(),
+            view: Vec::with_capacity(if self.plan.form.is_some() { units.len() * 2 } else { 0 }),
+            delta: Vec::new(),
+            state: Vec::new(),
+        };
+        let mut events: Vec<Bound<'py, PyAny>> = Vec::with_capacity(2);
+        let mut records: UnitRecords<'py> = Vec::with_capacity(4);
+        let retract = self.plan.form == Some(Form::Retract);
+        for (unit_index, unit) in units.iter().enumerate() {
+            events.clear();
+            unit_events(&unit, &mut events)?;
+            records.clear();
+            match self.apply_unit(py, &events, &mut records) {
+                Ok(ts) => {
+                    if records.is_empty() {
+                        continue;
+                    }
+                    let Ok(ts) = ts.into_pyobject(py);
+                    let ts = ts.into_any();
+                    let mut push = |key: &Bound<'py, PyAny>, value: &Option<Bound<'py, PyAny>>| -> PyResult<()> {
+                        let value = value.clone().unwrap_or_else(|| py.None().into_bound(py));
+                        out.view.push(PyTuple::new(py, [key.clone(), value, ts.clone()])?.into_any());
+                        Ok(())
+                    };
+                    if retract && records.len() > 1 {
+                        // _retractions_first
+                        for (_, key, value) in records.iter().filter(|r| !r.0).chain(records.iter().filter(|r| r.0)) {
+                            push(key, value)?;
+                        }
+                    } else {
+                        for (_, key, value) in &records {
+                            push(key, value)?;
+                        }
+                    }
+                }
+                Err(Fail::Reject(rejected)) => out.rejected.push((unit_index, rejected)),
+                Err(other) => return Err(other),
+            }
+        }
+        self.take_deltas(py, &mut out)?;
+        Ok(out)
+    }
+
+    /// `state_key` over every event of the units: the key JSON of those with a key.
+    pub fn touched(&self, py: Python<'_>, units: &Bound<'_, PyAny>) -> Result<Vec<Vec<u8>>, Fail> {
+        let mut seen: FxHashSet<Vec<u8>> = FxHashSet::default();
+        let mut out = Vec::new();
+        let mut events = Vec::with_capacity(2);
+        for unit in seq_items(units, "units")? {
+            events.clear();
+            unit_events(&unit, &mut events)?;
+            for event in &events {
+                let row = seq_get(event, 1, "an event")?;
+                let row = row.cast_exact::<PyDict>().map_err(|_| Unsup::new("a row that is not a dict"))?;
+                match self.checked_key(py, row, 0) {
+                    Ok(key) => {
+                        if seen.insert(key.clone()) {
+                            out.push(key);
+                        }
+                    }
+                    Err(Fail::Reject(_)) => {}
+                    Err(other) => return Err(other),
+                }
+            }
+        }
+        Ok(out)
+    }
+}
