@@ -20,7 +20,7 @@ from refold.errors import ConfigError
 from refold.kafka.io import ensure_topics
 from refold.recovery.records import Checkpoint
 from refold.runtime.batch import InputRecord, Outgoing
-from refold.runtime.native import native_core, why_not
+from refold.runtime.native import core_of, native_core, why_not
 from refold.runtime.processor import BatchProcessor
 from refold.runtime.shard import ShardProcessor
 from refold.spark.job import engine_topics
@@ -191,13 +191,18 @@ def test_the_float_batch_falls_back_and_a_new_processor_runs_native_again(bootst
         again.close()
 
 
-def test_spark_core_native_refuses_a_view_it_cannot_run(bootstrap_servers) -> None:
+def test_spark_core_native_refuses_a_view_it_cannot_run(bootstrap_servers, topic) -> None:
     settings = {"bootstrap.servers": bootstrap_servers}
+    grouped = _pipeline(settings, topic(partitions=PARTITIONS), "auto")
+    assert core_of(grouped) == "the native core (refold_native)"
+    assert core_of(grouped.model_copy(update={"spark": grouped.spark.model_copy(update={"core": "python"})})) == (
+        "Python (spark.core: python)")
     top_n = {"top_n": {"n": 3, "partition_by": ["team"], "order_by": {"score": "desc"}}}
     for core, expect in (("native", ConfigError), ("auto", None)):
         pipeline = parse_pipeline({"pipeline": "x", "kafka": settings, "source": {"topic": "s"}, "view": top_n,
                                    "outputs": {"view": {"topic": "x.view"}}, "spark": {"core": core}})
         assert why_not(pipeline) == "Top-N views reduce in Python"
+        assert core_of(pipeline) == "Python (Top-N views reduce in Python)"  # `refold explain`
         if expect is None:
             assert native_core(pipeline) is None
         else:

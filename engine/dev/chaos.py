@@ -3,11 +3,12 @@
 The harness owns a local Kafka broker (its own home, a free port), produces a
 seeded changelog into a source topic in chunks, and runs three pipelines as
 separate `refold run` processes: a grouped view (sum, count, avg, min, max,
-first, last, set) and a Top-N view of the changelog, and a grouped view of an
-upsert topic (`source.form: upsert`) the harness writes beside it, chunk by chunk:
-the changelog as the table of each player's latest row (`+A`/`+C` put the row, `-R`
-a tombstone). The grouped pipeline also materializes its view and its deltas into a
-Delta Lake table each (`--lakehouse delta,iceberg` adds Iceberg tables). Between
+first, last, set; on the native core) and a Top-N view of the changelog, and a
+grouped view of an upsert topic (`source.form: upsert`) the harness writes beside
+it, chunk by chunk: the changelog as the table of each player's latest row
+(`+A`/`+C` put the row, `-R` a tombstone). The upsert pipeline also materializes
+its view and its deltas into a Delta Lake table each (`--lakehouse delta,iceberg`
+adds Iceberg tables; without the upsert pipeline the grouped one does). Between
 chunks it injects one fault at a random moment, chosen from a seeded plan:
 
 - `kill9`            kill -9 of an engine after it committed new work;
@@ -99,7 +100,7 @@ class ChaosConfig:
     batch: int = 5_000  # max events per micro-batch
     idle: float = 6.0  # --until-idle of every engine run
     pipelines: tuple[str, ...] = ("grouped", "top_n", "upsert")
-    lakehouse: tuple[str, ...] = ("delta",)  # tables the grouped pipeline materializes into too
+    lakehouse: tuple[str, ...] = ("delta",)  # tables the upsert (else the grouped) pipeline materializes into too
     cluster: bool = True  # on a standalone cluster the harness starts (else local[2])
 
 
@@ -394,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=None, help="working folder (default: a temporary one)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures there")
     parser.add_argument("--lakehouse", default=",".join(defaults.lakehouse),
-                        help="table drivers the grouped pipeline materializes into too: delta, iceberg, or ''")
+                        help="table drivers the upsert (else the grouped) pipeline materializes into too: delta, iceberg, or ''")
     parser.add_argument("--local", action="store_true",
                         help="run the engines on local[2], not on a standalone cluster (no executor or worker faults)")
     args = parser.parse_args(argv)

@@ -1,5 +1,5 @@
 """What the chaos harness runs: the pipelines it writes (a grouped view, a Top-N view
-and a grouped view of an upsert topic, the grouped one also into lakehouse tables)
+and a grouped view of an upsert topic, the upsert one also into lakehouse tables)
 and the input it feeds them in chunks."""
 
 from __future__ import annotations
@@ -58,10 +58,14 @@ def upsert_records(rows: Sequence[bytes]) -> list[tuple[bytes, bytes | None]]:
 def write_pipelines(kinds: Sequence[str], directory: Path, source: str, bootstrap: str, *, batch: int,
                     master: str | None = None, upsert_source: str = "", lakehouse: Sequence[str] = ()) -> list[Path]:
     """One pipeline file per kind (`grouped`, `top_n`, `upsert`) in `directory`; the
-    grouped pipeline also materializes into a table of each `lakehouse` driver
-    (`delta`, `iceberg`) under `directory/lake`, its view and its deltas."""
+    upsert pipeline (else the grouped one) also materializes into a table of each
+    `lakehouse` driver (`delta`, `iceberg`) under `directory/lake`, its view and its
+    deltas. (A materialization reads view changes in Python: the changelog's grouped
+    view stays on the native core, `refold.runtime.native`, where the upsert view, a
+    table source, reduces in Python anyway.)"""
     paths = []
     lake = directory / "lake"
+    lake_kind = "upsert" if "upsert" in kinds else "grouped"
     for kind in kinds:
         name = f"chaos-{kind}-{uuid.uuid4().hex[:6]}"
         views: dict[str, dict[str, Any]] = {
@@ -86,7 +90,7 @@ def write_pipelines(kinds: Sequence[str], directory: Path, source: str, bootstra
                                      "spark.cores.max": "2"}
         if kind != "top_n":  # delta updates are defined for grouped views only
             spec["outputs"]["delta"] = {"topic": f"{name}.delta"}
-        if kind == "grouped" and lakehouse:
+        if kind == lake_kind and lakehouse:
             spec["outputs"]["materialize"] = [_table(driver, lake, kind) for driver in lakehouse]
         path = directory / f"{name}.yaml"
         path.write_text(yaml.safe_dump(spec, sort_keys=False))

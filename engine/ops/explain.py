@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from refold.config import Pipeline
+from refold.runtime.native import core_of
 from refold.runtime.shards import co_partitioned, message_key, view_key
 
 
@@ -44,6 +45,7 @@ def explain(pipeline: Pipeline) -> str:
         grouping = ", ".join(view_key(view)) or "none: a global Top-N"
         lines.append(f"# shards: one, merging every partition of {pipeline.source.topic} (messages keyed by "
                      f"{keys}; the view groups by {grouping})")
+    lines.append(f"# reduces in: {core_of(pipeline)}")
     if pipeline.outputs.view is not None:
         lines.append(f"# view output: {pipeline.outputs.view.topic} ({pipeline.outputs.view.form})")
     if pipeline.outputs.delta is not None:

@@ -50,6 +50,14 @@ def why_not(pipeline: Pipeline) -> str | None:
     return None
 
 
+def core_of(pipeline: Pipeline) -> str:
+    """Which core reduces the pipeline's view, and why not the native one (`refold explain`)."""
+    if pipeline.spark.core == "python":
+        return "Python (spark.core: python)"
+    reason = why_not(pipeline)
+    return "the native core (refold_native)" if reason is None else f"Python ({reason})"
+
+
 def native_core(pipeline: Pipeline) -> Any | None:
     """A new native core for the pipeline's view, or None when it reduces in Python.
     ConfigError when `spark.core` is `native` and the native core cannot run it."""
@@ -71,4 +79,4 @@ def native_core(pipeline: Pipeline) -> Any | None:
     )
 
 
-__all__ = ["Unsupported", "native_core", "why_not"]
+__all__ = ["Unsupported", "core_of", "native_core", "why_not"]

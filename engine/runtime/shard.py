@@ -189,9 +189,10 @@ class ShardProcessor:
         if self.materializations is not None:
             self.materializations.open(self.checkpoint)
         log.info(
-            "recovered %s shard %d: batch %d, offsets %s; state store %s (%s, %d records read, %.1fs)",
+            "recovered %s shard %d (%s core): batch %d, offsets %s; state store %s (%s, %d records read, %.1fs)",
             self.pipeline.pipeline,
             self.shard,
+            "native" if self.core is not None else "Python",
             self.checkpoint.batch,
             self.checkpoint.offsets,
             self.recovery.how,
