@@ -445,7 +445,7 @@ class ShardProcessor:
             self.hooks.crash_point("mid_batch", self.checkpoint.batch + 1)
             refused, view, delta, state = self.core.apply_batch(units)
         except Unsupported as exc:
-            log.info("%s shard %d reduces in Python from here: the native core %s", self.pipeline.pipeline, self.shard, exc)
+            log.warning("%s shard %d reduces in Python from here: the native core %s", self.pipeline.pipeline, self.shard, exc)
             self.core = None
             self._forget_reducer()
             return False

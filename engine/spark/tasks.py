@@ -274,7 +274,8 @@ def _summary(index: int, stats: BatchStats | None, processor: ShardProcessor | N
         "offsets": orjson.dumps({str(p): o for p, o in (processor.offsets if processor else {}).items()}).decode(),
         "aborts": processor.aborts if processor is not None else 0,
         "recovered": recovery.how if recovery is not None else None,
-        "recovery": (f"{recovery.reason}; {recovery.records_read} P.state records read, {recovery.seconds:.1f}s"
+        "recovery": (f"{recovery.reason}; {recovery.records_read} P.state records read, {recovery.seconds:.1f}s; "
+                     f"{'native' if processor is not None and processor.core is not None else 'Python'} core"
                      if recovery is not None else None),
         "worker": os.getpid(),
         "attempt": _attempt(),
