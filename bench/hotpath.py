@@ -28,7 +28,7 @@ initialised and the empty checkpoints and `P.state` read): the local one is star
 when none is running.
 
     python -m bench.hotpath [--events 200000] [--keys 20000] [--batch 100000] [--repeat 2]
-                            [--store rocksdb|memory] [--core python,native]
+                            [--store rocksdb|memory] [--core python,native] [--view grouped|top_n]
 
 `--core` runs each reduction core in turn (`spark.core`; default both, then their
 ratio): `python` the Python reducer, `native` the Rust core (`refold_native`).
@@ -48,6 +48,7 @@ from typing import Any
 import orjson
 
 from bench.run import pipeline
+from refold.config import ViewSpec
 from refold.dev.testing import Workload, generate
 from refold.kafka.io import TopicSpec, ensure_topics
 from refold.recovery.records import Checkpoint
@@ -56,6 +57,9 @@ from refold.runtime.batch import InputRecord, Unit
 from refold.runtime.batch import Outgoing as _Outgoing
 from refold.runtime.processor import BatchProcessor, ShardProcessor
 from refold.spark.job import engine_topics
+
+# `--view top_n`: each player's best three scores (co-partitioned: one shard per partition)
+TOP_N_VIEW = ViewSpec.model_validate({"top_n": {"n": 3, "order_by": {"score": "desc"}, "partition_by": ["player_name"]}})
 
 
 class DryShard(ShardProcessor):
@@ -129,8 +133,13 @@ def main(argv: list[str] | None = None) -> int:
                              "path); memory: no store, the reducer holds everything")
     parser.add_argument("--core", default="python,native",
                         help="the reduction cores to run, one after the other (spark.core: python, native)")
+    parser.add_argument("--view", choices=("grouped", "top_n"), default="grouped",
+                        help="grouped: the bench's view (sum, count, max, last per player); top_n: each player's "
+                             "best 3 scores (always the Python reducer)")
     args = parser.parse_args(argv)
     cores = [core.strip() for core in args.core.split(",") if core.strip()]
+    if args.view == "top_n":
+        cores = ["python"]
 
     from refold.dev.localkafka import ensure_broker
 
@@ -148,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
             with tempfile.TemporaryDirectory(prefix="refold-hotpath-") as state_dir:
                 spec = pipeline(name, "hotpath-source", bootstrap, args.batch, state_dir=Path(state_dir),
                                 spark={"core": core})
+                if args.view == "top_n":
+                    spec = spec.model_copy(update={"view": TOP_N_VIEW,  # no delta output: grouped views only
+                                                   "outputs": spec.outputs.model_copy(update={"delta": None})})
                 processor = DryProcessor(spec, settings, memory=args.store == "memory")
                 try:
                     started = time.process_time()
@@ -158,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                     processor.close()
             print(f"{core} run {attempt}: {runs[-1]:.2f} CPU s, {processor.sent:,} records to send", file=sys.stderr)
         best[core] = min(runs)
-        print(f"hot path ({core} core, {args.store} state): {len(records):,} events, {args.keys:,} keys, "
+        print(f"hot path ({args.view} view, {core} core, {args.store} state): {len(records):,} events, {args.keys:,} keys, "
               f"batch {args.batch:,}: {best[core]:.2f} CPU s (best of {len(runs)}), "
               f"{best[core] / len(records) * 1e6:.1f} µs/event, {len(records) / best[core]:,.0f} events per CPU second")
     if "python" in best and "native" in best:
