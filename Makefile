@@ -6,7 +6,7 @@ REFOLD := $(VENV)/bin/refold
 STAMP  := $(VENV)/.installed
 NATIVE := $(VENV)/.native
 
-.PHONY: setup jars registry test unit lint demo chaos bench bench-contenders bench-latency bench-scaling bench-tasks \
+.PHONY: setup jars registry test unit lint demo chaos bench bench-hotpath bench-contenders bench-latency bench-scaling bench-tasks \
 	bench-plots \
 	kafka-start kafka-stop clean
 
@@ -57,7 +57,13 @@ chaos: setup jars
 # 1 vs 2 executors, restart with and without the local stores, many live keys; ≤ 15
 # minutes; TASKS_ARGS, e.g. "--parts restart --restart-keys 1000000"), bench-plots.
 # The first Flink run makes .refold/flink-venv.
-bench: bench-contenders bench-latency bench-scaling bench-tasks bench-plots
+bench: bench-hotpath bench-contenders bench-latency bench-scaling bench-tasks bench-plots
+
+# CPU per event of one shard's batches without Spark or commits: the grouped view on each
+# core (and their ratio), then the Top-N view
+bench-hotpath: setup jars
+	$(PY) -m bench.hotpath $(HOTPATH_ARGS)
+	$(PY) -m bench.hotpath --view top_n $(HOTPATH_ARGS)
 
 bench-contenders: setup jars
 	$(PY) -m bench.run $(BENCH_ARGS)
