@@ -27,7 +27,6 @@ import orjson
 
 from refold.config import Pipeline, ViewSpec
 from refold.errors import UserError
-from refold.model.changelog import message_key_bytes
 
 
 def view_key(view: ViewSpec) -> tuple[str, ...]:
@@ -128,6 +127,9 @@ class KeyCheck:
         # Debezium's keys are not Refold's bytes: comparing them means parsing each one
         self.every_record = pipeline.source.format != "debezium-json"
         self.verified = False
+        # message key bytes -> its key columns' values (`_object_values`; None:
+        # not such an object): most keys come again, and a lookup costs less than a dumps
+        self._parsed: dict[bytes, tuple[Any, ...] | None] = {}
 
     def matches(self, key: bytes | None, row: Mapping[str, Any]) -> bool:
         """Whether the message key is the JSON object of the row's key columns (a row
@@ -141,7 +143,7 @@ class KeyCheck:
             if value is None:
                 return True
             values.append(value)
-        if key is not None and (key == message_key_bytes(self.columns, values) or _same_object(key, self.columns, values)):
+        if key is not None and self._key_values(key) == tuple(values):
             self.verified = True
             return True
         if not self.verified:
@@ -154,16 +156,35 @@ class KeyCheck:
         return False
 
 
-def _same_object(key: bytes, columns: Sequence[str], values: Sequence[Any]) -> bool:
-    """The key as a JSON object of `columns` = `values` (another spacing or field order,
-    or in a Debezium `schema`/`payload` envelope)."""
+    def _key_values(self, key: bytes) -> tuple[Any, ...] | None:
+        """The values of the key columns in a message key that is a JSON object of exactly
+        those columns (any spacing or field order, or in a Debezium `schema`/`payload`
+        envelope; compared as Python compares them), else None. Remembered per key bytes."""
+        try:
+            return self._parsed[key]
+        except KeyError:
+            pass
+        if len(self._parsed) >= _KEYS_REMEMBERED:
+            self._parsed.clear()
+        values = self._parsed[key] = _object_values(key, self.columns)
+        return values
+
+
+_KEYS_REMEMBERED = 200_000  # message keys a run's check keeps parsed (then it starts again)
+
+
+def _object_values(key: bytes, columns: Sequence[str]) -> tuple[Any, ...] | None:
+    """The values of `columns` when `key` is a JSON object of exactly them (or such an
+    object in a Debezium `schema`/`payload` envelope); None otherwise."""
     try:
         parsed = orjson.loads(key)
     except orjson.JSONDecodeError:
-        return False
+        return None
     if isinstance(parsed, dict) and set(parsed) == {"schema", "payload"}:
         parsed = parsed["payload"]
-    return isinstance(parsed, dict) and parsed == dict(zip(columns, values, strict=True))
+    if not isinstance(parsed, dict) or len(parsed) != len(columns) or any(c not in parsed for c in columns):
+        return None
+    return tuple(parsed[c] for c in columns)
 
 
 def describe_key(key: bytes | None) -> str:
