@@ -42,15 +42,13 @@ VIEW = {
 class Recording(ShardProcessor):
     """Commits as the engine does, and keeps what each batch sent."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.sent: list[tuple[int, Outgoing]] = []
+        super().__init__(*args, **kwargs)
+
     def _commit(self, out: Outgoing, checkpoint: Checkpoint) -> None:
         super()._commit(out, checkpoint)
         self.sent.append((checkpoint.batch, out))
-
-    @property
-    def sent(self) -> list[tuple[int, Outgoing]]:
-        if not hasattr(self, "_sent"):
-            self._sent: list[tuple[int, Outgoing]] = []
-        return self._sent
 
 
 class RecordingProcessor(BatchProcessor):
