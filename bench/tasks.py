@@ -10,7 +10,7 @@ measured in one run on this machine and printed as ratios.
   thread of it: py4j's callback threads that run `foreachBatch`, the monitor, the
   start's fencing and claiming, librdkafka's threads), by `getrusage(RUSAGE_SELF)`,
   less the sampling thread's own CPU; *executors* = the Spark Python processes under
-  its JVM (`python -m pyspark.daemon` and the workers it forks, which run the
+  its JVM (`python -m refold.spark.daemon` and the workers it forks, which run the
   `ShardTask`s): their user+system CPU, plus what the daemon reaped of workers that
   exited (cutime/cstime); *JVM* = the one Spark JVM, which in `local[N]` is the driver's
   JVM and the executor's in one (Kafka fetches, Arrow conversion, scheduling), so it
@@ -98,7 +98,7 @@ from refold.model import jsonbytes
 PARTS = ("cpu", "workers", "restart", "keys")
 ROOT = Path(__file__).resolve().parent.parent
 WORK = Path("/tmp/refold-bench/tasks")  # the parts' local stores (spark.state_dir) and logs
-MARKERS = ("pyspark.daemon", "pyspark.worker")  # a Spark Python process's command line
+MARKERS = ("pyspark.daemon", "refold.spark.daemon", "pyspark.worker")  # a Spark Python process's command line
 TICK = os.sysconf("SC_CLK_TCK")
 TARGETS = {"cpu": 0.05, "workers": 1.5}
 BASE_KEYS = 10_000  # the keys part's reference key count

@@ -3,7 +3,8 @@ the cluster tests): its executor JVMs and the Python workers under them (Linux /
 
 An executor of a standalone cluster is a JVM running
 `org.apache.spark.executor.CoarseGrainedExecutorBackend … --app-id <app>`; it starts
-PySpark's worker daemon (`python -m pyspark.daemon`), which forks one Python worker
+PySpark's worker daemon (`python -m refold.spark.daemon`, which runs `pyspark.daemon`),
+which forks one Python worker
 per task it runs (same command line, the daemon its parent). In local mode the daemon
 hangs under the driver's JVM instead.
 """
@@ -20,6 +21,7 @@ from typing import NamedTuple
 from refold.dev.sparkstate import master_state
 
 EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
+DAEMONS = ("pyspark.daemon", "refold.spark.daemon")  # the daemon's module, in its command line
 _PROC = Path("/proc")
 
 
@@ -86,7 +88,7 @@ def python_workers(under: int) -> list[int]:
     parents = {pid: parent_of(pid) for pid in table}
 
     def pyspark(pid: int | None) -> bool:
-        return pid is not None and any("pyspark.daemon" in part for part in table.get(pid, []))
+        return pid is not None and any(part in DAEMONS for part in table.get(pid, []))
 
     def descends(pid: int) -> bool:
         seen = 0

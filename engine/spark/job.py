@@ -81,6 +81,7 @@ def spark_session(master: str = "local[2]", conf: dict[str, str] | None = None, 
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.python.worker.reuse", "true")
+        .config("spark.python.daemon.module", "refold.spark.daemon")  # pyspark without its zip: see there
         .config("spark.sql.streaming.kafka.useDeprecatedOffsetFetching", "false")
         .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=WARN")
     )

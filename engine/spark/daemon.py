@@ -1,0 +1,53 @@
+"""PySpark's Python worker daemon, with pyspark imported from its installation rather
+than from Spark's zip (`spark.python.daemon.module`, set by `refold.spark.job`).
+
+Spark starts each executor's daemon (`python -m <module> pyspark.worker`, which forks
+a Python worker per task) with `$SPARK_HOME/python/lib/pyspark.zip`, py4j's zip and
+the spark-core jar first on PYTHONPATH. When SPARK_HOME is the pip-installed pyspark
+(local mode and `refold spark start`), the zips hold the very files of that
+installation and the jar holds no Python, but as archives on the path they cost
+twice: a new worker compiles pyspark's modules from source (a zip has no bytecode
+cache), and every task calls `importlib.invalidate_caches()`
+(`pyspark.worker_util.setup_spark_files`), which makes each archive's importer read
+its whole directory again (pyspark.zip 1,300 entries, spark-core 5,400): a tenth to a
+fifth of a worker's time in `make bench` (thirteenth session, docs/PERFORMANCE.md).
+
+So this drops from `sys.path` the archives inside the pyspark installation that the
+rest of the path has unpacked (pyspark and py4j both importable without them), and
+their importers, then runs `pyspark.daemon` as Spark would. The archives of another
+installation (a SPARK_HOME that is not this interpreter's pyspark, perhaps another
+version) stay first, as Spark put them. Nothing here imports pyspark before the path
+is settled.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+from importlib.machinery import PathFinder
+
+
+def unzipped_path(path: list[str]) -> list[str]:
+    """`path` without the archives (zips, jars) inside the pyspark installation that
+    `path` also has unpacked, with py4j: the installation's own files, or jars that
+    hold no Python at all."""
+    unpacked = [entry for entry in path if not os.path.isfile(entry)]
+    spec = PathFinder.find_spec("pyspark", unpacked)
+    if spec is None or spec.origin is None or PathFinder.find_spec("py4j", unpacked) is None:
+        return path  # (an origin: a regular package, not a folder that only holds Spark's archives)
+    home = os.path.dirname(os.path.realpath(spec.origin))
+    return [entry for entry in path
+            if not (os.path.isfile(entry) and os.path.realpath(entry).startswith(home + os.sep))]
+
+
+def main() -> None:
+    kept = unzipped_path(sys.path)
+    for entry in set(sys.path) - set(kept):  # its zip importer, made while `refold` was looked up
+        sys.path_importer_cache.pop(entry, None)  # would still be asked to invalidate its caches
+    sys.path[:] = kept
+    runpy.run_module("pyspark.daemon", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()
