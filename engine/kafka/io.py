@@ -36,6 +36,9 @@ MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 # Errors a consumer that only assigns partitions (never joins nor commits) may ignore.
 # librdkafka needs a group.id and looks up its coordinator even then; under ACLs the
 # reader may have no right on that group, and it needs none to fetch.
+# `consume` waits this long for a full batch: at a partition's tail every call waits it
+# whole, so it is short (it was 0.5 s, and each processor's checkpoint read paid it)
+_READ_WAIT_SECONDS = 0.05
 READER_IGNORES = frozenset({KafkaError.GROUP_AUTHORIZATION_FAILED})
 
 
@@ -248,7 +251,7 @@ def read_to_end(
                     f"reading {topic!r} to its end took over {timeout:.0f}s "
                     f"(partitions still open: {sorted(remaining)}; an open transaction?)"
                 )
-            batch = consumer.consume(num_messages=10_000, timeout=0.5)
+            batch = consumer.consume(num_messages=10_000, timeout=_READ_WAIT_SECONDS)
             for msg in batch:
                 err = msg.error()
                 if err is not None:
@@ -262,8 +265,10 @@ def read_to_end(
                 partition, offset = msg.partition(), msg.offset()
                 if partition is not None and offset is not None and offset + 1 >= ends[partition]:
                     remaining.discard(partition)
-            if not batch:
-                # Aborted records and markers at the tail: the position moves past them.
+            if remaining:
+                # Aborted records and transaction markers at the tail (a transactional
+                # topic's last record is followed by its commit marker): the position
+                # moves past them, with the batch that had the last record or after it.
                 for tp in consumer.position([TopicPartition(topic, p) for p in list(remaining)]):
                     if tp.offset >= ends[tp.partition]:
                         remaining.discard(tp.partition)
