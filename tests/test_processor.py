@@ -44,6 +44,25 @@ def test_a_call_past_its_deadline_fails_the_transaction_and_keeps_the_producer(b
         writer.close()
 
 
+def test_send_all_through_a_full_queue_keeps_every_record_in_order(bootstrap_servers, topic) -> None:
+    # a client queue of 50 records: most calls meet a full queue and wait for room
+    settings = {"bootstrap.servers": bootstrap_servers, "queue.buffering.max.messages": 50}
+    target = topic(partitions=2)
+    writer = TransactionalWriter(settings, f"sa{uuid.uuid4().hex[:8]}", timeout_ms=60_000)
+    writer.initialise()
+    try:
+        writer.begin()
+        writer.send_all(target, [(b"k%d" % (i % 7), b"%d" % i) for i in range(2_000)], partition=1)
+        writer.send_all(target, [(None, b"x")], partition=0)
+        writer.commit()
+    finally:
+        writer.close()
+    read = [(msg.partition(), msg.key(), msg.value())
+            for msg in read_to_end({"bootstrap.servers": bootstrap_servers}, target)]
+    assert [(k, v) for p, k, v in read if p == 1] == [(b"k%d" % (i % 7), b"%d" % i) for i in range(2_000)]
+    assert [(k, v) for p, k, v in read if p == 0] == [(None, b"x")]
+
+
 def test_a_zombie_fenced_while_it_sends_stops_and_leaves_the_new_instance_alone(bootstrap_servers, topic) -> None:
     # Found by `make chaos`: fenced in the middle of a batch, produce() reports only
     # _FATAL; the zombie took that for a failed transaction, re-initialised, and so

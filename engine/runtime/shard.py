@@ -477,17 +477,12 @@ class ShardProcessor:
         writer, pipeline = self.writer, self.pipeline
         writer.begin()
         if pipeline.outputs.view is not None:
-            view_topic = pipeline.outputs.view.topic
-            for key, value, _ts in out.view:
-                writer.send(view_topic, key, value)
+            writer.send_all(pipeline.outputs.view.topic, [(key, value) for key, value, _ts in out.view])
         if pipeline.outputs.delta is not None:
-            delta_topic = pipeline.outputs.delta.topic
-            for key, value in out.delta:
-                writer.send(delta_topic, key, value)
+            writer.send_all(pipeline.outputs.delta.topic, out.delta)
         for letter in out.dlq:
             writer.send(pipeline.dlq_topic, letter.key, encode_dead_letter(letter), dead_letter_headers(letter))
-        for key, value in out.state:
-            writer.send(pipeline.state_topic, key, value, partition=self.shard)
+        writer.send_all(pipeline.state_topic, out.state, partition=self.shard)
         writer.send(
             pipeline.checkpoints_topic,
             checkpoint_key(pipeline.writer, self.shard),
