@@ -43,7 +43,13 @@ READER_IGNORES = frozenset({KafkaError.GROUP_AUTHORIZATION_FAILED})
 
 
 def _base(settings: Mapping[str, Any], drop: tuple[str, ...]) -> dict[str, Any]:
-    return {k: v for k, v in settings.items() if k not in drop}
+    conf = {k: v for k, v in settings.items() if k not in drop}
+    # Connect to the brokers as the client starts. With librdkafka's sparse connections a
+    # new client's first request often waits for a broker connection on a timer: ~50 ms
+    # for metadata and watermarks, 500 ms for a transactional producer's InitProducerId
+    # (every new shard processor made several such clients); 1-4 ms without.
+    conf.setdefault("enable.sparse.connections", False)
+    return conf
 
 
 # librdkafka reports a refused login or a failed TLS handshake only through error_cb

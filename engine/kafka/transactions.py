@@ -101,11 +101,6 @@ class TransactionalWriter:
                 "transaction.timeout.ms": timeout_ms,
                 # a Python callback per failed record only, not per record (docs/ENGINE.md)
                 "delivery.report.only.error": True,
-                # connect to the brokers as the client starts: with sparse connections a
-                # new producer's first InitProducerId often found no broker up yet and
-                # waited librdkafka's 500 ms coordinator timer (every shard task that
-                # starts a writer paid it, about one in two; 2-4 ms without)
-                "enable.sparse.connections": False,
             },
         )
         self._group_conf = (
