@@ -37,8 +37,8 @@ MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 # librdkafka needs a group.id and looks up its coordinator even then; under ACLs the
 # reader may have no right on that group, and it needs none to fetch.
 # `consume` waits this long for a full batch: at a partition's tail every call waits it
-# whole, so it is short (it was 0.5 s, and each processor's checkpoint read paid it)
-_READ_WAIT_SECONDS = 0.05
+# whole, so it is short (it was 0.5 s, and each new shard processor's checkpoint read paid it)
+_READ_WAIT_SECONDS = 0.01
 READER_IGNORES = frozenset({KafkaError.GROUP_AUTHORIZATION_FAILED})
 
 
