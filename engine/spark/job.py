@@ -312,6 +312,10 @@ def _source(spark: Any, pipeline: Pipeline, settings: dict[str, Any], java_setti
         .option("kafka.isolation.level", "read_committed")
         .option("maxOffsetsPerTrigger", str(pipeline.max_batch_events))
         .option("failOnDataLoss", "false")
+        # a task reads a planned range of records that exist: a fetch at a range's end
+        # (past a transaction's last record, only its marker follows) would wait the
+        # consumer's default 500 ms for data that is not coming
+        .option("kafka.fetch.max.wait.ms", "10")
     )
     for key, value in java_settings.items():
         reader = reader.option(f"kafka.{key}", value)
