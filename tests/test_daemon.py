@@ -66,8 +66,9 @@ def test_a_spark_task_imports_pyspark_unzipped(spark: Any) -> None:
         import pyspark as worker_pyspark
 
         archives = [entry for entry in list(sys.path) + list(sys.path_importer_cache) if os.path.isfile(entry)]
-        yield (os.path.realpath(worker_pyspark.__file__), archives)
+        yield (os.path.realpath(worker_pyspark.__file__), archives, "refold.spark.tasks" in sys.modules)
 
-    [(imported, archives)] = spark.sparkContext.parallelize([0], 1).mapPartitions(probe).collect()
+    [(imported, archives, preloaded)] = spark.sparkContext.parallelize([0], 1).mapPartitions(probe).collect()
     assert imported.startswith(home + os.sep) and "python/lib" not in imported
     assert not [entry for entry in archives if os.path.realpath(entry).startswith(home + os.sep)], archives
+    assert preloaded  # by the daemon, before it forked the worker (this task never imports it)

@@ -14,10 +14,10 @@ fifth of a worker's time in `make bench` (thirteenth session, docs/PERFORMANCE.m
 
 So this drops from `sys.path` the archives inside the pyspark installation that the
 rest of the path has unpacked (pyspark and py4j both importable without them), and
-their importers, then runs `pyspark.daemon` as Spark would. The archives of another
-installation (a SPARK_HOME that is not this interpreter's pyspark, perhaps another
-version) stay first, as Spark put them. Nothing here imports pyspark before the path
-is settled.
+their importers, imports the shard tasks' modules (so every forked worker has them),
+then runs `pyspark.daemon` as Spark would. The archives of another installation (a
+SPARK_HOME that is not this interpreter's pyspark, perhaps another version) stay
+first, as Spark put them. Nothing here imports pyspark before the path is settled.
 """
 
 from __future__ import annotations
@@ -46,7 +46,18 @@ def main() -> None:
     for entry in set(sys.path) - set(kept):  # its zip importer, made while `refold` was looked up
         sys.path_importer_cache.pop(entry, None)  # would still be asked to invalidate its caches
     sys.path[:] = kept
+    _preload()
     runpy.run_module("pyspark.daemon", run_name="__main__", alter_sys=True)
+
+
+def _preload() -> None:
+    """Import the shard tasks' modules in the daemon, once: every worker it forks starts
+    with them (each worker imported them itself, ~0.5 s of CPU, while its first task
+    waited). A failure here is only printed: the task's own import reports it."""
+    try:
+        import refold.spark.tasks  # noqa: F401
+    except Exception as exc:
+        print(f"refold.spark.daemon: importing refold.spark.tasks failed: {exc!r}", file=sys.stderr)
 
 
 if __name__ == "__main__":
