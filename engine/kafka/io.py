@@ -36,6 +36,10 @@ MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 # Errors a consumer that only assigns partitions (never joins nor commits) may ignore.
 # librdkafka needs a group.id and looks up its coordinator even then; under ACLs the
 # reader may have no right on that group, and it needs none to fetch.
+# A reader that stops at the end: a fetch at the end (a partition whose last record is
+# followed by its transaction's marker) must not wait the broker's 500 ms default for
+# data that is not coming
+_TO_THE_END = {"fetch.wait.max.ms": 10}
 # `consume` waits this long for a full batch: at a partition's tail every call waits it
 # whole, so it is short (it was 0.5 s, and each new shard processor's checkpoint read paid it)
 _READ_WAIT_SECONDS = 0.01
@@ -236,11 +240,14 @@ def read_to_end(
     partitions = partitions_of(settings, topic)
     if only is not None:
         partitions = [p for p in partitions if p in only]
-    consumer = Consumer(consumer_config(settings))
+    consumer = Consumer(consumer_config(settings, **_TO_THE_END))
     try:
         assignment = [
             TopicPartition(topic, p, (start or {}).get(p, OFFSET_BEGINNING)) for p in partitions
         ]
+        # the topic's leaders first: a new consumer's first watermark query that had to
+        # look them up itself sometimes took 0.5-0.7 s on a busy broker
+        consumer.list_topics(topic, timeout=timeout)
         ends = {tp.partition: _high_watermark(consumer, tp, timeout) for tp in assignment}
         remaining = {
             tp.partition
@@ -291,7 +298,7 @@ def next_visible_offsets(
     record lies in `[starts[p], o)`.)"""
     if not starts:
         return {}
-    consumer = Consumer(consumer_config(settings))
+    consumer = Consumer(consumer_config(settings, **_TO_THE_END))
     found: dict[int, int] = {}
     try:
         consumer.assign([TopicPartition(topic, p, o) for p, o in starts.items()])

@@ -381,6 +381,7 @@ class ShardProcessor:
         assert self.store is not None
         if self._watermarks is None:
             self._watermarks = Consumer(consumer_config(self.settings, **{"isolation.level": "read_uncommitted"}))
+            self._watermarks.list_topics(self.pipeline.state_topic, timeout=60)  # its leader, as `read_to_end`
         _low, high = self._watermarks.get_watermark_offsets(
             TopicPartition(self.pipeline.state_topic, self.shard), timeout=60
         )
