@@ -33,9 +33,6 @@ _CONSUMER_ONLY = ("group.id", "isolation.level", "auto.offset.reset", "enable.au
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 
-# Errors a consumer that only assigns partitions (never joins nor commits) may ignore.
-# librdkafka needs a group.id and looks up its coordinator even then; under ACLs the
-# reader may have no right on that group, and it needs none to fetch.
 # A reader that stops at the end: a fetch at the end (a partition whose last record is
 # followed by its transaction's marker) must not wait the broker's 500 ms default for
 # data that is not coming
@@ -43,6 +40,9 @@ _TO_THE_END = {"fetch.wait.max.ms": 10}
 # `consume` waits this long for a full batch: at a partition's tail every call waits it
 # whole, so it is short (it was 0.5 s, and each new shard processor's checkpoint read paid it)
 _READ_WAIT_SECONDS = 0.01
+# Errors a consumer that only assigns partitions (never joins nor commits) may ignore.
+# librdkafka needs a group.id and looks up its coordinator even then; under ACLs the
+# reader may have no right on that group, and it needs none to fetch.
 READER_IGNORES = frozenset({KafkaError.GROUP_AUTHORIZATION_FAILED})
 
 
