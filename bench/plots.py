@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -68,12 +69,13 @@ def plot_contenders(data: dict[str, Any], out: Path) -> None:
     names = list(contenders)
     rates = [contenders[n]["events_per_s"] for n in names]
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    bars = ax.bar([TITLES.get(n, n).split(",")[0] for n in names], rates,
+    # the contenders' names, wrapped: five of them side by side do not fit on one line each
+    bars = ax.bar([textwrap.fill(TITLES.get(n, n).split(",")[0], 16) for n in names], rates,
                   color=["tab:orange" if n == "refold" else "tab:blue" for n in names])
     label_bars(ax, bars, [f"{r:,.0f}\n{contenders[n]['peak_rss_bytes'] / MIB:,.0f} MiB" for n, r in zip(names, rates,
                                                                                                      strict=True)])
     ax.set_ylabel("throughput (events/s)")
-    ax.set_title(f"Contenders: {data['events']:,} events, {data['keys']:,} keys, "
+    ax.set_title(f"Contenders: {data['events']:,} events, {data['keys']:,} keys,\n"
                  f"{data['retract_share']:.0%} retractions/corrections, batch {data['batch']:,}")
     ax.margins(y=0.2)
     caption(fig, data)
