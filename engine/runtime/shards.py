@@ -155,7 +155,6 @@ class KeyCheck:
             )
         return False
 
-
     def _key_values(self, key: bytes) -> tuple[Any, ...] | None:
         """The values of the key columns in a message key that is a JSON object of exactly
         those columns (any spacing or field order, or in a Debezium `schema`/`payload`
