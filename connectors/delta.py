@@ -228,8 +228,7 @@ class DeltaDriver(SessionDriver[DeltaSettings, _Session]):
         storage = self._storage()
         try:
             if not DeltaTable.is_deltatable(uri, storage_options=storage):
-                local = None if is_uri(uri) else Path(uri)
-                if local is not None and local.exists() and (not local.is_dir() or any(local.iterdir())):
+                if _foreign(None if is_uri(uri) else Path(uri)):
                     raise self.config_error(binding.name, f"{uri!r} exists and is not a Delta table")
                 self._create(binding, uri, schema, storage)
             table = DeltaTable(uri, storage_options=storage)
@@ -431,3 +430,15 @@ def _literal(text: str) -> str:
 
 def _now() -> int:
     return int(time.time() * 1000)
+
+
+def _foreign(local: Path | None) -> bool:
+    """A local folder that holds something other than a Delta log: not ours to create a table in.
+
+    A folder with only `_delta_log` is a table another shard is creating right now (delta-rs
+    writes its first commit there as a temporary file, then renames it) or whose create failed.
+    """
+    if local is None or not local.exists():
+        return False
+    return not local.is_dir() or any(entry.name != "_delta_log" for entry in local.iterdir())
+

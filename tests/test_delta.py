@@ -301,6 +301,33 @@ def test_shards_open_and_commit_concurrently_without_conflicts(lake: Path) -> No
         assert table(lake).transaction_version(app_id("pipe", "delta", f"0-{n}")) == 5
 
 
+def test_a_table_another_shard_is_creating_is_opened_not_refused(tmp_path: Path) -> None:
+    """Mid-create a table folder holds only `_delta_log` (delta-rs renames its first commit in
+    last): a shard that looks then must create or open it, never call it a foreign folder."""
+    lake = tmp_path / "half"
+    (lake / "scores" / "_delta_log").mkdir(parents=True)
+    driver, _ = opened(lake, bindings=(VIEW,))
+    assert table(lake).version() >= 0
+    driver.close()
+    for round_ in range(6):  # three shards race the create of fresh tables
+        root = tmp_path / f"race{round_}"
+        root.mkdir()
+        errors: list[BaseException] = []
+
+        def open_one(n: int, root: Path = root, errors: list[BaseException] = errors) -> None:
+            try:
+                opened(root, writer=f"0-{n}")[0].close()
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=open_one, args=(n,)) for n in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert errors == []
+
+
 def test_bad_settings_fail_at_open_naming_the_setting(lake: Path) -> None:
     with pytest.raises(ConfigError, match=r"outputs\.materialize\[0\]\.path: the folder .* does not exist"):
         opened(lake / "missing")
