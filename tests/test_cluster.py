@@ -192,6 +192,10 @@ def test_a_pipeline_runs_on_the_standalone_cluster(
     apps = master_state(cluster.ui_port) or {}
     ran = [a for a in apps.get("completedapps", []) + apps.get("activeapps", []) if a.get("name") == f"refold-{name}"]
     assert ran, apps
+    # its executors ran with Refold's cluster JVM options (C1 only: job.java_options)
+    launches = [line for line in executor_logs(cluster, ran[0]["id"]).splitlines()
+                if line.startswith("Spark Executor Command:")]
+    assert launches and all('"-XX:TieredStopAtLevel=1"' in line for line in launches), launches
 
 
 def test_python_workers_killed_on_an_executor_are_run_again(

@@ -192,3 +192,13 @@ def test_a_claim_fenced_by_an_older_runs_task_is_made_again(bootstrap_servers, t
         older_task.close()
     assert claimed.run == 42
     assert load_checkpoints(pipeline, settings)[0].run == 42  # committed
+
+
+def test_cluster_jvms_run_c1_only_local_mode_keeps_the_default_jit() -> None:
+    from refold.spark.job import java_options
+
+    local = java_options("local[2]")
+    assert local == {"spark.driver.extraJavaOptions": "-Dlog4j2.level=WARN"}  # HotSpot's default JIT
+    cluster = java_options("spark://127.0.0.1:7077")
+    assert "-XX:TieredStopAtLevel=1" in cluster["spark.executor.extraJavaOptions"]
+    assert cluster["spark.driver.extraJavaOptions"].split() == ["-Dlog4j2.level=WARN", "-XX:TieredStopAtLevel=1"]

@@ -83,13 +83,30 @@ def spark_session(master: str = "local[2]", conf: dict[str, str] | None = None, 
         .config("spark.python.worker.reuse", "true")
         .config("spark.python.daemon.module", "refold.spark.daemon")  # pyspark without its zip: see there
         .config("spark.sql.streaming.kafka.useDeprecatedOffsetFetching", "false")
-        .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=WARN")
     )
-    for key, value in (conf or {}).items():
+    for key, value in {**java_options(master), **(conf or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+# On a cluster the JVMs' own work is small: the executors fetch Kafka and hand Arrow
+# batches to the Python workers, the driver plans each batch. Their C2 compiler threads
+# kept compiling batch after batch and cost more than they saved there; C1 alone cut
+# the executors' and the driver's JVM CPU and raised a 2-executor run's throughput
+# (bench.tasks workers: docs/PERFORMANCE.md). Local mode keeps HotSpot's default: its
+# one JVM is the whole of Spark, and C1 alone measured no faster there. A `spark.conf`
+# entry for either key replaces Refold's.
+_CLUSTER_JIT = "-XX:TieredStopAtLevel=1"
+
+
+def java_options(master: str) -> dict[str, str]:
+    """The driver's (and, on a cluster, the executors') JVM options Refold starts Spark with."""
+    if master.strip().startswith("local"):
+        return {"spark.driver.extraJavaOptions": "-Dlog4j2.level=WARN"}
+    return {"spark.driver.extraJavaOptions": f"-Dlog4j2.level=WARN {_CLUSTER_JIT}",
+            "spark.executor.extraJavaOptions": _CLUSTER_JIT}
 
 
 def local_with_retries(master: str, attempts: int = 4) -> str:
