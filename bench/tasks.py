@@ -26,9 +26,13 @@ measured in one run on this machine and printed as ratios.
   first. Also the CPU of each cluster worker's executor (its Python processes, its
   JVM) during the measured run, to show that both executors reduced, and the driver's
   (this point's Python process and its JVM, which here is the driver's alone): the
-  CPU split with the JVMs counted on both sides. Target ratio ≥ 1.5. The driver,
-  the broker and both executors share this machine's cores, so the ratio is a floor
-  of what two machines would give.
+  CPU split with the JVMs counted on both sides. Target ratio ≥ 1.5. Each worker JVM
+  (and so each executor it launches, and its Python workers) is pinned to a core of
+  its own (`sched_setaffinity`: worker i to core i mod the machine's cores), so that
+  "1 core" is one: unpinned, the 1-executor run's JVM fetches on the second core
+  while its Python worker reduces on the first. `--no-pin` measures unpinned. The
+  driver and the broker are not pinned and share both cores with the executors, so
+  the ratio is a floor of what two machines would give.
 - restart: `refold run` as a subprocess (`refold.dev.chaos.Engine`, Spark `local[2]`)
   over `--restart-keys` live keys (one `+A` each) until all are committed; then
   kill -9, `--chunk` new events over those keys, restart: the seconds from the
@@ -57,14 +61,15 @@ driver's fencing), as `bench.run.timed_run` counts it. Writes `tasks.json` into
 the summary to stdout. Machines here are noisy: read the ratios, not the seconds.
 
     python -m bench.tasks [--parts cpu,workers,restart,keys] [--batch 100000]
-                          [--cpu-events 300000] [--workers-events 150000]
-                          [--restart-keys 200000] [--many-keys 200000] [--keys-events 100000]
+                          [--cpu-events 300000] [--workers-events 600000]
+                          [--warmup-events 200000] [--no-pin] [--restart-keys 200000] [--many-keys 200000] [--keys-events 100000]
                           [--json-dir docs/bench]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import shutil
@@ -369,6 +374,9 @@ def part_workers(s: Settings, args: argparse.Namespace) -> dict[str, Any]:
     sizes: dict[str, Any] = {}
     try:
         say(f"  cluster at {info.url}: {len(info.workers)} workers x 1 core, {args.worker_memory} each")
+        if args.pin:
+            cores = pin_workers([w.pid for w in info.workers if w.pid is not None])
+            say(f"  worker JVMs pinned to cores {', '.join(map(str, cores))} (their executors inherit it)")
         for n in (1, 2):
             spec = base_spec(s, args, f"refold-tasks-workers{n}-{s.run_id}")
             spec.update(master=info.url, cluster_workers=[w.pid for w in info.workers if w.pid is not None],
@@ -386,7 +394,19 @@ def part_workers(s: Settings, args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(home, ignore_errors=True)
     ratio = sizes["executors_2"]["events_per_s"] / sizes["executors_1"]["events_per_s"]
     return {"events": events, "keys": args.workers_keys, "partitions": s.partitions, "cores_per_executor": 1,
-            "executor_memory": args.executor_memory, **sizes, "ratio": ratio, "target_ratio": TARGETS["workers"]}
+            "executor_memory": args.executor_memory, "pinned": args.pin, **sizes, "ratio": ratio, "target_ratio": TARGETS["workers"]}
+
+
+def pin_workers(pids: list[int]) -> list[int]:
+    """Pin every thread of worker JVM i to core i mod the cores this process may use; the
+    executors a worker launches later inherit the core. Returns the cores, in order."""
+    usable = sorted(os.sched_getaffinity(0))
+    cores = [usable[i % len(usable)] for i in range(len(pids))]
+    for pid, core in zip(pids, cores, strict=True):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(ProcessLookupError):  # a thread that just ended
+                os.sched_setaffinity(int(tid), {core})
+    return cores
 
 
 def part_restart(s: Settings, args: argparse.Namespace) -> dict[str, Any]:
@@ -500,7 +520,8 @@ def summary(figures: dict[str, Any]) -> None:
     workers = figures.get("workers")
     if workers:
         one, two = workers["executors_1"], workers["executors_2"]
-        print(f"\n[workers] {workers['events']:,} events, standalone cluster, executors of 1 core")
+        pinned = "each worker pinned to a core" if workers.get("pinned") else "unpinned"
+        print(f"\n[workers] {workers['events']:,} events, standalone cluster, executors of 1 core ({pinned})")
         for label, r in (("1 executor ", one), ("2 executors", two)):
             each = ", ".join(f"{c:.1f}" for c in r.get("cluster_worker_python_cpu_s", []))
             jvms = ", ".join(f"{c:.1f}" for c in r.get("cluster_executor_jvm_cpu_s", []))
@@ -541,15 +562,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=4, help="source partitions")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--idle", type=float, default=5.0, help="seconds idle before an in-process run ends")
-    parser.add_argument("--warmup-events", type=int, default=10_000, help="events of each unreported warm-up run")
+    parser.add_argument("--warmup-events", type=int, default=200_000, help="events of each unreported warm-up run")
     parser.add_argument("--state-cache-keys", type=int, default=None,
                         help="spark.state_cache_keys of every pipeline (default: the engine's)")
     parser.add_argument("--cpu-events", type=int, default=300_000)
     parser.add_argument("--cpu-keys", type=int, default=30_000)
-    parser.add_argument("--workers-events", type=int, default=150_000)
+    parser.add_argument("--workers-events", type=int, default=600_000)
     parser.add_argument("--workers-keys", type=int, default=15_000)
     parser.add_argument("--worker-memory", default="1g", help="what each standalone worker offers")
     parser.add_argument("--executor-memory", default="768m")
+    parser.add_argument("--no-pin", dest="pin", action="store_false",
+                        help="workers: leave the worker JVMs unpinned (by default each has a core of its own)")
     parser.add_argument("--restart-keys", type=int, default=200_000, help="live keys before the kill (1M, 10M: slow)")
     parser.add_argument("--chunk", type=int, default=1_000, help="new events produced before each restart")
     parser.add_argument("--many-keys", type=int, default=200_000, help="the keys part's large key count")
