@@ -53,7 +53,10 @@ measured in one run on this machine and printed as ratios.
   worker lives on from run to run). Ratio: the measured run's events/s at
   `--many-keys` / at 10k keys. `--state-cache-keys` sets `spark.state_cache_keys`
   (keys a shard's reducer keeps in memory, default 200,000 a shard: past 4 x that,
-  with 4 shards, the reducers start empty again) for both.
+  with 4 shards, the reducers start empty again) for both. `--keys-cluster` runs it
+  on a standalone cluster of 2 workers x 1 core (pinned, as in the workers part) and
+  also reports each executor's peak RSS: the sum over its JVM and its Python
+  processes, sampled together.
 
 Throughput is events / (the last committed batch - the run's start after the
 driver's fencing), as `bench.run.timed_run` counts it. Writes `tasks.json` into
@@ -62,7 +65,8 @@ the summary to stdout. Machines here are noisy: read the ratios, not the seconds
 
     python -m bench.tasks [--parts cpu,workers,restart,keys] [--batch 100000]
                           [--cpu-events 300000] [--workers-events 600000]
-                          [--warmup-events 200000] [--no-pin] [--restart-keys 200000] [--many-keys 200000] [--keys-events 100000]
+                          [--warmup-events 200000] [--no-pin] [--restart-keys 200000]
+                          [--many-keys 200000] [--keys-events 100000] [--keys-cluster]
                           [--json-dir docs/bench]
 """
 
@@ -78,6 +82,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -183,6 +188,8 @@ class Sampler:
         self.interval = interval
         self.peaks: dict[int, int] = {}
         self.roles: dict[int, str] = {}
+        # each standalone worker's executors together (JVMs and Python processes): peak RSS
+        self.executor_peaks: list[int] = [0] * len(cluster)
         self.samples: list[CpuSample] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
@@ -198,6 +205,9 @@ class Sampler:
 
     def _run(self) -> None:
         while True:
+            for index, worker in enumerate(self.cluster):
+                executors = sum(rss_bytes(pid) for pid in tree_of(worker) if pid != worker)
+                self.executor_peaks[index] = max(self.executor_peaks[index], executors)
             for root in (os.getpid(), *self.cluster):
                 for pid in tree_of(root):
                     if pid in self.roles or spark_python(pid):
@@ -269,6 +279,8 @@ def run_point(spec: dict[str, Any]) -> dict[str, Any]:
                 result.update(worker_peak_rss_bytes=peaks[0] if peaks else None, worker_peak_rss_each=peaks,
                               daemon_peak_rss_bytes=max((v for pid, v in sampler.peaks.items()
                                                          if sampler.roles[pid] == "daemon"), default=None))
+                if cluster:  # an executor: its JVM and its Python processes, on each worker
+                    result.update(executor_peak_rss_each=sampler.executor_peaks)
             say(f"  {run['label']}: {events:,} events, {result['events_per_s']:,.0f} events/s "
                 f"({seconds:.1f}s, {progress.batches} batches)")
             out.append(result)
@@ -469,14 +481,45 @@ def part_restart(s: Settings, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def part_keys(s: Settings, args: argparse.Namespace) -> dict[str, Any]:
+    where = "a standalone cluster of 2 workers x 1 core" if args.keys_cluster else "local[2]"
     say(f"keys: {BASE_KEYS:,} vs {args.many_keys:,} live keys, then {args.keys_events:,} events over them "
-        "after a restart; local[2], peak RSS of each Spark Python worker")
+        f"after a restart; {where}, peak RSS of each Spark Python worker"
+        + (" and of each executor (its JVM and its Python processes)" if args.keys_cluster else ""))
+    with cluster_for(args.keys_cluster, args) as cluster:
+        return _keys_points(s, args, cluster)
+
+
+@contextlib.contextmanager
+def cluster_for(wanted: bool, args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+    """A point spec's update for a standalone cluster of 2 workers x 1 core (started here,
+    stopped after; each worker pinned to a core) with both as executors; {} (local[2])
+    when not `wanted`."""
+    if not wanted:
+        yield {}
+        return
+    from refold.dev import localspark
+
+    home = Path(tempfile.mkdtemp(prefix="refold-tasks-cluster-"))
+    info = localspark.start(2, 1, args.worker_memory, home=home, quiet=True, die_with_parent=True)
+    try:
+        pids = [w.pid for w in info.workers if w.pid is not None]
+        if args.pin:
+            pin_workers(pids)
+        yield {"master": info.url, "cluster_workers": pids,
+               "conf": {"spark.executor.cores": "1", "spark.cores.max": "2",
+                        "spark.executor.memory": args.executor_memory}}
+    finally:
+        localspark.stop(home)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _keys_points(s: Settings, args: argparse.Namespace, cluster: dict[str, Any]) -> dict[str, Any]:
     points: dict[str, Any] = {}
     warm = f"bench-tasks-{s.run_id}-keys-warm"
     warm_events = workload_topic(s, warm, args.warmup_events, 1_000)
     for keys in (BASE_KEYS, args.many_keys):
         topic = f"bench-tasks-{s.run_id}-keys{keys}"
-        spec = base_spec(s, args, f"refold-tasks-keys{keys}-{s.run_id}")
+        spec = {**base_spec(s, args, f"refold-tasks-keys{keys}-{s.run_id}"), **cluster}
         workload = {"events": args.keys_events, "keys": keys, "retract": 0.2, "seed": s.seed}
         spec["runs"] = [
             {"label": "warm-up (not reported)", "pipeline": f"{warm}-p{keys}", "source": warm,
@@ -490,6 +533,7 @@ def part_keys(s: Settings, args: argparse.Namespace) -> dict[str, Any]:
         points[str(keys)] = {"load": load, "measured": measured}
     base, many = points[str(BASE_KEYS)], points[str(args.many_keys)]
     return {"events": args.keys_events, "state_cache_keys": args.state_cache_keys, "points": points,
+            "master": cluster.get("master", "local[2]"),
             "ratio": many["measured"]["events_per_s"] / base["measured"]["events_per_s"],
             "load_ratio": many["load"]["events_per_s"] / base["load"]["events_per_s"]}
 
@@ -544,13 +588,18 @@ def summary(figures: dict[str, Any]) -> None:
         print(f"  deleted / intact: {restart['ratio']:.2f}x")
     keys = figures.get("keys")
     if keys:
-        print(f"\n[keys] live keys, then {keys['events']:,} events over them after a restart (local[2])")
+        print(f"\n[keys] live keys, then {keys['events']:,} events over them after a restart "
+              f"({keys.get('master', 'local[2]')})")
         for count, point_figures in keys["points"].items():
             load, measured = point_figures["load"], point_figures["measured"]
             print(f"  {int(count):>10,} keys: load {load['events_per_s']:8,.0f} events/s, measured "
                   f"{measured['events_per_s']:8,.0f} events/s ({measured['touched_keys']:,} keys touched); "
                   "peak RSS of a Python worker: load "
                   f"{mib(load['worker_peak_rss_bytes'])}, measured {mib(measured['worker_peak_rss_bytes'])}")
+            if "executor_peak_rss_each" in load:
+                print("      peak RSS of each executor (JVM + Python): load "
+                      f"{', '.join(mib(b) for b in load['executor_peak_rss_each'])}; measured "
+                      f"{', '.join(mib(b) for b in measured['executor_peak_rss_each'])}")
         print(f"  measured events/s, many keys / {BASE_KEYS:,}: {keys['ratio']:.2f}x  "
               f"(load: {keys['load_ratio']:.2f}x)")
 
@@ -577,6 +626,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk", type=int, default=1_000, help="new events produced before each restart")
     parser.add_argument("--many-keys", type=int, default=200_000, help="the keys part's large key count")
     parser.add_argument("--keys-events", type=int, default=100_000, help="the keys part's measured events")
+    parser.add_argument("--keys-cluster", action="store_true",
+                        help="keys: on a standalone cluster of 2 workers x 1 core (each executor's RSS: its JVM "
+                             "and its Python processes), not local[2]")
     parser.add_argument("--json-dir", type=Path, default=RESULTS, help="where tasks.json goes")
     parser.add_argument("--bootstrap", default=None, help="the broker (default: the local one, started if needed)")
     parser.add_argument("--point", default=None, help=argparse.SUPPRESS)  # a JSON spec: one Spark application
