@@ -107,6 +107,15 @@ def test_key_check_passes_refolds_keys_and_stops_a_run_keyed_otherwise() -> None
     assert check.matches(b"anything", {"score": 1})  # a null key column: the reducer's to refuse
 
 
+def test_key_check_of_two_key_columns_compares_both_in_any_field_order() -> None:
+    check = KeyCheck(pipeline(GROUPED, ["player_name", "match_id"]))
+    row = {"player_name": "Alice", "match_id": 1, "score": 3}
+    assert check.matches(b'{"match_id": 1, "player_name": "Alice"}', row) and check.verified
+    assert not check.matches(key(player_name="Alice", match_id=2), row)
+    assert not check.matches(key(player_name="Alice"), row)  # a column short
+    assert check.matches(b"anything", {"player_name": "Alice", "match_id": None})  # the reducer's to refuse
+
+
 def test_key_check_is_off_for_regrouping_views_and_checks_debeziums_first_record() -> None:
     assert not KeyCheck(pipeline(GROUPED, ["team"])).enabled
     assert not KeyCheck(pipeline({"top_n": {"n": 1, "order_by": {"s": "desc"}}})).enabled

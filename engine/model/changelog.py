@@ -182,6 +182,12 @@ class Pairing(Generic[T]):
             return PairStep(None, held, None)
         return PairStep((item,), held, None)
 
+    @property
+    def idle(self) -> bool:
+        """Nothing held: a `+A` or `-R` fed now is a unit of its own and settles nothing
+        (what `feed` would return as `PairStep((item,), None, None)`)."""
+        return self._held is None
+
     def release(self) -> T | None:
         held, self._held = self._held, None
         return held

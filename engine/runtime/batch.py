@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 from refold.codecs import source_decoder
 from refold.config import Pipeline
 from refold.errors import RecordError, RecordSource
-from refold.model.changelog import ChangelogEvent, Pairing
+from refold.model.changelog import ChangelogEvent, Op, Pairing
 from refold.model.reasons import Reason
 from refold.recovery.records import DeadLetter, PendingRecord
 from refold.reduce import SourceEvent
@@ -185,7 +185,12 @@ class UnitReader:
                 self._unpaired(pairing.release(), out)
             else:
                 for event in result:
-                    step = pairing.feed(event.op, record.key, (_source_event(record, event), record))
+                    item = (_source_event(record, event), record)
+                    op = event.op
+                    if (op is Op.APPEND or op is Op.RETRACT) and pairing.idle:  # most events: no pair to settle
+                        units.append((item,))
+                        continue
+                    step = pairing.feed(op, record.key, item)
                     self._unpaired(step.unpaired, out)
                     if step.orphan is not None:
                         self.dead_letters.add(out, record, Reason.ORPHAN_CORRECT_TO)

@@ -127,6 +127,7 @@ class KeyCheck:
         # Debezium's keys are not Refold's bytes: comparing them means parsing each one
         self.every_record = pipeline.source.format != "debezium-json"
         self.verified = False
+        self._single = self.columns[0] if len(self.columns) == 1 else None
         # message key bytes -> its key columns' values (`_object_values`; None:
         # not such an object): most keys come again, and a lookup costs less than a dumps
         self._parsed: dict[bytes, tuple[Any, ...] | None] = {}
@@ -137,13 +138,16 @@ class KeyCheck:
         UserError for the first record of a run keyed otherwise."""
         if not self.enabled or (self.verified and not self.every_record):
             return True
-        values = []
-        for column in self.columns:
-            value = row.get(column)
+        if self._single is not None:  # most views: one key column
+            value = row.get(self._single)
             if value is None:
                 return True
-            values.append(value)
-        if key is not None and self._key_values(key) == tuple(values):
+            values: tuple[Any, ...] = (value,)
+        else:
+            values = tuple(row.get(column) for column in self.columns)
+            if None in values:
+                return True
+        if key is not None and self._key_values(key) == values:
             self.verified = True
             return True
         if not self.verified:
