@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -274,28 +274,37 @@ def test_a_full_refresh_replaces_only_its_shards_partition(lake: Path) -> None:
                                                                lake / "scores" / "_writer=0-1"]
 
 
-def test_shards_open_and_commit_concurrently_without_conflicts(lake: Path) -> None:
-    """Two shards create the tables at once (one create wins, the other opens it), then
-    commit in parallel: each merges into its own partition, neither is refused."""
-    drivers: dict[int, DeltaDriver] = {}
+def at_once(work: Callable[[int], object], count: int) -> list[BaseException]:
+    """`work(0)` … `work(count - 1)`, each in a thread of its own, all at once: what they raised."""
     errors: list[BaseException] = []
 
     def run(n: int) -> None:
         try:
-            drivers[n] = opened(lake, writer=f"0-{n}")[0]
-            for batch in range(1, 6):
-                name = f"p{n}-{batch}"
-                commit(drivers[n], checkpoint(batch, writer=f"0-{n}"), [put(name, batch)],
-                       [{"player_name": name, "_count": 1, "total": batch}])
+            work(n)
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=run, args=(n,)) for n in range(2)]
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(count)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert errors == []
+    return errors
+
+
+def test_shards_open_and_commit_concurrently_without_conflicts(lake: Path) -> None:
+    """Two shards create the tables at once (one create wins, the other opens it), then
+    commit in parallel: each merges into its own partition, neither is refused."""
+    drivers: dict[int, DeltaDriver] = {}
+
+    def run(n: int) -> None:
+        drivers[n] = opened(lake, writer=f"0-{n}")[0]
+        for batch in range(1, 6):
+            name = f"p{n}-{batch}"
+            commit(drivers[n], checkpoint(batch, writer=f"0-{n}"), [put(name, batch)],
+                   [{"player_name": name, "_count": 1, "total": batch}])
+
+    assert at_once(run, 2) == []
     assert len(read_delta_view(lake, "scores")) == 10 and len(read_delta_deltas(lake, "scores_delta")) == 10
     for n in range(2):
         assert table(lake).transaction_version(app_id("pipe", "delta", f"0-{n}")) == 5
@@ -312,20 +321,7 @@ def test_a_table_another_shard_is_creating_is_opened_not_refused(tmp_path: Path)
     for round_ in range(6):  # three shards race the create of fresh tables
         root = tmp_path / f"race{round_}"
         root.mkdir()
-        errors: list[BaseException] = []
-
-        def open_one(n: int, root: Path = root, errors: list[BaseException] = errors) -> None:
-            try:
-                opened(root, writer=f"0-{n}")[0].close()
-            except BaseException as exc:
-                errors.append(exc)
-
-        threads = [threading.Thread(target=open_one, args=(n,)) for n in range(3)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        assert errors == []
+        assert at_once(lambda n, root=root: opened(root, writer=f"0-{n}")[0].close(), 3) == []
 
 
 def test_bad_settings_fail_at_open_naming_the_setting(lake: Path) -> None:
