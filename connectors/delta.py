@@ -441,4 +441,3 @@ def _foreign(local: Path | None) -> bool:
     if local is None or not local.exists():
         return False
     return not local.is_dir() or any(entry.name != "_delta_log" for entry in local.iterdir())
-
