@@ -374,26 +374,16 @@ def part_cpu(s: Settings, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def part_workers(s: Settings, args: argparse.Namespace) -> dict[str, Any]:
-    from refold.dev import localspark
-
     say(f"workers: {args.workers_events:,} events over {args.workers_keys:,} keys, {s.partitions} partitions, "
         "1 executor x 1 core vs 2 executors x 1 core on a standalone cluster")
     warm, topic = f"bench-tasks-{s.run_id}-workers-warm", f"bench-tasks-{s.run_id}-workers"
     warm_events = workload_topic(s, warm, args.warmup_events, 1_000)
     events = workload_topic(s, topic, args.workers_events, args.workers_keys)
-    home = Path(tempfile.mkdtemp(prefix="refold-tasks-cluster-"))
-    info = localspark.start(2, 1, args.worker_memory, home=home, quiet=True, die_with_parent=True)
     sizes: dict[str, Any] = {}
-    try:
-        say(f"  cluster at {info.url}: {len(info.workers)} workers x 1 core, {args.worker_memory} each")
-        if args.pin:
-            cores = pin_workers([w.pid for w in info.workers if w.pid is not None])
-            say(f"  worker JVMs pinned to cores {', '.join(map(str, cores))} (their executors inherit it)")
+    with cluster_for(True, args) as cluster:
         for n in (1, 2):
-            spec = base_spec(s, args, f"refold-tasks-workers{n}-{s.run_id}")
-            spec.update(master=info.url, cluster_workers=[w.pid for w in info.workers if w.pid is not None],
-                        conf={"spark.executor.cores": "1", "spark.cores.max": str(n),
-                              "spark.executor.memory": args.executor_memory})
+            spec = {**base_spec(s, args, f"refold-tasks-workers{n}-{s.run_id}"), **cluster}
+            spec["conf"] = {**cluster["conf"], "spark.cores.max": str(n)}
             spec["runs"] = [
                 {"label": f"{n} executor(s): warm-up (not reported)", "pipeline": f"{warm}-p{n}", "source": warm,
                  "events": warm_events},
@@ -401,9 +391,6 @@ def part_workers(s: Settings, args: argparse.Namespace) -> dict[str, Any]:
                  "cpu": True},
             ]
             sizes[f"executors_{n}"] = point(spec)["runs"][-1]
-    finally:
-        localspark.stop(home)
-        shutil.rmtree(home, ignore_errors=True)
     ratio = sizes["executors_2"]["events_per_s"] / sizes["executors_1"]["events_per_s"]
     return {"events": events, "keys": args.workers_keys, "partitions": s.partitions, "cores_per_executor": 1,
             "executor_memory": args.executor_memory, "pinned": args.pin, **sizes, "ratio": ratio, "target_ratio": TARGETS["workers"]}
@@ -492,8 +479,8 @@ def part_keys(s: Settings, args: argparse.Namespace) -> dict[str, Any]:
 @contextlib.contextmanager
 def cluster_for(wanted: bool, args: argparse.Namespace) -> Iterator[dict[str, Any]]:
     """A point spec's update for a standalone cluster of 2 workers x 1 core (started here,
-    stopped after; each worker pinned to a core) with both as executors; {} (local[2])
-    when not `wanted`."""
+    stopped after; each worker pinned to a core unless `--no-pin`) with both as
+    executors; {} (local[2]) when not `wanted`."""
     if not wanted:
         yield {}
         return
@@ -502,9 +489,11 @@ def cluster_for(wanted: bool, args: argparse.Namespace) -> Iterator[dict[str, An
     home = Path(tempfile.mkdtemp(prefix="refold-tasks-cluster-"))
     info = localspark.start(2, 1, args.worker_memory, home=home, quiet=True, die_with_parent=True)
     try:
+        say(f"  cluster at {info.url}: {len(info.workers)} workers x 1 core, {args.worker_memory} each")
         pids = [w.pid for w in info.workers if w.pid is not None]
         if args.pin:
-            pin_workers(pids)
+            cores = pin_workers(pids)
+            say(f"  worker JVMs pinned to cores {', '.join(map(str, cores))} (their executors inherit it)")
         yield {"master": info.url, "cluster_workers": pids,
                "conf": {"spark.executor.cores": "1", "spark.cores.max": "2",
                         "spark.executor.memory": args.executor_memory}}
