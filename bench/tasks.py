@@ -205,11 +205,12 @@ class Sampler:
 
     def _run(self) -> None:
         while True:
+            trees = {root: tree_of(root) for root in (os.getpid(), *self.cluster)}  # one /proc walk each
             for index, worker in enumerate(self.cluster):
-                executors = sum(rss_bytes(pid) for pid in tree_of(worker) if pid != worker)
+                executors = sum(rss_bytes(pid) for pid in trees[worker] if pid != worker)
                 self.executor_peaks[index] = max(self.executor_peaks[index], executors)
-            for root in (os.getpid(), *self.cluster):
-                for pid in tree_of(root):
+            for tree in trees.values():
+                for pid in tree:
                     if pid in self.roles or spark_python(pid):
                         if pid not in self.roles:
                             stat = proc_stat(pid)
