@@ -345,6 +345,8 @@ class Pipeline(_Model):
     transactional_id_prefix: str | None = None
     max_batch_events: Annotated[int, Field(ge=1)] = 200_000
     partitions: Annotated[int, Field(ge=1, le=1000)] = 4  # for topics the engine creates
+    # a re-grouping view's shards (refold.runtime.exchange); unset: it runs as one shard
+    shards: Annotated[int, Field(ge=1, le=1000)] | None = None
     spark: SparkSpec = SparkSpec()
     schema_registry: SchemaRegistrySpec | None = None
     metrics: MetricsSpec | None = None
@@ -384,7 +386,22 @@ class Pipeline(_Model):
             view_key = self.view.top_n.partition_by if self.view.top_n is not None else self.view.key
             if not (self.source.key or view_key):
                 raise ValueError("source: form upsert needs the message-key columns: set source.key")
+        if self.shards is not None:
+            self._check_shards()
         return self
+
+    def _check_shards(self) -> None:
+        """`shards` is for a view that re-groups a changelog keyed by `source.key`."""
+        view_key = self.view.top_n.partition_by if self.view.top_n is not None else self.view.key
+        if not self.source.key:
+            raise ValueError("shards: a re-grouping view in shards needs source.key, the columns the source's "
+                             "messages are keyed by (its stage 1 checks each key's rows)")
+        if set(self.source.key) <= set(view_key):
+            raise ValueError("shards: the view is co-partitioned with its source (its key includes source.key): "
+                             "it runs one shard per source partition already; leave shards out")
+        if self.source.form != "changelog" or self.source.format != "jsonl":
+            raise ValueError("shards: a re-grouping view runs in shards over a jsonl changelog source; "
+                             "leave shards out to run it as one shard")
 
     # Derived names (DESIGN.md §3) -------------------------------------------------
     @property
@@ -399,7 +416,15 @@ class Pipeline(_Model):
     def dlq_topic(self) -> str:
         return f"{self.pipeline}.dlq"
 
-    def transactional_id(self, shard: int) -> str:
+    @property
+    def repartition_topic(self) -> str:  # a re-grouping view's routed units, one partition per shard
+        return f"{self.pipeline}.repartition"
+
+    @property
+    def rows_topic(self) -> str:  # the live rows per message key that its stage 1 checks against
+        return f"{self.pipeline}.rows"
+
+    def transactional_id(self, shard: int | str) -> str:
         """The transactional id of one shard of this writer: `<prefix>-<writer>-<shard>`."""
         return f"{self.transactional_id_prefix or self.pipeline}-{self.writer}-{shard}"
 

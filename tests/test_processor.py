@@ -234,3 +234,27 @@ def test_the_collector_freezes_survivors_and_reclaims_their_cycles_at_a_full_col
     assert gone() is None, "the periodic full collection reclaims it"
     assert died_during() is None
     gc.unfreeze()
+
+
+@pytest.mark.parametrize("core", ["python", "auto"])
+def test_a_row_the_filter_cannot_compare_is_a_dead_letter_and_the_batch_commits(bootstrap_servers, topic,
+                                                                                core) -> None:
+    settings = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=1)
+    name = f"pf{uuid.uuid4().hex[:8]}"
+    pipeline = parse_pipeline({"pipeline": name, "kafka": settings, "source": {"topic": source, "format": "jsonl"},
+                               "view": {"key": ["k"], "columns": {"n": {"count": "*"}}, "where": "v > 1"},
+                               "outputs": {"view": {"topic": f"{name}.view"}}, "spark": {"core": core}})
+    ensure_topics(settings, engine_topics(pipeline, 1))
+    rows = [{"op": "+A", "k": "a", "v": 2}, {"op": "+A", "k": "a", "v": "text"}, {"op": "+A", "k": "a", "v": 3}]
+    processor = BatchProcessor(pipeline, settings)
+    try:
+        stats = processor.process([InputRecord(0, i, orjson.dumps({"k": "a"}), orjson.dumps(r), 0)
+                                   for i, r in enumerate(rows)])
+    finally:
+        processor.close()
+    assert stats is not None and stats.dead_letters == 1
+    letters = [decode_dead_letter(m.value()) for m in read_to_end(settings, pipeline.dlq_topic)]
+    assert [(letter.offset, letter.reason) for letter in letters] == [(1, Reason.SCHEMA_MISMATCH)]
+    views = [orjson.loads(m.value())["n"] for m in read_to_end(settings, f"{name}.view")]
+    assert views[-1] == 2

@@ -3,7 +3,6 @@ keeps per view key (see the package docstring for the contract).
 
 Every unit costs O(log n) per touched key: state is kept per view key as just what
 its reductions need —
-
 - every view: the live rows as fingerprint → copies (to refuse a retraction of
   a row that is not live) and the number of live rows;
 - `sum`/`avg`/`count(c)`: exact running sums and non-null counts;
@@ -282,18 +281,21 @@ class GroupedReducer:
             self._remove(key, fp, event)
         return self._settle(key, before)
 
-    def _checked(self, event: SourceEvent, index: int) -> tuple[tuple[Any, ...], bytes]:
-        """The event's view key and row fingerprint; Rejected (at `index` of its unit) when
-        its key is unusable or a summed column holds something that is not a number."""
-        row = event.row
-        key = checked_key(row, self.key_columns, "key", self.plan.multiset_columns, index)
+    def view_key(self, event: SourceEvent, index: int) -> tuple[Any, ...]:
+        """The event's view key; Rejected (at `index` of its unit) when its key is
+        unusable or a summed column holds something that is not a number."""
+        key = checked_key(event.row, self.key_columns, "key", self.plan.multiset_columns, index)
         for column in self.plan.sum_columns:
-            value = row.get(column)
+            value = event.row.get(column)
             if value is not None and not is_number(value):
                 raise Rejected(Reason.SCHEMA_MISMATCH, index, f"{column!r} is not a number")
-        fp = fingerprint(row)
+        return key
+
+    def _checked(self, event: SourceEvent, index: int) -> tuple[tuple[Any, ...], bytes]:
+        """The event's view key (`view_key`) and row fingerprint."""
+        key, fp = self.view_key(event, index), fingerprint(event.row)
         if not event.op.adds and (state := self.keys.get(key)) is not None:
-            fp = live_fingerprint(row, fp, state.rows)  # state from before null equalled absent
+            fp = live_fingerprint(event.row, fp, state.rows)  # state from before null equalled absent
         return key, fp
 
     def _settle(self, key: tuple[Any, ...], before: dict[str, Any] | None) -> list[ViewChange]:
@@ -452,7 +454,7 @@ class GroupedReducer:
     def state_key(self, event: SourceEvent) -> tuple[Any, ...] | None:
         """The view key whose state the event reads (None: the event is refused anyway)."""
         try:
-            return checked_key(event.row, self.key_columns, "key", self.plan.multiset_columns, 0)
+            return self.view_key(event, 0)
         except Rejected:
             return None
 

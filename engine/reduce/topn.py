@@ -80,7 +80,7 @@ class TopNReducer:
     def apply(self, unit: Sequence[SourceEvent]) -> list[ViewChange]:
         prepared = []
         for index, event in enumerate(unit):
-            group = checked_key(event.row, self.partition_by, "partition", self.order_columns, index)
+            group = self.view_key(event, index)
             fp = fingerprint(event.row)
             if not event.op.adds and group in self.groups:
                 fp = live_fingerprint(event.row, fp, self.groups[group].rows)
@@ -129,6 +129,10 @@ class TopNReducer:
             changes.sort(key=lambda c: (key_bytes(c.key), order[id(c)]))
         return changes
 
+    def view_key(self, event: SourceEvent, index: int) -> tuple[Any, ...]:
+        """The event's `partition_by` group; Rejected (at `index` of its unit) when it is unusable."""
+        return checked_key(event.row, self.partition_by, "partition", self.order_columns, index)
+
     def _top(self, group: tuple[Any, ...], state: _Group) -> list[dict[str, Any]]:
         """The group's output rows at places 1..n, from its ranking."""
         return [self._output(group, place, state.rows[fp][0])
@@ -171,7 +175,7 @@ class TopNReducer:
     def state_key(self, event: SourceEvent) -> tuple[Any, ...] | None:
         """The group whose state the event reads (None: the event is refused anyway)."""
         try:
-            return checked_key(event.row, self.partition_by, "partition", self.order_columns, 0)
+            return self.view_key(event, 0)
         except Rejected:
             return None
 

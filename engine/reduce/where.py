@@ -11,8 +11,9 @@ against a string) refuses the unit: `schema mismatch` at that event.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
+from typing import Any
 
 from refold.model.changelog import Op
 from refold.model.predicate import Condition, FilterTypeError, compile_condition, parse_condition
@@ -45,3 +46,22 @@ def filter_unit(condition: Condition, unit: Sequence[SourceEvent]) -> list[tuple
             return [(1, unit[1]._replace(op=Op.APPEND))]
         return []
     return [(index, event) for index, event in enumerate(unit) if passes[index]]
+
+
+
+def filter_units(condition: Condition | None, units: Sequence[Any], refuse: Callable[[Any, int, str], None]) -> list[Any]:
+    """Units of (event, its record) pairs with the events `condition` (`view.where`)
+    keeps; a unit it keeps nothing of is left out, and a unit it cannot compare goes to
+    `refuse(unit, index, reason)` (its dead letters) instead."""
+    if condition is None:
+        return list(units)
+    kept_units = []
+    for unit in units:
+        try:
+            kept = filter_unit(condition, [event for event, _ in unit])
+        except Rejected as rejected:
+            refuse(unit, rejected.index, rejected.reason)
+            continue
+        if kept:
+            kept_units.append(tuple((event, unit[index][1]) for index, event in kept))
+    return kept_units

@@ -56,6 +56,7 @@ class Outgoing:
     dlq: list[DeadLetter] = field(default_factory=list)
     state: list[tuple[bytes, bytes | None]] = field(default_factory=list)
     delta_rows: list[dict[str, Any]] = field(default_factory=list)  # for delta materializations
+    exchange: dict[int, list[bytes]] = field(default_factory=dict)  # P.repartition partition -> routed units
 
     def by_topic(self, pipeline: Pipeline) -> dict[str, int]:
         """How many records go to each output topic and the dead-letter topic."""

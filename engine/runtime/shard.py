@@ -36,6 +36,7 @@ again and says whether the store still holds what this processor last committed.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -63,7 +64,7 @@ from refold.recovery.records import (
 from refold.recovery.restore import load_checkpoints
 from refold.reduce import Rejected, SourceEvent, make_reducer
 from refold.reduce.values import key_bytes
-from refold.reduce.where import condition_of, filter_unit
+from refold.reduce.where import condition_of, filter_unit, filter_units
 from refold.runtime.batch import BatchStats, DeadLetters, InputRecord, Outgoing, Unit, UnitReader
 from refold.runtime.collector import collector_paused
 from refold.runtime.hooks import NO_HOOKS, Hooks
@@ -121,6 +122,7 @@ class ShardProcessor:
         # the view's row filter (`view.where`), applied to each unit before the reducer
         self.row_filter = condition_of(pipeline.view.where) if pipeline.view.where is not None else None
         self.renderer = Renderer(pipeline)
+        self.state_topic = self._state_topic()
         self.aborts = 0  # transactions that failed and were run again
         self.last = BatchStats()
         self.recovery: Recovery | None = None  # how the store last came to the checkpoint
@@ -129,9 +131,9 @@ class ShardProcessor:
             state_root = Path(pipeline.spark.state_dir)
         self.state_root = state_root
         self.store: ShardStore | None = None
-        self.reducer = make_reducer(pipeline.view)
+        self.reducer = self._new_reducer()
         # the native core (refold.runtime.native) in the reducer's place, while it runs the view
-        self.core = native_core(pipeline)
+        self.core = self._new_core()
         self.held: set[Any] = set()  # the keys the reducer (key tuples) or the core (key JSON) holds as the store does
         self.held_all = False  # the reducer holds the whole store (a backfill needs the whole view)
         self.checkpoint = first_checkpoint(self.pipeline, self.shard)
@@ -145,13 +147,33 @@ class ShardProcessor:
         )
         # outputs.materialize: Flow's protocol around each batch (refold.connectors.runtime),
         # fenced and checkpointed per shard (writer `<writer>-<shard>`)
-        self.materializations = Materializations.from_pipeline(pipeline, executor, shard_writer(pipeline, shard))
+        self.materializations = self._new_materializations(executor)
         if start:
             try:
                 self._start()
             except BaseException:
                 self.close()
                 raise
+
+    # What a kind of shard replaces (`refold.runtime.exchange`: the stages of a re-grouping view)
+    def _state_topic(self) -> str:
+        return self.pipeline.state_topic
+
+    def _new_reducer(self) -> Any:
+        return make_reducer(self.pipeline.view)
+
+    def _new_core(self) -> Any:
+        return native_core(self.pipeline)
+
+    def _new_materializations(self, executor: Executor | None) -> Materializations | None:
+        return Materializations.from_pipeline(self.pipeline, executor, shard_writer(self.pipeline, self.shard))
+
+    def _render(self, changes: Sequence[UnitChanges], out: Outgoing) -> None:
+        """The batch's view, delta and state records from its changes (the Python path)."""
+        out.view = self.renderer.view(changes)
+        out.delta_rows = self.reducer.take_deltas()
+        out.delta = self.renderer.deltas(out.delta_rows)
+        out.state = self.reducer.take_state_changes() + self.last_rows.take_state_changes()
 
     # Lifecycle -----------------------------------------------------------------------
 
@@ -182,7 +204,7 @@ class ShardProcessor:
             found = load_checkpoints(self.pipeline, self.settings, only=(self.checkpoint_partition,)).get(self.shard)
             self.checkpoint = found or first_checkpoint(self.pipeline, self.shard)
             self.recovery = bring_to(
-                self.settings, self.pipeline.state_topic, self.store, self.checkpoint.batch,
+                self.settings, self.state_topic, self.store, self.checkpoint.batch,
                 checkpoint_at=self.checkpoint.committed_at,
             )
             self.forget()
@@ -208,9 +230,9 @@ class ShardProcessor:
         self.last_rows.forget()
 
     def _forget_reducer(self) -> None:
-        self.reducer = make_reducer(self.pipeline.view)
+        self.reducer = self._new_reducer()
         if self.core is not None:
-            self.core = native_core(self.pipeline)
+            self.core = self._new_core()
         self.held = set()
         self.held_all = False
 
@@ -297,10 +319,7 @@ class ShardProcessor:
             pending = {}
             native = False
         if not native:  # (the native core made the view, delta and state records itself)
-            out.view = self.renderer.view(changes)
-            out.delta_rows = self.reducer.take_deltas()
-            out.delta = self.renderer.deltas(out.delta_rows)
-            out.state = self.reducer.take_state_changes() + self.last_rows.take_state_changes()
+            self._render(changes, out)
         out.dlq.sort(key=lambda letter: (letter.partition, letter.offset))  # input order
         stats = BatchStats(
             batch=self.checkpoint.batch + 1,
@@ -381,10 +400,8 @@ class ShardProcessor:
         assert self.store is not None
         if self._watermarks is None:
             self._watermarks = Consumer(consumer_config(self.settings, **{"isolation.level": "read_uncommitted"}))
-            self._watermarks.list_topics(self.pipeline.state_topic, timeout=60)  # its leader, as `read_to_end`
-        _low, high = self._watermarks.get_watermark_offsets(
-            TopicPartition(self.pipeline.state_topic, self.shard), timeout=60
-        )
+            self._watermarks.list_topics(self.state_topic, timeout=60)  # its leader, as `read_to_end`
+        _low, high = self._watermarks.get_watermark_offsets(TopicPartition(self.state_topic, self.shard), timeout=60)
         self.store.apply(state, Stamp(checkpoint.batch, int(high), checkpoint.committed_at))
 
     def _load_table_rows(self, items: Sequence[TableItem]) -> None:
@@ -427,7 +444,7 @@ class ShardProcessor:
         """Apply each unit; a refused unit changes nothing and is dead-lettered, one
         dead letter per input record (a Debezium update is a pair from one record)."""
         changes: list[UnitChanges] = []
-        for unit in self._filtered(units):
+        for unit in filter_units(self.row_filter, units, functools.partial(self.dead_letters.refuse, out)):
             try:
                 changes.append((self.reducer.apply([event for event, _ in unit]), unit[0][0].tag[0]))
             except Rejected as rejected:
@@ -440,7 +457,7 @@ class ShardProcessor:
         is dropped, before anything of the batch is sent, and the shard reduces in Python
         from here on, starting with this batch (from its store)."""
         assert self.core is not None
-        units = self._filtered(units) if self.row_filter is not None else units
+        units = filter_units(self.row_filter, units, functools.partial(self.dead_letters.refuse, out))
         try:
             self._load(self._touched(units))
             self.hooks.crash_point("mid_batch", self.checkpoint.batch + 1)
@@ -455,26 +472,12 @@ class ShardProcessor:
         out.view, out.delta, out.state = view, delta, state
         return True
 
-    def _filtered(self, units: Sequence[Unit]) -> list[Unit]:
-        """The units with the events the view's row filter (`view.where`) keeps; a unit
-        it keeps nothing of is left out."""
-        row_filter = self.row_filter
-        if row_filter is None:
-            return list(units)
-        kept_units: list[Unit] = []
-        for unit in units:
-            kept = filter_unit(row_filter, [event for event, _ in unit])
-            if kept:
-                kept_units.append(tuple((event, unit[index][1]) for index, event in kept))
-        return kept_units
-
     # The transaction -----------------------------------------------------------------
 
     def _commit(self, out: Outgoing, checkpoint: Checkpoint) -> None:
-        """The shard's records of the batch, its state changes (to its `P.state`
-        partition), its checkpoint and its partitions' consumed offsets in one transaction.
-        Record timestamps are the engine's clock, never event times: an old event time
-        would let retention delete the record."""
+        """The batch's records, state changes (to the shard's state partition), checkpoint
+        and consumed offsets in one transaction. Record timestamps are the engine's clock,
+        never event times: an old event time would let retention delete the record."""
         writer, pipeline = self.writer, self.pipeline
         writer.begin()
         if pipeline.outputs.view is not None:
@@ -483,7 +486,9 @@ class ShardProcessor:
             writer.send_all(pipeline.outputs.delta.topic, out.delta)
         for letter in out.dlq:
             writer.send(pipeline.dlq_topic, letter.key, encode_dead_letter(letter), dead_letter_headers(letter))
-        writer.send_all(pipeline.state_topic, out.state, partition=self.shard)
+        for partition, values in out.exchange.items():  # a re-grouping view's stage 1: its routed units
+            writer.send_all(pipeline.repartition_topic, [(None, value) for value in values], partition=partition)
+        writer.send_all(self.state_topic, out.state, partition=self.shard)
         writer.send(
             pipeline.checkpoints_topic,
             checkpoint_key(pipeline.writer, self.shard),

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import ConfigResource, ResourceType
 
 from refold.errors import InternalError
@@ -177,13 +177,24 @@ def _catch_up(
     return read + len(chunk)
 
 
+_NOT_READY = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART)
+
+
 def _offsets(settings: Mapping[str, Any], topic: str, partition: int, timeout: float) -> tuple[int, int]:
     """Partition p's log start offset and high watermark (read_uncommitted: a
     read_committed consumer is told the last stable offset instead)."""
     consumer = Consumer(consumer_config(settings, **{"isolation.level": "read_uncommitted"}))
+    deadline = time.monotonic() + timeout
     try:
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
-        return int(low), int(high)
+        while True:
+            try:
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
+                return int(low), int(high)
+            except KafkaException as exc:  # a topic just made: its leader may not serve it yet
+                error = exc.args[0]
+                if not (error.retriable() or error.code() in _NOT_READY) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
     finally:
         consumer.close()
 
