@@ -26,9 +26,10 @@ from refold.errors import UserError
 from refold.kafka.io import ensure_topics, read_to_end
 from refold.kafka.transactions import TransactionalWriter
 from refold.ops.verify import verify
+from refold.recovery.claims import _claim, claim_shards
 from refold.recovery.restore import load_checkpoints
 from refold.runtime.hooks import NO_HOOKS
-from refold.spark.job import _claim, claim_shards, engine_topics
+from refold.spark.job import engine_topics
 from refold.spark.tasks import ShardTask, check_files
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]

@@ -15,6 +15,12 @@ At start every shard's writer is initialised first (fencing older instances and
 settling their open transactions), then every shard restores its state and
 checkpoint from Kafka; `offsets` are then the starting offsets of every partition,
 each from the shard that covers it.
+
+A re-grouping view in `shards` (`refold.runtime.exchange`) runs its stage 1 as these
+shards (`RouteProcessor`, one per source partition); after them the batch is closed
+and each stage-2 shard (`ApplyProcessor`) reduces its part, one after the other. At
+start, what an earlier instance's stage 1 committed and its stage 2 did not is closed
+and reduced first.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from refold.config import Pipeline
@@ -29,9 +36,10 @@ from refold.connectors.runtime import Executor
 from refold.kafka.io import partitions_of
 from refold.kafka.transactions import FencedError
 from refold.runtime.batch import InputRecord
+from refold.runtime.exchange import ApplyProcessor, Closer, RouteProcessor, read_closed
 from refold.runtime.hooks import NO_HOOKS, Hooks
 from refold.runtime.shard import ATTEMPTS, BatchStats, ShardProcessor
-from refold.runtime.shards import KeyCheck, check_state_partitions, plan_shards
+from refold.runtime.shards import KeyCheck, check_state_partitions, exchanged, plan_shards
 
 __all__ = ["ATTEMPTS", "BatchProcessor", "BatchStats", "InputRecord", "ShardProcessor"]
 
@@ -62,10 +70,15 @@ class BatchProcessor:
         self.keys = KeyCheck(pipeline)  # one per run: the first record checked stops a run keyed otherwise
         self.last = BatchStats()
         self.shards: dict[int, ShardProcessor] = {}
+        self.appliers: dict[int, ShardProcessor] = {}  # a re-grouping view's stage 2, by shard
+        self.closer: Closer | None = None
+        self.run = int(time.time() * 1000)
         self._state_partitions = self._checkpoint_partitions = 0  # read once every shard is fenced
         try:
             source = partitions_of(settings, pipeline.source.topic)
             self._start([shard.index for shard in self.plan.shards(source)])
+            if exchanged(pipeline):
+                self._start_appliers()
         except BaseException:
             self.close()
             raise
@@ -88,10 +101,39 @@ class BatchProcessor:
             shard.restore()
             shard.suspend()  # its store's lock is held only while it runs a batch
 
+    def _start_appliers(self) -> None:
+        """Stage 2's shards, fenced then restored, the driver's close writer, and what an
+        earlier instance's stage 1 left for them (closed and reduced)."""
+        assert self.pipeline.shards is not None
+        self.closer = Closer(self.pipeline, self.settings)
+        for index in range(self.pipeline.shards):
+            applier = self.appliers[index] = ApplyProcessor(
+                self.pipeline, self.settings, index, self.executor, hooks=self.hooks, start=False,
+                checkpoint_partition=index % self._checkpoint_partitions)
+            applier.lock()
+            applier.fence()
+        for applier in self.appliers.values():
+            applier.restore()
+            applier.suspend()
+        self._apply()
+
+    def _apply(self) -> list[BatchStats]:
+        """Close the batch and run each stage-2 shard's part of it."""
+        assert self.closer is not None
+        close = self.closer.close(self.run)
+        committed = []
+        for index, applier in self.appliers.items():
+            part = read_closed(self.settings, self.pipeline, index, applier.offsets.get(index, 0), close)
+            stats = _run_shard(applier, part)
+            if stats is not None:
+                committed.append(stats)
+        return committed
+
     def _make_shard(self, index: int) -> ShardProcessor:
         """A shard's processor, not started (`fence`, then `restore`; its
         `checkpoint_partition` is set in between)."""
-        return self.shard_type(
+        shard_type = RouteProcessor if exchanged(self.pipeline) else self.shard_type
+        return shard_type(
             self.pipeline,
             self.settings,
             index,
@@ -102,8 +144,10 @@ class BatchProcessor:
         )
 
     def close(self) -> None:
-        for shard in self.shards.values():
+        for shard in [*self.shards.values(), *self.appliers.values()]:
             shard.close()
+        if self.closer is not None:
+            self.closer.shutdown()
 
     @property
     def offsets(self) -> dict[int, int]:
@@ -138,6 +182,8 @@ class BatchProcessor:
         if not committed:
             return None
         self.last = together(committed, time.monotonic() - started)
+        if self.closer is not None:
+            self.last = with_outputs(self.last, self._apply())
         return self.last
 
 
@@ -154,6 +200,17 @@ def _run_shard(shard: ShardProcessor, part: Sequence[InputRecord]) -> BatchStats
         return shard.process(part)
     finally:
         shard.suspend()
+
+
+def with_outputs(routed: BatchStats, applied: Sequence[BatchStats]) -> BatchStats:
+    """A re-grouping view's batch: what stage 1 read, refused and routed, with the
+    records stage 2 wrote (its inputs are stage 1's routed units: not counted again)."""
+    out_by_topic = dict(routed.out_by_topic)
+    for stats in applied:
+        for topic, count in stats.out_by_topic.items():
+            out_by_topic[topic] = out_by_topic.get(topic, 0) + count
+    return replace(routed, records_out=routed.records_out + sum(s.records_out for s in applied),
+                   out_by_topic=out_by_topic, commit_seconds=routed.commit_seconds + sum(s.commit_seconds for s in applied))
 
 
 def together(parts: Sequence[BatchStats], seconds: float) -> BatchStats:

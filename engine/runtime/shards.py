@@ -89,8 +89,14 @@ class ShardPlan:
         return by_shard
 
 
+def exchanged(pipeline: Pipeline) -> bool:
+    """Whether the view re-groups in `shards` (`refold.runtime.exchange`): its stage 1 runs
+    one shard per source partition, as a co-partitioned view does."""
+    return pipeline.shards is not None
+
+
 def plan_shards(pipeline: Pipeline) -> ShardPlan:
-    return ShardPlan(co_partitioned(pipeline))
+    return ShardPlan(co_partitioned(pipeline) or exchanged(pipeline))
 
 
 def check_state_partitions(pipeline: Pipeline, state_partitions: int, index: int) -> None:
@@ -123,7 +129,7 @@ class KeyCheck:
     def __init__(self, pipeline: Pipeline) -> None:
         self.topic = pipeline.source.topic
         self.columns = message_key(pipeline)
-        self.enabled = co_partitioned(pipeline)
+        self.enabled = co_partitioned(pipeline) or exchanged(pipeline)
         # Debezium's keys are not Refold's bytes: comparing them means parsing each one
         self.every_record = pipeline.source.format != "debezium-json"
         self.verified = False

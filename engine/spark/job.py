@@ -15,12 +15,10 @@ import contextlib
 import ctypes
 import logging
 import os
-import random
 import re
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +28,14 @@ from refold import environment
 from refold.config import Pipeline
 from refold.errors import RefoldError, UserError
 from refold.kafka.io import TopicSpec, ensure_topics, partitions_of
-from refold.kafka.transactions import FencedError, TransactionalWriter
 from refold.ops.monitor import Monitor
-from refold.recovery.records import Checkpoint, combined, encode_checkpoint, first_checkpoint
-from refold.recovery.restore import load_checkpoints, reconcile_spark_checkpoint
+from refold.recovery.claims import claim_shards
+from refold.recovery.records import combined
+from refold.recovery.restore import reconcile_spark_checkpoint
+from refold.runtime.exchange import Closer, view_pipeline
 from refold.runtime.hooks import Hooks
-from refold.runtime.processor import BatchStats, together
-from refold.runtime.shards import check_state_partitions, checkpoint_key, plan_shards
+from refold.runtime.processor import BatchStats, together, with_outputs
+from refold.runtime.shards import check_state_partitions, exchanged, plan_shards
 from refold.spark.tasks import SUMMARY, ShardTask, reported_error
 
 log = logging.getLogger(__name__)
@@ -45,12 +44,16 @@ log = logging.getLogger(__name__)
 def engine_topics(pipeline: Pipeline, partitions: int) -> list[TopicSpec]:
     """The topics the engine writes: its outputs and its recovery log (DESIGN.md §3).
     `P.state` and `P.checkpoints` get as many partitions as the source (or
-    `partitions`): a shard's state goes to `P.state` partition = shard."""
+    `partitions`): a shard's state goes to `P.state` partition = shard. A re-grouping
+    view in `shards` adds `P.repartition` (one partition per shard) and `P.rows`."""
     specs = [
         TopicSpec(pipeline.checkpoints_topic, partitions, compacted=True),
-        TopicSpec(pipeline.state_topic, partitions, compacted=True),
+        TopicSpec(pipeline.state_topic, max(partitions, pipeline.shards or 0), compacted=True),
         TopicSpec(pipeline.dlq_topic, 1),
     ]
+    if pipeline.shards is not None:  # a re-grouping view in shards (refold.runtime.exchange)
+        specs += [TopicSpec(pipeline.repartition_topic, pipeline.shards),
+                  TopicSpec(pipeline.rows_topic, partitions, compacted=True)]
     view = pipeline.outputs.view
     if view is not None:
         # A Top-N leaderboard is small and its places change together: one partition
@@ -188,6 +191,8 @@ def run_pipeline(
         checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
         reconcile_spark_checkpoint(checkpoint_dir, topic, start.offsets, settings)
         on_batch = _Batches(pipeline, settings, start, progress, monitor)
+        if start.closer is not None:  # what the last run's stage 1 committed and its stage 2 did not
+            on_batch.account([], on_batch.apply(spark), 0.0)
         reader = _source(spark, pipeline, settings, java_settings, starting_offsets(topic, partitions, start.offsets))
         query = (
             reader.writeStream.foreachBatch(on_batch)
@@ -206,6 +211,8 @@ def run_pipeline(
             query.stop()
         if monitor is not None:
             monitor.close()
+        if start.closer is not None:
+            start.closer.shutdown()
         if own_spark:
             spark.stop()
     _raise_failure(progress, query)
@@ -228,71 +235,20 @@ class Start:
             check_state_partitions(pipeline, state_partitions, index)
         self.checkpoint_partitions = len(partitions_of(settings, pipeline.checkpoints_topic))
         claimed = claim_shards(pipeline, settings, self.shards, self.run, self.checkpoint_partitions)
+        self.closer: Closer | None = None
+        if exchanged(pipeline):  # a re-grouping view in shards: stage 2's shards and the driver's close
+            assert pipeline.shards is not None
+            for index in range(pipeline.shards):
+                check_state_partitions(pipeline, state_partitions, index)
+            claim_shards(view_pipeline(pipeline), settings, list(range(pipeline.shards)), self.run,
+                         self.checkpoint_partitions)
+            self.closer = Closer(pipeline, settings)
         committed = combined([c for c in claimed.values() if c.batch > 0])
         self.offsets: dict[int, int] = dict(committed.offsets) if committed is not None else {}
         self.aborts = 0
         log.info("recovered %s: %d shard(s) fenced and claimed for run %d, batch %d, offsets %s (%.1fs)",
                  pipeline.pipeline, len(self.shards), self.run, committed.batch if committed else 0,
                  self.offsets, time.monotonic() - started)
-
-
-def claim_shards(
-    pipeline: Pipeline, settings: dict[str, Any], shards: list[int], run: int, checkpoint_partitions: int
-) -> dict[int, Checkpoint]:
-    """Fence every shard's writer, then commit each shard's checkpoint again with this
-    `run` (nothing else changes: a local store stamped with it stays current). An older
-    run's task that starts its shard again reads the claim and stops (another engine
-    took over); one still holding a writer is fenced at its next commit. Returns the
-    claimed checkpoints by shard (batch 0 for a shard that never committed)."""
-    writers = {
-        index: TransactionalWriter(
-            settings,
-            pipeline.transactional_id(index),
-            timeout_ms=environment.transaction_timeout_ms(),
-            label=f"pipeline {pipeline.pipeline!r} (shard {index})",
-        )
-        for index in shards
-    }
-    try:
-        with ThreadPoolExecutor(max(1, min(8, len(shards))), thread_name_prefix="refold-fence") as pool:
-            list(pool.map(lambda writer: writer.initialise(), writers.values()))  # open transactions settle
-        committed = load_checkpoints(pipeline, settings)
-        return {
-            index: _claim(pipeline, settings, writer, index, run, index % checkpoint_partitions, committed.get(index))
-            for index, writer in writers.items()
-        }
-    finally:
-        for writer in writers.values():
-            writer.close()
-
-
-CLAIM_ATTEMPTS = 5
-
-
-def _claim(pipeline: Pipeline, settings: dict[str, Any], writer: TransactionalWriter, index: int, run: int,
-           partition: int, checkpoint: Checkpoint | None) -> Checkpoint:
-    """Commit one shard's checkpoint again with `run`. An older run's task may fence the
-    claim's writer in between (fenced itself by this run, it starts the shard again and
-    initialises the same transactional id): then, after a random pause, initialise
-    again, read the shard's checkpoint again (it may have committed a batch meanwhile)
-    and claim again, so the newer run wins; the older task then finds the claim and stops."""
-    for attempt in range(CLAIM_ATTEMPTS):
-        claim = replace(checkpoint or first_checkpoint(pipeline, index), run=run)
-        try:
-            writer.begin()
-            writer.send(pipeline.checkpoints_topic, checkpoint_key(pipeline.writer, index), encode_checkpoint(claim),
-                        partition=partition)
-            writer.commit()
-            return claim
-        except FencedError:
-            if attempt == CLAIM_ATTEMPTS - 1:
-                raise
-            log.info("shard %d: the claim's writer was fenced (an older run's task started the shard again); "
-                     "claiming again", index)
-            time.sleep(random.uniform(0.1, 0.3) * 2**attempt)
-            writer.initialise()
-            checkpoint = load_checkpoints(pipeline, settings, only=(partition,)).get(index)
-    raise AssertionError("unreachable")
 
 
 def _start_engine(pipeline: Pipeline, settings: dict[str, Any], partitions: list[int], spark: Any) -> tuple[Any, Start]:
@@ -403,7 +359,8 @@ class _Batches:
             raise RefoldError(f"the engine stopped after a failed batch: {self.progress.failure}")
         began = time.monotonic()
         task = ShardTask(self.pipeline, self.settings, self.hooks, self.start.run,
-                         self.start.checkpoint_partitions, self.first)
+                         self.start.checkpoint_partitions, self.first,
+                         stage="route" if self.start.closer is not None else "view")
         if not self.start.plan.co_partitioned:
             frame = frame.coalesce(1)
         rows = [row.asDict() for row in frame.mapInArrow(task, SUMMARY).collect()]
@@ -411,13 +368,27 @@ class _Batches:
             return
         self.first = False
         try:
-            self._account(rows, time.monotonic() - began)
+            applied = []
+            if self.start.closer is not None and not any(row["error_kind"] for row in rows):
+                applied = self.apply(frame.sparkSession)
+            self.account(rows, applied, time.monotonic() - began)
         except BaseException as exc:
             self.progress.failure = exc
             raise
         log.debug("spark batch %d: %d shard task(s) in %.2fs", batch_id, len(rows), time.monotonic() - began)
 
-    def _account(self, rows: list[dict[str, Any]], seconds: float) -> None:
+    def apply(self, spark: Any) -> list[dict[str, Any]]:
+        """A re-grouping view's stage 2: close the batch, then one task per shard."""
+        assert self.start.closer is not None and self.pipeline.shards is not None
+        close = self.start.closer.close(self.start.run)
+        task = ShardTask(self.pipeline, self.settings, self.hooks, self.start.run,
+                         self.start.checkpoint_partitions, False, stage="apply", close=close)
+        shards = self.pipeline.shards
+        return [row.asDict() for row in spark.range(0, shards, 1, shards).mapInArrow(task, SUMMARY).collect()]
+
+    def account(self, rows: list[dict[str, Any]], applied: list[dict[str, Any]], seconds: float) -> None:
+        """The batch's stats from its tasks' summaries (`rows`; a re-grouping view's
+        stage 2: `applied`, whose offsets are of P.repartition), and its first error."""
         committed: list[BatchStats] = []
         offsets = dict(self.start.offsets)
         for row in rows:
@@ -433,13 +404,14 @@ class _Batches:
             if row["error_kind"] is None and row["batch"] > 0:
                 committed.append(_stats(row))
         self.start.offsets = offsets  # replaced whole: the monitor's thread reads it
-        self.start.aborts = sum(row["aborts"] for row in rows)
+        self.start.aborts = sum(row["aborts"] for row in [*rows, *applied])
         if committed:
             stats = together(committed, seconds)
+            stats = with_outputs(stats, [_stats(r) for r in applied if r["error_kind"] is None and r["batch"] > 0])
             self.progress.last_data = time.monotonic()
             self.progress.committed(stats)
             self.monitor.committed(stats, self.start.aborts)
-        failed = [row for row in rows if row["error_kind"] is not None]
+        failed = [row for row in [*rows, *applied] if row["error_kind"] is not None]
         if failed:
             first = min(failed, key=lambda row: row["shard"])
             raise reported_error(first)

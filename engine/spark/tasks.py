@@ -20,6 +20,11 @@ attempt of the shard: when the committed checkpoint is of a newer engine run, th
 task reports `FencedError` (the engine stops: another engine took over); otherwise
 it starts again after a random pause, at most `FENCED_ATTEMPTS` times.
 
+A re-grouping view in `shards` (`refold.runtime.exchange`) runs two kinds of task per
+batch: stage 1 (`stage="route"`), one per source partition as above, then, once the
+driver closed the batch, stage 2 (`stage="apply"`), one per shard over a one-row-per-
+shard frame, each reading its `P.repartition` partition through the close record.
+
 Refold's own errors (a record refused in strict mode, messages keyed otherwise than
 `source.key` says, a fence, a transaction that failed three times) come back in the
 summary, so the driver raises them as they are; anything else fails the task, and
@@ -38,7 +43,7 @@ import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 import pyarrow as pa
@@ -47,6 +52,7 @@ from refold.config import Pipeline
 from refold.errors import OperationalError, RecordError, RefoldError, UserError
 from refold.kafka.transactions import FencedError
 from refold.runtime.batch import InputRecord
+from refold.runtime.exchange import ApplyProcessor, RouteProcessor, read_closed
 from refold.runtime.hooks import Hooks
 from refold.runtime.shard import BatchStats, ShardProcessor
 from refold.runtime.shards import KeyCheck, plan_shards
@@ -106,7 +112,9 @@ class ShardTask:
     `run`: the engine run (its driver's start, epoch ms); `checkpoint_partitions`:
     how many partitions `P.checkpoints` has (a shard's records go to shard mod that);
     `first_of_run`: this batch is the run's first, whose first record keyed otherwise
-    stops the engine (later ones are dead letters)."""
+    stops the engine (later ones are dead letters); `stage`: the view's shards
+    (`view`), or a re-grouping view's stage 1 (`route`) or stage 2 (`apply`, through
+    the close record `close`)."""
 
     pipeline: Pipeline
     settings: dict[str, Any]
@@ -114,6 +122,8 @@ class ShardTask:
     run: int
     checkpoint_partitions: int
     first_of_run: bool
+    stage: Literal["view", "route", "apply"] = "view"
+    close: bytes | None = None
 
     __name__ = "refold_shard_task"  # what Spark's plan and UI show: never the settings
 
@@ -121,6 +131,10 @@ class ShardTask:
         return f"ShardTask(pipeline={self.pipeline.pipeline!r}, run={self.run})"
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        if self.stage == "apply":  # the shards' numbers in, each shard's input read from P.repartition
+            for index in [i for batch in batches for i in batch.column("id").to_pylist()]:
+                yield _summary(index, *self._run_shard(index, None))
+            return
         records: list[InputRecord] = []
         for batch in batches:
             columns = batch.to_pydict()
@@ -138,22 +152,24 @@ class ShardTask:
             _bound_memory(self.pipeline.spark.state_cache_keys, self._key(index))
             yield summary
 
-    def _run_shard(self, index: int, part: list[InputRecord]) -> tuple[BatchStats | None, ShardProcessor | None,
-                                                                       BaseException | None]:
-        """The shard's part, committed; its stats (None: all of it was committed before),
-        its processor, or the Refold error that stopped it."""
+    def _run_shard(self, index: int, part: list[InputRecord] | None) -> tuple[
+            BatchStats | None, ShardProcessor | None, BaseException | None]:
+        """The shard's part (None: stage 2's, read through the close), committed; its
+        stats (None: all of it was committed before), its processor, or the Refold
+        error that stopped it."""
         processor: ShardProcessor | None = None
         try:
             check_files(self.settings)
             processor = self._processor(index)
             for attempt in range(FENCED_ATTEMPTS):
                 try:
-                    if not self.first_of_run:  # past a run's first batch, bad keys are dead letters
+                    if not self.first_of_run and self.stage != "apply":  # past a run's first batch, bad keys are dead letters
                         if processor.reader.keys is not None:
                             processor.reader.keys.verified = True
                         if processor.tables is not None:
                             processor.tables.verified = True
-                    stats = processor.process(part)
+                    records = part if part is not None else self._closed(index, processor)
+                    stats = processor.process(records)
                     processor.suspend()
                     return stats, processor, None
                 except FencedError:
@@ -190,16 +206,22 @@ class ShardTask:
         self._forget(index)
         return self._new(index)
 
+    def _closed(self, index: int, processor: ShardProcessor) -> list[InputRecord]:
+        """Stage 2's input: its `P.repartition` partition from its checkpoint through the close."""
+        assert self.close is not None
+        return read_closed(self.settings, self.pipeline, index, processor.offsets.get(index, 0), self.close)
+
     def _new(self, index: int) -> ShardProcessor:
         """A new processor of the shard (its writer initialised, its checkpoint read, its
         store brought to it), kept for the worker's next tasks. FencedError when a newer
         engine run has claimed the shard."""
-        processor = ShardProcessor(
+        kind = {"view": ShardProcessor, "route": RouteProcessor, "apply": ApplyProcessor}[self.stage]
+        processor = kind(
             self.pipeline,
             self.settings,
             index,
             hooks=self.hooks,
-            keys=KeyCheck(self.pipeline),
+            keys=KeyCheck(self.pipeline) if self.stage != "apply" else None,
             checkpoint_partition=index % self.checkpoint_partitions,
             run=self.run,
         )
@@ -213,7 +235,8 @@ class ShardTask:
         return processor
 
     def _key(self, index: int) -> tuple[str, str, int]:
-        return (self.pipeline.pipeline, self.pipeline.writer, index)
+        writer = self.pipeline.writer if self.stage != "apply" else f"{self.pipeline.writer}.view"
+        return (self.pipeline.pipeline, writer, index)
 
     def _forget(self, index: int) -> None:
         kept = _RUNNING.pop(self._key(index), None)

@@ -1,0 +1,273 @@
+"""A re-grouping view in shards (`shards: M`): stage 1 routes, the driver closes,
+stage 2 reduces, each stage's shard in its own Kafka transaction.
+
+A view whose key lacks some message-key column (totals per team over a topic keyed
+by player) sees each view key's events in every source partition. With `shards: M`
+it runs in two stages joined by the topic `P.repartition` (M partitions), as Kafka
+Streams re-keys through a repartition topic:
+
+1. **Stage 1, one shard per source partition p** (`RouteProcessor`, writer
+   `<writer>`, transactional id `P-<writer>-<p>`): decode, pair, check the message
+   keys, apply `view.where`, and check each unit as the view would (its view key, its
+   summed columns) and against the live rows of its message key, kept per message key
+   in `P.rows` partition p (and the shard's local store). A refused unit is
+   dead-lettered here, once, whole. Each accepted unit goes to `P.repartition`
+   partition `shard_of(view key)`: one record per shard it touches, holding its events
+   there with their tags and the tag of the unit's first event. One transaction:
+   those records, the dead letters, the `P.rows` changes, the checkpoint, the offsets.
+2. **The driver closes the batch** (`Closer`): once every stage-1 task of a Spark
+   batch has committed, it writes one close record to every `P.repartition` partition
+   in a transaction of its own (`P-<writer>-close`).
+3. **Stage 2, one shard per `P.repartition` partition m** (`ApplyProcessor`, writer
+   `<writer>.view`): reads its partition from its checkpoint through the close record
+   the driver just wrote (`read_closed`). Between two close records lies one stage-1
+   batch (or the part of one that an engine stop left, with the next run's first):
+   each such segment is merged as the one-shard view merges a batch (each source
+   partition in offset order, the partitions by the tag of each unit's first event)
+   and the segments are applied in order, by the view's own reducer or native core,
+   committing the view, deltas, `P.state` partition m and its checkpoint.
+
+What a segment holds is fixed once committed, so a replayed stage-2 batch gives each
+shard the same units in the same order; stage 1's replay writes nothing (its
+checkpoint covers the range), as every shard's does. Per view key the order is
+(stage-1 batch, tag), the one-shard merge's order, and stage 1's check per message
+key refuses exactly what the view would: equal rows have equal message-key columns,
+so a row's live copies in its view key are its live copies in its message key. A
+correction that moves a row between view keys in two shards commits in two
+transactions: per key nothing changes, across keys a reader can see one before the
+other (docs/SEMANTICS.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from refold import environment
+from refold.config import ColumnSpec, Pipeline, ViewSpec
+from refold.connectors.runtime import Executor, Materializations
+from refold.errors import OperationalError
+from refold.kafka.io import read_to_end
+from refold.kafka.transactions import TransactionalWriter
+from refold.model.changelog import Op
+from refold.recovery.records import PendingRecord
+from refold.reduce import SourceEvent, make_reducer
+from refold.reduce.grouped import GroupedReducer
+from refold.reduce.values import key_bytes
+from refold.runtime.batch import InputRecord, Outgoing, Unit, Units
+from refold.runtime.render import UnitChanges
+from refold.runtime.shard import ShardProcessor
+from refold.runtime.shards import message_key
+
+CLOSE_FIRST = b"{"  # a close record's value; a routed unit's is a JSON array
+
+
+def shard_of(key_json: bytes, shards: int) -> int:
+    """The stage-2 shard of a view key (its `key_bytes`): stable across runs and machines."""
+    return int.from_bytes(hashlib.blake2b(key_json, digest_size=8).digest(), "big") % shards
+
+
+def view_pipeline(pipeline: Pipeline) -> Pipeline:
+    """Stage 2's pipeline: the same view and outputs, its input `P.repartition`, its
+    writer `<writer>.view` (its transactional ids, checkpoint records and stores)."""
+    source = pipeline.source.model_copy(update={"topic": pipeline.repartition_topic})
+    return pipeline.model_copy(update={"writer": f"{pipeline.writer}.view", "source": source})
+
+
+def close_value(run: int, seq: int) -> bytes:
+    """The close record of one engine run's `seq`-th close."""
+    return orjson.dumps({"close": [run, seq]})
+
+
+# Stage 1 ------------------------------------------------------------------------------
+
+
+class RouteValidator:
+    """Stage 1's reducer: checks each unit as the view would and against its message
+    key's live rows (a grouped reducer keyed by the message key, counting rows), and
+    returns the unit's routed records (P.repartition partition, value)."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        assert pipeline.shards is not None
+        self.shards = pipeline.shards
+        self.checks: Any = make_reducer(pipeline.view)  # only its `view_key`: the view's checks
+        spec = ViewSpec(key=list(message_key(pipeline)), columns={"rows": ColumnSpec(agg="count", column="*")})
+        self.rows = GroupedReducer(spec)
+        self.merge_keys: dict[int, list[Any]] = {}  # the batch's: input offset -> its unit's merge key
+
+    def apply(self, unit: Sequence[SourceEvent]) -> list[tuple[int, bytes]]:
+        """The unit's routed records; Rejected (nothing changes) as the view would refuse it."""
+        keys = [self.checks.view_key(event, index) for index, event in enumerate(unit)]
+        self.rows.apply(unit)  # a retraction of a row its message key does not hold: Rejected
+        by_shard: dict[int, list[list[Any]]] = {}
+        for event, key in zip(unit, keys, strict=True):
+            by_shard.setdefault(shard_of(key_bytes(key), self.shards), []).append(
+                [event.tag[0], event.tag[1], event.tag[2], int(event.op), event.row])
+        merge_key = self.merge_keys[unit[0].tag[2]]
+        return [(shard, orjson.dumps([merge_key, events])) for shard, events in by_shard.items()]
+
+    def take_deltas(self) -> list[dict[str, Any]]:
+        return []
+
+    def take_state_changes(self) -> list[tuple[bytes, bytes | None]]:
+        self.rows.take_deltas()  # (the row counts' deltas: not an output)
+        return self.rows.take_state_changes()
+
+    def state_key(self, event: SourceEvent) -> tuple[Any, ...] | None:
+        return self.rows.state_key(event)
+
+    def restore(self, records: Any) -> None:
+        self.rows.restore(records)
+
+    def view(self) -> dict[tuple[Any, ...], dict[str, Any]]:
+        return {}
+
+
+class RouteProcessor(ShardProcessor):
+    """Stage 1's shard of source partition p (see the module's docstring): the view
+    shard's batch, transaction and recovery, with `RouteValidator` as its reducer,
+    `P.rows` as its state topic and routed units as its output."""
+
+    def _state_topic(self) -> str:
+        return self.pipeline.rows_topic
+
+    def _new_reducer(self) -> Any:
+        return RouteValidator(self.pipeline)
+
+    def _new_core(self) -> Any:
+        return None
+
+    def _new_materializations(self, executor: Executor | None) -> Materializations | None:
+        return None  # stage 2 materializes
+
+    def _reduce(self, units: Sequence[Unit], out: Outgoing) -> list[UnitChanges]:
+        self.reducer.merge_keys = merge_keys(units)
+        return super()._reduce(units, out)
+
+    def _render(self, changes: Sequence[UnitChanges], out: Outgoing) -> None:
+        exchange = out.exchange
+        for routed, _event_time in changes:
+            for shard, value in routed:
+                exchange.setdefault(shard, []).append(value)
+        out.state = self.reducer.take_state_changes()
+
+
+def merge_keys(units: Sequence[Unit]) -> dict[int, list[Any]]:
+    """Each input offset's merge key in a partition's units of a batch (in order): the
+    greatest first tag of the units up to its own. The one-shard merge takes, again and
+    again, the partition whose next unit has the least first tag; that order is exactly
+    the order of these keys (each partition's keys only grow), so stage 2 gets the same
+    order from any subset of the units: those of its shard, those of a unit that was not
+    refused."""
+    keys: dict[int, list[Any]] = {}
+    greatest: Any = None
+    for unit in units:
+        first = unit[0][0].tag
+        if greatest is None or first > greatest:
+            greatest = first
+        for _event, record in unit:
+            keys[record.offset] = list(greatest)
+    return keys
+
+
+# The driver's close ---------------------------------------------------------------------
+
+
+class Closer:
+    """The driver's close records (`P-<writer>-close`): one to every `P.repartition`
+    partition per Spark batch, after every stage-1 task of the batch committed."""
+
+    def __init__(self, pipeline: Pipeline, settings: Mapping[str, Any]) -> None:
+        assert pipeline.shards is not None
+        self.pipeline = pipeline
+        self.writer = TransactionalWriter(
+            dict(settings), pipeline.transactional_id("close"), timeout_ms=environment.transaction_timeout_ms(),
+            label=f"pipeline {pipeline.pipeline!r} (close)",
+        )
+        self.writer.initialise()  # fences an older run's driver
+        self.closed = 0
+
+    def close(self, run: int) -> bytes:
+        """Close the batch: the close record, committed to every partition."""
+        self.closed += 1
+        value = close_value(run, self.closed)
+        writer = self.writer
+        writer.begin()
+        for shard in range(self.pipeline.shards or 1):
+            writer.send(self.pipeline.repartition_topic, None, value, partition=shard)
+        writer.commit()
+        return value
+
+    def shutdown(self) -> None:
+        self.writer.close()
+
+
+# Stage 2 --------------------------------------------------------------------------------
+
+
+def read_closed(settings: Mapping[str, Any], pipeline: Pipeline, shard: int, start: int,
+                close: bytes, timeout: float = 120.0) -> list[InputRecord]:
+    """Stage 2's input: `P.repartition` partition `shard` from `start` through the close
+    record `close` (read_committed). OperationalError when that record is not there:
+    the driver wrote it before the stage began."""
+    topic = pipeline.repartition_topic
+    records: list[InputRecord] = []
+    deadline = time.monotonic() + timeout
+    position = start
+    while True:
+        # a commit returns before its markers are written: the last stable offset may
+        # still stand before the close for a moment
+        for msg in read_to_end(settings, topic, start={shard: position}, only=(shard,)):
+            value = msg.value()
+            records.append(InputRecord(shard, msg.offset(), msg.key(), value, msg.timestamp()[1]))
+            position = msg.offset() + 1
+            if value == close:
+                return records
+        if time.monotonic() > deadline:
+            raise OperationalError(f"{topic} partition {shard}: the batch's close record is not in it from offset "
+                                   f"{start} after {timeout:.0f}s ({len(records)} records read; an open transaction?)")
+        time.sleep(0.02)
+
+
+class ExchangeReader:
+    """Stage 2's units from its `P.repartition` records (the `UnitReader` it replaces):
+    segment by segment, each merged by tag (see the module's docstring)."""
+
+    def read(self, fresh: Sequence[InputRecord], pending: Mapping[int, PendingRecord], out: Outgoing) -> Units:
+        units: list[Unit] = []
+        segment: dict[int, list[tuple[list[Any], Unit]]] = {}
+        for record in sorted(fresh, key=lambda r: r.offset):
+            value = record.value or b""
+            if value[:1] == CLOSE_FIRST:
+                units.extend(_merged(segment))
+                segment = {}
+                continue
+            merge_key, events = orjson.loads(value)
+            unit = tuple((SourceEvent(Op(op), row, (t, p, o)), record) for t, p, o, op, row in events)
+            segment.setdefault(merge_key[1], []).append((merge_key, unit))
+        units.extend(_merged(segment))
+        return Units(units, {}, 0)
+
+
+def _merged(segment: Mapping[int, list[tuple[list[Any], Unit]]]) -> list[Unit]:
+    """One segment's units: each source partition's in the order stage 1 committed them
+    (its offset order), the partitions merged by the units' merge keys (`merge_keys`)."""
+    streams = [segment[p] for p in sorted(segment)]
+    return [unit for _key, unit in heapq.merge(*streams, key=lambda item: tuple(item[0]))]
+
+
+class ApplyProcessor(ShardProcessor):
+    """Stage 2's shard m (see the module's docstring): the view's shard over
+    `P.repartition` partition m, made with `view_pipeline(pipeline)`. Its units were
+    checked and filtered by stage 1."""
+
+    def __init__(self, pipeline: Pipeline, settings: dict[str, Any], shard: int = 0, *args: Any,
+                 **kwargs: Any) -> None:
+        super().__init__(view_pipeline(pipeline), settings, shard, *args, **kwargs)
+        self.reader = ExchangeReader()
+        self.row_filter = None

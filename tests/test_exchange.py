@@ -1,0 +1,320 @@
+"""A re-grouping view in shards (`shards: M`, refold.runtime.exchange): stage 1 per
+source partition, the close, stage 2 per shard, against the reference."""
+
+from __future__ import annotations
+
+import heapq
+import random
+import uuid
+from typing import Any
+
+import orjson
+import pytest
+from confluent_kafka import Producer
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from refold.cli.produce import produce
+from refold.config import Pipeline, load_pipeline, parse_pipeline
+from refold.dev.testing import Workload, generate
+from refold.errors import ConfigError
+from refold.kafka.io import ensure_topics, read_to_end
+from refold.model.changelog import Op
+from refold.ops.verify import by_key, read_view_changes, verify
+from refold.recovery.records import decode_dead_letter
+from refold.recovery.restore import load_checkpoints
+from refold.reduce import SourceEvent
+from refold.reference import merge_partitions, reference_changelog
+from refold.runtime.batch import InputRecord, Outgoing
+from refold.runtime.exchange import ExchangeReader, merge_keys, shard_of, view_pipeline
+from refold.runtime.processor import BatchProcessor
+from refold.spark.job import engine_topics, run_pipeline
+
+PARTITIONS = 3
+VIEWS = {
+    "grouped": {"key": ["team"], "columns": {"total": {"sum": "score"}, "n": {"count": "*"},
+                                             "best": {"max": "score"}, "latest": {"last": "score"}}},
+    "top_n": {"top_n": {"n": 2, "order_by": {"score": "desc"}, "partition_by": ["team"]}},
+    "global_top_n": {"top_n": {"n": 3, "order_by": {"score": "desc"}}},
+    "filtered": {"key": ["team"], "columns": {"n": {"count": "*"}, "low": {"min": "score"}}, "where": "score > 20"},
+}
+
+
+def _pipeline(settings_: dict[str, Any], source: str, view: dict[str, Any], shards: int) -> Pipeline:
+    name = f"ex{uuid.uuid4().hex[:8]}"
+    outputs: dict[str, Any] = {"view": {"topic": f"{name}.view"}}
+    if "key" in view:
+        outputs["delta"] = {"topic": f"{name}.delta"}
+    pipeline = parse_pipeline({"pipeline": name, "kafka": settings_, "shards": shards, "outputs": outputs,
+                               "source": {"topic": source, "format": "jsonl", "key": ["player"]}, "view": view})
+    ensure_topics(settings_, engine_topics(pipeline, PARTITIONS))
+    return pipeline
+
+
+def _changelog(seed: int, units: int) -> dict[int, list[list[dict[str, Any]]]]:
+    """Per source partition, its units of rows (each with `op`), keyed by player
+    (player i lives in partition i mod 3): appends, retractions, corrections that move
+    a row between teams, and bad units (a retraction of a row that is not live, a `-C`
+    without its `+C`, a null team)."""
+    rng = random.Random(seed)
+    live: dict[str, list[dict[str, Any]]] = {}
+    out: dict[int, list[list[dict[str, Any]]]] = {p: [] for p in range(PARTITIONS)}
+    for _ in range(units):
+        player = f"p{rng.randrange(7)}"
+        partition = int(player[1:]) % PARTITIONS
+        rows = live.setdefault(player, [])
+        fresh = {"player": player, "team": f"t{rng.randrange(3)}", "score": rng.randrange(0, 60)}
+        choice = rng.randrange(20)
+        if choice < 8 or not rows:
+            if choice == 19:
+                fresh["team"] = None  # refused: a null view key
+            else:
+                rows.append(fresh)
+            out[partition].append([{"op": "+A", **fresh}])
+        elif choice < 12:
+            out[partition].append([{"op": "-R", **rows.pop(rng.randrange(len(rows)))}])
+        elif choice < 17:
+            old = rows.pop(rng.randrange(len(rows)))
+            rows.append(fresh)
+            out[partition].append([{"op": "-C", **old}, {"op": "+C", **fresh}])
+        elif choice == 17:
+            out[partition].append([{"op": "-R", **fresh, "score": 999}])  # not live
+        else:
+            out[partition].append([{"op": "-C", **rows[0]}])  # its +C never comes
+    for partition, units in out.items():  # no -C left waiting for its +C at the end
+        units.append([{"op": "+A", "player": f"p{partition}", "team": "t0", "score": 1}])
+    return out
+
+
+def _produce(bootstrap: str, source: str, changelog: dict[int, list[list[dict[str, Any]]]]) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for partition, units in changelog.items():
+        for offset, row in enumerate(row for unit in units for row in unit):
+            event = {**row, "event_time": _time(partition, offset)}
+            producer.produce(source, orjson.dumps(event), orjson.dumps({"player": row["player"]}), partition=partition)
+    assert producer.flush(30) == 0
+
+
+def _time(partition: int, offset: int) -> int:
+    """Event times that interleave the partitions, growing within each (the
+    partitions' merge order when they do not: `test_merge_keys_order_units_as_the_one_shard_merge`)."""
+    return offset * 10 + (partition * 7) % 10
+
+
+def _batches(records: list[InputRecord], cuts: list[int]) -> list[list[InputRecord]]:
+    """The records in batches: batch b holds each partition's records whose place
+    among that partition's units is below the b-th cut (cuts fall between units)."""
+    by_partition: dict[int, list[list[InputRecord]]] = {}
+    for record in sorted(records):
+        units = by_partition.setdefault(record.partition, [])
+        op = orjson.loads(record.value)["op"]
+        if op == "+C" and units and orjson.loads(units[-1][-1].value)["op"] == "-C":
+            units[-1].append(record)
+        else:
+            units.append([record])
+    bounds = [*sorted(set(cuts)), 10**9]
+    batches: list[list[InputRecord]] = [[] for _ in bounds]
+    for units in by_partition.values():
+        for place, unit in enumerate(units):
+            batches[next(b for b, bound in enumerate(bounds) if place < bound)].extend(unit)
+    return [batch for batch in batches if batch]
+
+
+def _expected(pipeline: Pipeline, batches: list[list[InputRecord]]) -> Any:
+    """The reference's changelog over the batches: each batch's partitions merged by tag."""
+    units = []
+    for batch in batches:
+        partitions: dict[int, list[SourceEvent]] = {}
+        for record in sorted(batch):
+            row = orjson.loads(record.value)
+            op = Op[{"+A": "APPEND", "-R": "RETRACT", "-C": "CORRECT_FROM", "+C": "CORRECT_TO"}[row.pop("op")]]
+            tag = (row.pop("event_time"), record.partition, record.offset)
+            partitions.setdefault(record.partition, []).append(SourceEvent(op, row, tag))
+        units += merge_partitions(partitions)
+    return reference_changelog(pipeline.view, units)
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("shards", [1, 3])
+@pytest.mark.parametrize("view", list(VIEWS))
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
+          phases=[Phase.explicit, Phase.reuse, Phase.generate])  # a shrink would take minutes of Kafka
+@given(seed=st.integers(0, 2**16), cuts=st.lists(st.integers(1, 40), max_size=3))
+def test_a_regrouping_view_in_shards_equals_the_reference_per_key(
+    bootstrap_servers: str, topic: Any, view: str, shards: int, seed: int, cuts: list[int]
+) -> None:
+    settings_ = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=PARTITIONS)
+    _produce(bootstrap_servers, source, _changelog(seed, 90))
+    records = [InputRecord(m.partition(), m.offset(), m.key(), m.value(), m.timestamp()[1])
+               for m in read_to_end(settings_, source)]
+    pipeline = _pipeline(settings_, source, VIEWS[view], shards)
+    batches = _batches(records, cuts)
+    processor = BatchProcessor(pipeline, settings_)
+    try:
+        assert sorted(processor.appliers) == list(range(shards))
+        for batch in batches:
+            processor.process(batch)
+        assert processor.process(batches[0]) is None  # a replay: nothing again
+    finally:
+        processor.close()
+
+    expected = _expected(pipeline, batches)
+    assert by_key(read_view_changes(pipeline, settings_)) == by_key(expected.changes)
+    letters = [decode_dead_letter(m.value()) for m in read_to_end(settings_, pipeline.dlq_topic)]
+    assert len(letters) == len({(letter.partition, letter.offset) for letter in letters})  # each once
+    if "where" not in VIEWS[view]:  # (the engine's reader refuses an unpaired -C before the filter sees it)
+        assert sorted(letter.reason for letter in letters) == sorted(reason for _, reason in expected.rejected)
+    assert all(letter.topic == source for letter in letters)
+    report = verify(pipeline, settings_)
+    assert report.anomalies == [], report.anomalies
+    # stage 2's checkpoints cover P.repartition; stage 1's the source
+    assert set(load_checkpoints(view_pipeline(pipeline), settings_)) == set(range(shards))
+    assert {p for c in load_checkpoints(pipeline, settings_).values() for p in c.offsets} == set(range(PARTITIONS))
+
+
+@pytest.mark.kafka
+def test_stage_two_catches_up_at_start_with_what_stage_one_left(bootstrap_servers: str, topic: Any,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    settings_ = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=PARTITIONS)
+    _produce(bootstrap_servers, source, _changelog(7, 60))
+    records = [InputRecord(m.partition(), m.offset(), m.key(), m.value(), m.timestamp()[1])
+               for m in read_to_end(settings_, source)]
+    pipeline = _pipeline(settings_, source, VIEWS["grouped"], 2)
+    processor = BatchProcessor(pipeline, settings_)
+    try:
+        monkeypatch.setattr(processor, "_apply", lambda: [])  # the engine stops after stage 1
+        processor.process(records)
+    finally:
+        processor.close()
+    assert read_view_changes(pipeline, settings_) == []
+    monkeypatch.undo()
+    BatchProcessor(pipeline, settings_).close()  # the next start closes and reduces it
+    expected = _expected(pipeline, [records])
+    assert by_key(read_view_changes(pipeline, settings_)) == by_key(expected.changes)
+
+
+def test_segments_merge_by_the_first_tag_of_each_unit_before_routing() -> None:
+    def routed(offset: int, first: tuple[int, int, int], events: list[tuple[int, int, int, int]]) -> InputRecord:
+        value = orjson.dumps([list(first), [[t, p, o, op, {"o": o}] for t, p, o, op in events]])
+        return InputRecord(0, offset, None, value, 0)
+
+    records = [
+        routed(0, (9, 1, 5), [(9, 1, 5, 0)]),
+        routed(1, (5, 0, 3), [(8, 0, 4, 3)]),  # the +C of a pair whose -C (t=5) went elsewhere
+        routed(2, (7, 2, 1), [(7, 2, 1, 0)]),
+        InputRecord(0, 3, None, b'{"close":[1,1]}', 0),
+        routed(4, (1, 1, 9), [(1, 1, 9, 1)]),
+        InputRecord(0, 5, None, b'{"close":[1,2]}', 0),
+    ]
+    units = ExchangeReader().read(records, {}, Outgoing()).units
+    assert [[event.row["o"] for event, _ in unit] for unit in units] == [[4], [1], [5], [9]]
+    assert units[0][0][0].op is Op.CORRECT_TO and units[0][0][1].offset == 1
+
+
+def test_shards_of_view_keys_are_stable_and_spread() -> None:
+    keys = [orjson.dumps([f"team{i}"]) for i in range(300)]
+    assert [shard_of(k, 4) for k in keys] == [shard_of(k, 4) for k in keys]
+    assert all(0 <= shard_of(k, 4) < 4 for k in keys)
+    assert min(sum(1 for k in keys if shard_of(k, 4) == s) for s in range(4)) > 40
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"source": {"topic": "s"}}, "needs source.key"),
+    ({"source": {"topic": "s", "key": ["team"]}}, "co-partitioned"),
+    ({"source": {"topic": "s", "key": ["player"], "form": "upsert"}}, "jsonl changelog"),
+])
+def test_shards_is_for_a_regrouping_view_of_a_keyed_changelog(change: dict[str, Any], message: str) -> None:
+    base = {"pipeline": "p", "shards": 2, "view": VIEWS["grouped"], "outputs": {"view": {"topic": "v"}}}
+    with pytest.raises(ConfigError, match=message):
+        parse_pipeline({**base, **change})
+
+
+@settings(max_examples=300, deadline=None)
+@given(times=st.lists(st.lists(st.integers(0, 6), max_size=7), min_size=1, max_size=4), data=st.data())
+def test_merge_keys_order_units_as_the_one_shard_merge(times: list[list[int]], data: st.DataObject) -> None:
+    """Event times need not grow within a partition: any subset of the units a shard
+    gets (its own, the ones not refused) comes out in the one-shard merge's order."""
+    streams = [[((SourceEvent(Op.APPEND, {"p": p, "o": o}, (t, p, o)), InputRecord(p, o, None, None, 0)),)
+                for o, t in enumerate(partition_times)] for p, partition_times in enumerate(times)]
+    merged = [unit[0][0].row for unit in heapq.merge(*streams, key=lambda unit: unit[0][0].tag)]
+    routed: list[InputRecord] = []
+    for units in streams:
+        keys = merge_keys(units)
+        for (event, record), in units:
+            if data.draw(st.booleans()):
+                value = orjson.dumps([keys[record.offset], [[*event.tag, int(event.op), event.row]]])
+                routed.append(InputRecord(0, len(routed), None, value, 0))
+    got = [unit[0][0].row for unit in ExchangeReader().read(routed, {}, Outgoing()).units]
+    kept = {(row["p"], row["o"]) for row in got}
+    assert got == [row for row in merged if (row["p"], row["o"]) in kept]
+
+
+# The engine: stage 1, the close and stage 2 as Spark tasks -------------------------------------------
+
+
+def _engine_pipeline(source: str, view: dict[str, Any], tmp: Any, shards: int, **extra: Any) -> Pipeline:
+    name = f"xs{uuid.uuid4().hex[:8]}"
+    outputs: dict[str, Any] = {"view": {"topic": f"{name}.view", "form": extra.pop("form", "changelog")}}
+    if "key" in view:
+        outputs["delta"] = {"topic": f"{name}.delta"}
+    return parse_pipeline({"pipeline": name, "shards": shards, "outputs": outputs, "view": view, "trigger": "200ms",
+                           "source": {"topic": source, "format": "jsonl", "key": ["player_name"]},
+                           "spark": {"checkpoint_dir": str(tmp / name)}, **extra})
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_the_engine_runs_a_regrouping_view_in_shards_exactly_once_across_a_restart(
+    bootstrap_servers: str, topic: Any, tmp_path: Any, spark: Any
+) -> None:
+    settings_ = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=PARTITIONS)
+    rows = [orjson.dumps(r) for r in generate(Workload(events=3000, keys=150, seed=17))]
+    view = {"key": ["team"], "columns": {"total": {"sum": "score"}, "n": {"count": "*"}, "best": {"max": "score"},
+                                         "latest": {"last": "score"}, "teams": {"set": "bonus"}}}
+    pipeline = _engine_pipeline(source, view, tmp_path, 3, max_batch_events=400)
+    produce(settings_, source, rows[:1800], ["player_name"], progress=False, per_transaction=300)
+    first = run_pipeline(pipeline, bootstrap_servers, until_idle=2.0, spark=spark, quiet=True)
+    assert first.batches >= 3
+    produce(settings_, source, rows[1800:], ["player_name"], progress=False, per_transaction=300)
+    run_pipeline(pipeline, bootstrap_servers, until_idle=2.0, spark=spark, quiet=True)
+    report = verify(pipeline, settings_)
+    assert report.anomalies == [], report.anomalies
+    assert report.events == len(rows) and report.view_records > 0 and report.delta_records > 0
+    routed = load_checkpoints(pipeline, settings_)  # stage 1: one shard per source partition
+    assert sorted(routed) == list(range(PARTITIONS)) and sum(c.records_in for c in routed.values()) == len(rows)
+    applied = load_checkpoints(view_pipeline(pipeline), settings_)  # stage 2: one per shard
+    assert sorted(applied) == [0, 1, 2]
+    assert all(set(c.offsets) == {index} for index, c in applied.items())
+    # every shard's view keys are its own: each view key's records come from one stage-2 shard
+    teams = {c.key for c in read_view_changes(pipeline, settings_)}
+    assert len({shard_of(orjson.dumps(list(team)), 3) for team in teams}) >= 2
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+@pytest.mark.parametrize("form", ["changelog", "retract", "upsert"])
+def test_the_rfc015_leaderboard_in_three_shards_gives_the_rfc_tables(
+    form: str, bootstrap_servers: str, topic: Any, tmp_path: Any, spark: Any
+) -> None:
+    from test_engine import RFC015_TABLES
+
+    settings_ = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=PARTITIONS)
+    with open("examples/match_scores.jsonl", "rb") as handle:
+        produce(settings_, source, handle.read().splitlines(), ["player_name"], progress=False)
+    sql = load_pipeline("examples/leaderboard.yaml").view.sql
+    assert sql is not None
+    pipeline = _engine_pipeline(source, {"sql": sql.replace("from match_scores\n", f"from `{source}`\n")},
+                                tmp_path, 3, form=form)
+    run_pipeline(pipeline, bootstrap_servers, until_idle=2.0, spark=spark, quiet=True)
+    if form == "upsert":
+        assert pipeline.outputs.view is not None
+        records = [orjson.loads(m.value()) for m in read_to_end(settings_, pipeline.outputs.view.topic)]
+        got = [("+A", r["place"], r["match_time"], r["player_name"], r["score"]) for r in records]
+    else:
+        got = [(c.op.code, c.row["place"], c.row["match_time"], c.row["player_name"], c.row["score"])
+               for c in read_view_changes(pipeline, settings_)]
+    assert got == RFC015_TABLES[form]
