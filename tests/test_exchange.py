@@ -40,12 +40,13 @@ VIEWS = {
 }
 
 
-def _pipeline(settings_: dict[str, Any], source: str, view: dict[str, Any], shards: int) -> Pipeline:
+def _pipeline(settings_: dict[str, Any], source: str, view: dict[str, Any], shards: int, core: str = "auto") -> Pipeline:
     name = f"ex{uuid.uuid4().hex[:8]}"
     outputs: dict[str, Any] = {"view": {"topic": f"{name}.view"}}
     if "key" in view:
         outputs["delta"] = {"topic": f"{name}.delta"}
     pipeline = parse_pipeline({"pipeline": name, "kafka": settings_, "shards": shards, "outputs": outputs,
+                               "spark": {"core": core},
                                "source": {"topic": source, "format": "jsonl", "key": ["player"]}, "view": view})
     ensure_topics(settings_, engine_topics(pipeline, PARTITIONS))
     return pipeline
@@ -135,20 +136,21 @@ def _expected(pipeline: Pipeline, batches: list[list[InputRecord]]) -> Any:
 
 
 @pytest.mark.kafka
+@pytest.mark.parametrize("core", ["auto", "python"])  # stage 1's live rows and a grouped stage 2 in Rust, or not
 @pytest.mark.parametrize("shards", [1, 3])
 @pytest.mark.parametrize("view", list(VIEWS))
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
           phases=[Phase.explicit, Phase.reuse, Phase.generate])  # a shrink would take minutes of Kafka
 @given(seed=st.integers(0, 2**16), cuts=st.lists(st.integers(1, 40), max_size=3))
 def test_a_regrouping_view_in_shards_equals_the_reference_per_key(
-    bootstrap_servers: str, topic: Any, view: str, shards: int, seed: int, cuts: list[int]
+    bootstrap_servers: str, topic: Any, view: str, shards: int, core: str, seed: int, cuts: list[int]
 ) -> None:
     settings_ = {"bootstrap.servers": bootstrap_servers}
     source = topic(partitions=PARTITIONS)
     _produce(bootstrap_servers, source, _changelog(seed, 90))
     records = [InputRecord(m.partition(), m.offset(), m.key(), m.value(), m.timestamp()[1])
                for m in read_to_end(settings_, source)]
-    pipeline = _pipeline(settings_, source, VIEWS[view], shards)
+    pipeline = _pipeline(settings_, source, VIEWS[view], shards, core)
     batches = _batches(records, cuts)
     processor = BatchProcessor(pipeline, settings_)
     try:

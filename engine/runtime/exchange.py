@@ -40,8 +40,10 @@ other (docs/SEMANTICS.md).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import heapq
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -55,14 +57,19 @@ from refold.errors import OperationalError
 from refold.kafka.io import read_to_end
 from refold.kafka.transactions import TransactionalWriter
 from refold.model.changelog import Op
+from refold.model.reasons import Reason
 from refold.recovery.records import PendingRecord
-from refold.reduce import SourceEvent, make_reducer
+from refold.reduce import Rejected, SourceEvent, make_reducer
 from refold.reduce.grouped import GroupedReducer
 from refold.reduce.values import key_bytes
+from refold.reduce.where import filter_units
 from refold.runtime.batch import InputRecord, Outgoing, Unit, Units
+from refold.runtime.native import Unsupported, refold_native
 from refold.runtime.render import UnitChanges
 from refold.runtime.shard import ShardProcessor
 from refold.runtime.shards import message_key
+
+log = logging.getLogger(__name__)
 
 CLOSE_FIRST = b"{"  # a close record's value; a routed unit's is a JSON array
 
@@ -102,8 +109,17 @@ class RouteValidator:
 
     def apply(self, unit: Sequence[SourceEvent]) -> list[tuple[int, bytes]]:
         """The unit's routed records; Rejected (nothing changes) as the view would refuse it."""
-        keys = [self.checks.view_key(event, index) for index, event in enumerate(unit)]
+        keys = self.view_keys(unit)
         self.rows.apply(unit)  # a retraction of a row its message key does not hold: Rejected
+        return self.routed(unit, keys)
+
+    def view_keys(self, unit: Sequence[SourceEvent]) -> list[tuple[Any, ...]]:
+        """The view key of each event of the unit; Rejected as the view would refuse the unit."""
+        view_key = self.checks.view_key
+        return [view_key(event, index) for index, event in enumerate(unit)]
+
+    def routed(self, unit: Sequence[SourceEvent], keys: Sequence[tuple[Any, ...]]) -> list[tuple[int, bytes]]:
+        """An accepted unit's records: (P.repartition partition, value) for each shard it touches."""
         by_shard: dict[int, list[list[Any]]] = {}
         for event, key in zip(unit, keys, strict=True):
             by_shard.setdefault(shard_of(key_bytes(key), self.shards), []).append(
@@ -133,6 +149,8 @@ class RouteProcessor(ShardProcessor):
     shard's batch, transaction and recovery, with `RouteValidator` as its reducer,
     `P.rows` as its state topic and routed units as its output."""
 
+    core: Any
+
     def _state_topic(self) -> str:
         return self.pipeline.rows_topic
 
@@ -140,7 +158,49 @@ class RouteProcessor(ShardProcessor):
         return RouteValidator(self.pipeline)
 
     def _new_core(self) -> Any:
-        return None
+        """The native core for the message keys' live rows (a count per message key), as
+        `spark.core` allows; the view's own checks stay in Python (`_reduce_natively`)."""
+        if self.pipeline.spark.core == "python" or refold_native is None:
+            return None
+        return refold_native.GroupedCore(list(message_key(self.pipeline)), [("rows", "count", "*")], None, False)
+
+    def _reduce_natively(self, units: Sequence[Unit], out: Outgoing) -> bool:
+        """The view's checks (Python), then the message keys' live rows in the native
+        core; the accepted units routed. False, with nothing of the batch kept, when the
+        core cannot take it: the shard goes on in Python (`ShardProcessor._reduce_natively`)."""
+        assert self.core is not None
+        validator: RouteValidator = self.reducer
+        validator.merge_keys = merge_keys(units)
+        letters = len(out.dlq)
+        checked: list[tuple[Unit, list[tuple[Any, ...]]]] = []
+        for unit in filter_units(self.row_filter, units, functools.partial(self.dead_letters.refuse, out)):
+            try:
+                checked.append((unit, validator.view_keys([event for event, _ in unit])))
+            except Rejected as rejected:
+                self.dead_letters.refuse(out, unit, rejected.index, rejected.reason)
+        kept = [unit for unit, _keys in checked]
+        try:
+            self._load(self._touched(kept))
+            self.hooks.crash_point("mid_batch", self.checkpoint.batch + 1)
+            refused, _view, _delta, state = self.core.apply_batch(kept)
+        except Unsupported as exc:
+            log.warning("%s shard %d checks in Python from here: the native core %s", self.pipeline.pipeline,
+                        self.shard, exc)
+            del out.dlq[letters:]
+            self.core = None
+            self._forget_reducer()
+            return False
+        refused_units = set()
+        for unit_index, index, reason, _detail in refused:
+            self.dead_letters.refuse(out, kept[unit_index], index, Reason(reason))
+            refused_units.add(unit_index)
+        exchange = out.exchange
+        for unit_index, (unit, keys) in enumerate(checked):
+            if unit_index not in refused_units:
+                for shard, value in validator.routed([event for event, _ in unit], keys):
+                    exchange.setdefault(shard, []).append(value)
+        out.state = state
+        return True
 
     def _new_materializations(self, executor: Executor | None) -> Materializations | None:
         return None  # stage 2 materializes

@@ -132,8 +132,7 @@ class ShardProcessor:
         self.state_root = state_root
         self.store: ShardStore | None = None
         self.reducer = self._new_reducer()
-        # the native core (refold.runtime.native) in the reducer's place, while it runs the view
-        self.core = self._new_core()
+        self.core: Any = self._new_core()  # the native core (refold.runtime.native) in the reducer's place
         self.held: set[Any] = set()  # the keys the reducer (key tuples) or the core (key JSON) holds as the store does
         self.held_all = False  # the reducer holds the whole store (a backfill needs the whole view)
         self.checkpoint = first_checkpoint(self.pipeline, self.shard)
@@ -162,7 +161,7 @@ class ShardProcessor:
     def _new_reducer(self) -> Any:
         return make_reducer(self.pipeline.view)
 
-    def _new_core(self) -> Any:
+    def _new_core(self) -> Any:  # (a new one each time the reducer starts empty)
         return native_core(self.pipeline)
 
     def _new_materializations(self, executor: Executor | None) -> Materializations | None:
@@ -457,6 +456,7 @@ class ShardProcessor:
         is dropped, before anything of the batch is sent, and the shard reduces in Python
         from here on, starting with this batch (from its store)."""
         assert self.core is not None
+        letters = len(out.dlq)
         units = filter_units(self.row_filter, units, functools.partial(self.dead_letters.refuse, out))
         try:
             self._load(self._touched(units))
@@ -464,6 +464,7 @@ class ShardProcessor:
             refused, view, delta, state = self.core.apply_batch(units)
         except Unsupported as exc:
             log.warning("%s shard %d reduces in Python from here: the native core %s", self.pipeline.pipeline, self.shard, exc)
+            del out.dlq[letters:]  # the Python path refuses them again
             self.core = None
             self._forget_reducer()
             return False
@@ -475,9 +476,8 @@ class ShardProcessor:
     # The transaction -----------------------------------------------------------------
 
     def _commit(self, out: Outgoing, checkpoint: Checkpoint) -> None:
-        """The batch's records, state changes (to the shard's state partition), checkpoint
-        and consumed offsets in one transaction. Record timestamps are the engine's clock,
-        never event times: an old event time would let retention delete the record."""
+        """The batch's records, state changes, checkpoint and consumed offsets in one
+        transaction. Record timestamps are the engine's clock, never event times."""
         writer, pipeline = self.writer, self.pipeline
         writer.begin()
         if pipeline.outputs.view is not None:
