@@ -58,6 +58,12 @@ measured in one run on this machine and printed as ratios.
   also reports each executor's peak RSS: the sum over its JVM and its Python
   processes, sampled together.
 
+- regroup: a view that re-groups (keyed by `team`, `--regroup-teams` values, over the
+  same topic keyed by player) in `shards: 1` against `shards: 2`, both on the 2-worker
+  cluster of the workers part (pinned the same way, both executors), and beside them
+  the same view as one shard (no `shards`: today's merge of every partition). Each in
+  a Spark application of its own, a warm-up run first. Target: shards 2 / shards 1 ≥ 1.5.
+
 Throughput is events / (the last committed batch - the run's start after the
 driver's fencing), as `bench.run.timed_run` counts it. Writes `tasks.json` into
 `--json-dir` (default docs/bench) with the parts that ran; progress goes to stderr,
@@ -105,12 +111,12 @@ from bench.scaling import (
 from refold.dev.testing import Workload, generate
 from refold.model import jsonbytes
 
-PARTS = ("cpu", "workers", "restart", "keys")
+PARTS = ("cpu", "workers", "restart", "keys", "regroup")
 ROOT = Path(__file__).resolve().parent.parent
 WORK = Path("/tmp/refold-bench/tasks")  # the parts' local stores (spark.state_dir) and logs
 MARKERS = ("pyspark.daemon", "refold.spark.daemon", "pyspark.worker")  # a Spark Python process's command line
 TICK = os.sysconf("SC_CLK_TCK")
-TARGETS = {"cpu": 0.05, "workers": 1.5}
+TARGETS = {"cpu": 0.05, "workers": 1.5, "regroup": 1.5}
 BASE_KEYS = 10_000  # the keys part's reference key count
 
 
@@ -260,7 +266,7 @@ def run_point(spec: dict[str, Any]) -> dict[str, Any]:
         for run in spec["runs"]:
             produced = _produce_step(settings, run, spec)
             p = pipeline(run["pipeline"], run["source"], spec["bootstrap"], spec["batch"], state_dir=spec["state_dir"],
-                         spark=spec.get("pipeline_spark"))
+                         spark=spec.get("pipeline_spark"), key=run.get("key", "player_name"), shards=run.get("shards"))
             prepare_topics(settings, p, spec["partitions"])
             with Sampler(cluster) as sampler:
                 progress = run_pipeline(p, spec["bootstrap"], until_idle=spec["idle"], spark=spark, quiet=True)
@@ -324,7 +330,7 @@ def _produce_step(settings: dict[str, Any], run: dict[str, Any], spec: dict[str,
     if "workload" in run:
         w = run["workload"]
         records = list(generate(Workload(events=w["events"], keys=w["keys"], retract_share=w["retract"],
-                                         seed=w["seed"])))
+                                         seed=w["seed"], teams=w.get("teams", 3))))
         produce_lines(s, run["source"], [jsonbytes.dumps(r) for r in records])
         touched = len({r["player_name"] for r in records})
         return {"keys": w["keys"], "touched_keys": touched, "retract_share": w["retract"]}
@@ -395,6 +401,32 @@ def part_workers(s: Settings, args: argparse.Namespace) -> dict[str, Any]:
     ratio = sizes["executors_2"]["events_per_s"] / sizes["executors_1"]["events_per_s"]
     return {"events": events, "keys": args.workers_keys, "partitions": s.partitions, "cores_per_executor": 1,
             "executor_memory": args.executor_memory, "pinned": args.pin, **sizes, "ratio": ratio, "target_ratio": TARGETS["workers"]}
+
+
+def part_regroup(s: Settings, args: argparse.Namespace) -> dict[str, Any]:
+    say(f"regroup: {args.regroup_events:,} events over {args.workers_keys:,} players, a view per team "
+        f"({args.regroup_teams:,} teams), one shard vs shards 1 vs shards 2 on a 2-worker cluster")
+    warm, topic = f"bench-tasks-{s.run_id}-regroup-warm", f"bench-tasks-{s.run_id}-regroup"
+    lines = [jsonbytes.dumps(r) for r in generate(Workload(events=args.regroup_events, keys=args.workers_keys,
+                                                           seed=s.seed, teams=args.regroup_teams))]
+    produce_lines(s, topic, lines)
+    warm_events = workload_topic(s, warm, args.warmup_events, 1_000)
+    sizes: dict[str, Any] = {}
+    with cluster_for(True, args) as cluster:
+        for label, shards in (("one_shard", None), ("shards_1", 1), ("shards_2", 2)):
+            spec = {**base_spec(s, args, f"refold-tasks-regroup-{label}-{s.run_id}"), **cluster}
+            spec["runs"] = [
+                {"label": f"{label}: warm-up (not reported)", "pipeline": f"{warm}-{label}", "source": warm,
+                 "events": warm_events, "key": "team", "shards": shards},
+                {"label": label, "pipeline": f"{topic}-{label}", "source": topic, "events": len(lines),
+                 "key": "team", "shards": shards, "cpu": True},
+            ]
+            sizes[label] = point(spec)["runs"][-1]
+    return {"events": len(lines), "players": args.workers_keys, "teams": args.regroup_teams,
+            "partitions": s.partitions, "pinned": args.pin, **sizes,
+            "ratio": sizes["shards_2"]["events_per_s"] / sizes["shards_1"]["events_per_s"],
+            "ratio_to_one_shard": sizes["shards_2"]["events_per_s"] / sizes["one_shard"]["events_per_s"],
+            "target_ratio": TARGETS["regroup"]}
 
 
 def pin_workers(pids: list[int]) -> list[int]:
@@ -565,6 +597,18 @@ def summary(figures: dict[str, Any]) -> None:
                   f"{r['driver_share']:.1%} of the Python CPU, {r['driver_with_jvm_share']:.1%} with the JVMs")
         print(f"  2 / 1: {workers['ratio']:.2f}x (target ≥ {workers['target_ratio']:.1f}x) "
               f"{'ok' if workers['ratio'] >= workers['target_ratio'] else 'MISSED'}")
+    regroup = figures.get("regroup")
+    if regroup:
+        print(f"\n[regroup] {regroup['events']:,} events keyed by player, a view per team ({regroup['teams']:,} "
+              f"teams), on the 2-worker cluster ({'pinned' if regroup.get('pinned') else 'unpinned'})")
+        for label in ("one_shard", "shards_1", "shards_2"):
+            r = regroup[label]
+            each = ", ".join(f"{c:.1f}" for c in r.get("cluster_worker_python_cpu_s", []))
+            print(f"  {label.replace('_', ' '):<9}: {r['events_per_s']:8,.0f} events/s ({r['seconds']:.1f}s, "
+                  f"{r['batches']} batches); executor Python CPU s on each worker: {each}")
+        print(f"  shards 2 / shards 1: {regroup['ratio']:.2f}x (target ≥ {regroup['target_ratio']:.1f}x) "
+              f"{'ok' if regroup['ratio'] >= regroup['target_ratio'] else 'MISSED'}; shards 2 / one shard: "
+              f"{regroup['ratio_to_one_shard']:.2f}x")
     restart = figures.get("restart")
     if restart:
         print(f"\n[restart] kill -9 with {restart['keys']:,} live keys: process start → first new committed batch")
@@ -608,6 +652,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-keys", type=int, default=30_000)
     parser.add_argument("--workers-events", type=int, default=600_000)
     parser.add_argument("--workers-keys", type=int, default=15_000)
+    parser.add_argument("--regroup-events", type=int, default=300_000)
+    parser.add_argument("--regroup-teams", type=int, default=2_000, help="the regroup part's view keys")
     parser.add_argument("--worker-memory", default="1g", help="what each standalone worker offers")
     parser.add_argument("--executor-memory", default="768m")
     parser.add_argument("--no-pin", dest="pin", action="store_false",
@@ -640,7 +686,8 @@ def main(argv: list[str] | None = None) -> int:
                                "warmup_events": args.warmup_events}
     started = time.monotonic()
     failed: dict[str, str] = {}
-    for part, run in (("cpu", part_cpu), ("workers", part_workers), ("restart", part_restart), ("keys", part_keys)):
+    for part, run in (("cpu", part_cpu), ("workers", part_workers), ("restart", part_restart), ("keys", part_keys),
+                      ("regroup", part_regroup)):
         if part not in args.parts:
             continue
         began = time.monotonic()

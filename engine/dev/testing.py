@@ -21,6 +21,7 @@ class Workload:
     hot_share: float = 0.2  # share of events that go to the hottest 1% of keys
     seed: int = 7
     key_column: str = "player_name"
+    teams: int = 3  # how many values `team` takes (3: red, blue, green; more: team0, team1, …)
     start_time: int = 1_700_000_000_000
 
 
@@ -44,7 +45,7 @@ def generate(workload: Workload) -> Iterator[dict[str, Any]]:
                 yield {"op": "-R", "event_time": event_time, **row}
                 produced += 1
             else:
-                new = _row(rng, key, workload.key_column)
+                new = _row(rng, key, workload.key_column, workload.teams)
                 rows.append(new)
                 yield {"op": "-C", "event_time": event_time, **row}
                 yield {"op": "+C", "event_time": event_time, **new}
@@ -62,7 +63,7 @@ def generate(workload: Workload) -> Iterator[dict[str, Any]]:
         else:
             index = rng.randrange(workload.keys)
         key = f"k{index:07d}"
-        row = _row(rng, key, workload.key_column)
+        row = _row(rng, key, workload.key_column, workload.teams)
         if key not in live:
             live[key] = []
             where[key] = len(live_keys)
@@ -72,10 +73,13 @@ def generate(workload: Workload) -> Iterator[dict[str, Any]]:
         produced += 1
 
 
-def _row(rng: random.Random, key: str, key_column: str) -> dict[str, Any]:
+def _row(rng: random.Random, key: str, key_column: str, teams: int = 3) -> dict[str, Any]:
     return {
         key_column: key,
         "score": rng.randint(0, 1000),
         "bonus": None if rng.random() < 0.1 else round(rng.uniform(0, 10), 2),
-        "team": rng.choice(("red", "blue", "green")),
+        "team": rng.choice(_TEAMS) if teams == 3 else f"team{rng.randrange(teams)}",
     }
+
+
+_TEAMS = ("red", "blue", "green")
