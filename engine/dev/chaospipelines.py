@@ -1,6 +1,6 @@
 """What the chaos harness runs: the pipelines it writes (a grouped view, a Top-N view
-and a grouped view of an upsert topic, the upsert one also into lakehouse tables)
-and the input it feeds them in chunks."""
+that re-groups in shards, and a grouped view of an upsert topic, the upsert one also
+into lakehouse tables) and the input it feeds them in chunks."""
 
 from __future__ import annotations
 
@@ -22,7 +22,9 @@ GROUPED = {
     "latest": {"last": "score"},
     "teams": {"set": "team"},
 }
-TOP_N = {"n": 3, "order_by": {"score": "desc"}, "partition_by": ["player_name"]}  # each player's best 3
+# each team's best 3 over the topic keyed by player: it re-groups, in 2 shards (refold.runtime.exchange)
+TOP_N = {"n": 3, "order_by": {"score": "desc"}, "partition_by": ["team"]}
+TOP_N_SHARDS = 2
 UPSERT = {"rows": {"count": "*"}, "total": {"sum": "score"}, "best": {"max": "score"}, "teams": {"set": "team"},
           "latest": {"last": "score"}}  # per player, over the upsert topic (one row a player)
 
@@ -77,11 +79,13 @@ def write_pipelines(kinds: Sequence[str], directory: Path, source: str, bootstra
         spec: dict[str, Any] = {
             "pipeline": name,
             "kafka": {"bootstrap.servers": bootstrap},
-            "source": {"topic": upsert_source, "form": "upsert"} if kind == "upsert" else {"topic": source},
+            "source": ({"topic": upsert_source, "form": "upsert"} if kind == "upsert"
+                       else {"topic": source, **({"key": ["player_name"]} if kind == "top_n" else {})}),
             "view": view,
             "outputs": {"view": {"topic": f"{name}.view"}},
             "trigger": "200ms",
             "max_batch_events": batch,
+            **({"shards": TOP_N_SHARDS} if kind == "top_n" else {}),
             "spark": {"checkpoint_dir": str(directory / "spark" / name), "state_dir": str(directory / "state")},
         }
         if master is not None:

@@ -370,7 +370,10 @@ class _Batches:
         try:
             applied = []
             if self.start.closer is not None and not any(row["error_kind"] for row in rows):
+                routed = time.monotonic()
                 applied = self.apply(frame.sparkSession)
+                log.debug("spark batch %d: stage 1 %.2fs, close and stage 2 %.2fs", batch_id, routed - began,
+                          time.monotonic() - routed)
             self.account(rows, applied, time.monotonic() - began)
         except BaseException as exc:
             self.progress.failure = exc
