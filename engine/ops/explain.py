@@ -41,6 +41,10 @@ def explain(pipeline: Pipeline) -> str:
     if co_partitioned(pipeline):
         lines.append(f"# shards: one per partition of {pipeline.source.topic} (messages keyed by {keys}, "
                      f"within the view's grouping {', '.join(view_key(view))})")
+    elif pipeline.shards is not None:
+        lines.append(f"# shards: stage 1 one per partition of {pipeline.source.topic} (messages keyed by {keys}; "
+                     f"live rows in {pipeline.rows_topic}), routed by {', '.join(view_key(view)) or 'nothing'} to "
+                     f"{pipeline.shards} stage-2 shard(s) through {pipeline.repartition_topic}")
     else:
         grouping = ", ".join(view_key(view)) or "none: a global Top-N"
         lines.append(f"# shards: one, merging every partition of {pipeline.source.topic} (messages keyed by "

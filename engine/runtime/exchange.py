@@ -106,6 +106,7 @@ class RouteValidator:
         spec = ViewSpec(key=list(message_key(pipeline)), columns={"rows": ColumnSpec(agg="count", column="*")})
         self.rows = GroupedReducer(spec)
         self.merge_keys: dict[int, list[Any]] = {}  # the batch's: input offset -> its unit's merge key
+        self._shards: dict[tuple[Any, ...], int] = {}  # view key -> its shard, as met
 
     def apply(self, unit: Sequence[SourceEvent]) -> list[tuple[int, bytes]]:
         """The unit's routed records; Rejected (nothing changes) as the view would refuse it."""
@@ -121,9 +122,16 @@ class RouteValidator:
     def routed(self, unit: Sequence[SourceEvent], keys: Sequence[tuple[Any, ...]]) -> list[tuple[int, bytes]]:
         """An accepted unit's records: (P.repartition partition, value) for each shard it touches."""
         by_shard: dict[int, list[list[Any]]] = {}
+        shards = self._shards
         for event, key in zip(unit, keys, strict=True):
-            by_shard.setdefault(shard_of(key_bytes(key), self.shards), []).append(
-                [event.tag[0], event.tag[1], event.tag[2], int(event.op), event.row])
+            shard = shards.get(key)
+            if shard is None:
+                shard = shard_of(key_bytes(key), self.shards)
+                if all(type(value) is str for value in key):  # (1 == 1.0 == True: those are not kept)
+                    if len(shards) >= 100_000:
+                        shards.clear()
+                    shards[key] = shard
+            by_shard.setdefault(shard, []).append([event.tag[0], event.tag[1], event.tag[2], int(event.op), event.row])
         merge_key = self.merge_keys[unit[0].tag[2]]
         return [(shard, orjson.dumps([merge_key, events])) for shard, events in by_shard.items()]
 
