@@ -30,7 +30,8 @@ from engine_runs import assert_exact, load_source
 from refold.config import Pipeline, load_pipeline
 from refold.dev import localspark, sparkprocs
 from refold.dev.sparkstate import master_state
-from refold.recovery.restore import load_checkpoint
+from refold.recovery.restore import load_checkpoint, load_checkpoints
+from refold.runtime.exchange import view_pipeline
 from refold.runtime.hooks import worker_crash_marker
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
@@ -53,14 +54,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[localspark.Clu
 
 
 def write_pipeline(tmp: Path, source: str, bootstrap: str, cluster: localspark.ClusterInfo,
-                   max_batch_events: int = 1000) -> Path:
+                   max_batch_events: int = 1000, regroup: bool = False) -> Path:
+    """The cluster's pipeline: a grouped view per player, or with `regroup` per team in 2 shards."""
     name = f"cluster{uuid.uuid4().hex[:8]}"
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump({
         "pipeline": name,
         "kafka": {"bootstrap.servers": bootstrap},
-        "source": {"topic": source, "format": "jsonl"},
-        "view": {"key": ["player_name"], "columns": COLUMNS},
+        "source": {"topic": source, "format": "jsonl", **({"key": ["player_name"]} if regroup else {})},
+        **({"shards": 2} if regroup else {}),
+        "view": {"key": ["team" if regroup else "player_name"], "columns": COLUMNS},
         "outputs": {"view": {"topic": f"{name}.view"}, "delta": {"topic": f"{name}.delta"}},
         "trigger": "200ms",
         "max_batch_events": max_batch_events,
@@ -272,6 +275,30 @@ def test_the_driver_killed_mid_run_then_run_again(
         code, err = finish(again, log2)
     assert code == 0, err[-4000:]
     assert_exact(pipeline, bootstrap_servers, events)
+
+
+def test_a_regrouping_view_in_shards_survives_its_driver_killed(
+    cluster: localspark.ClusterInfo, bootstrap_servers: str, topic, tmp_path: Path
+) -> None:
+    # stage 1 per source partition, the close, stage 2 per shard, as tasks on the
+    # cluster's executors; kill -9 of the driver mid-run, then a new run: what the old
+    # run's stage 1 committed is closed and reduced at start, every event counts once.
+    settings = {"bootstrap.servers": bootstrap_servers}
+    source, events = load(bootstrap_servers, topic)
+    path = write_pipeline(tmp_path, source, bootstrap_servers, cluster, max_batch_events=300, regroup=True)
+    pipeline = load_pipeline(path)
+    log = tmp_path / "engine.log"
+    with running(start_engine(path, log, idle=4)) as proc:
+        wait_for("committed batch", lambda: committed(pipeline, settings)[0] > 0, proc, log, every=0.3)
+        kill_session(proc)
+    _, records = committed(pipeline, settings)
+    assert 0 < records < events, f"{records} of {events} events committed at the kill: nothing was tested"
+    log2 = tmp_path / "engine-again.log"
+    with running(start_engine(path, log2, idle=3)) as again:
+        code, err = finish(again, log2)
+    assert code == 0, err[-4000:]
+    assert_exact(pipeline, bootstrap_servers, events)
+    assert sorted(load_checkpoints(view_pipeline(pipeline), settings)) == [0, 1]  # stage 2: both shards
 
 
 def test_a_spark_worker_killed_mid_run_the_other_takes_over(

@@ -139,7 +139,7 @@ def _expected(pipeline: Pipeline, batches: list[list[InputRecord]]) -> Any:
 @pytest.mark.parametrize("core", ["auto", "python"])  # stage 1's live rows and a grouped stage 2 in Rust, or not
 @pytest.mark.parametrize("shards", [1, 3])
 @pytest.mark.parametrize("view", list(VIEWS))
-@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
           phases=[Phase.explicit, Phase.reuse, Phase.generate])  # a shrink would take minutes of Kafka
 @given(seed=st.integers(0, 2**16), cuts=st.lists(st.integers(1, 40), max_size=3))
 def test_a_regrouping_view_in_shards_equals_the_reference_per_key(
@@ -320,3 +320,13 @@ def test_the_rfc015_leaderboard_in_three_shards_gives_the_rfc_tables(
         got = [(c.op.code, c.row["place"], c.row["match_time"], c.row["player_name"], c.row["score"])
                for c in read_view_changes(pipeline, settings_)]
     assert got == RFC015_TABLES[form]
+
+
+def test_explain_names_a_regrouping_views_stages() -> None:
+    from refold.ops.explain import explain
+
+    pipeline = parse_pipeline({"pipeline": "p", "shards": 4, "view": VIEWS["grouped"], "outputs": {"view": {"topic": "v"}},
+                               "source": {"topic": "scores", "key": ["player"]}})
+    text = explain(pipeline)
+    assert "# shards: stage 1 one per partition of scores (messages keyed by player; live rows in p.rows), " \
+           "routed by team to 4 stage-2 shard(s) through p.repartition" in text
