@@ -54,8 +54,8 @@ chaos: setup jars
 # "--events 50000 --keys 5000 --contenders limit,refold"), bench-latency (at half the
 # peak bench-contenders measured; LATENCY_ARGS), bench-scaling (keys, retractions,
 # recovery; SCALING_ARGS), bench-tasks (the executor model: driver vs executor CPU,
-# 1 vs 2 executors, restart with and without the local stores, many live keys; ≤ 15
-# minutes; TASKS_ARGS, e.g. "--parts restart --restart-keys 1000000"), bench-plots.
+# 1 vs 2 executors, restart with and without the local stores, many live keys, a
+# re-grouping view in shards 1 vs 2; ≤ 20 minutes; TASKS_ARGS, e.g. "--parts regroup"), bench-plots.
 # The first Flink run makes .refold/flink-venv.
 bench: bench-hotpath bench-contenders bench-latency bench-scaling bench-tasks bench-plots
 

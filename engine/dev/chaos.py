@@ -325,7 +325,10 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
             cluster = localspark.start(2, 2, "2g", home=work / "spark-home", quiet=True, die_with_parent=True)
             say(f"Spark standalone cluster at {cluster.url} (2 workers x 2 cores; logs under {cluster.home})")
         say(f"generating {cfg.events:,} events over {cfg.keys:,} keys ({cfg.retract:.0%} retractions/corrections)")
-        workload = Workload(events=cfg.events, keys=cfg.keys, retract_share=cfg.retract, seed=cfg.seed)
+        # a team of about ten players: the Top-N per team re-groups, and the reference's
+        # leaderboard (which ranks a group's rows again at every event) stays quick
+        workload = Workload(events=cfg.events, keys=cfg.keys, retract_share=cfg.retract, seed=cfg.seed,
+                            teams=max(3, cfg.keys // 10))
         rows = [jsonbytes.dumps(r) for r in generate(workload)]
         result.events = len(rows)
         source = f"chaos-source-{uuid.uuid4().hex[:6]}"
