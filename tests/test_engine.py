@@ -172,16 +172,19 @@ def test_rfc015_query_gives_the_rfc_tables(form, bootstrap_servers, topic, tmp_p
                             tmp=tmp_path, form=form, delta=False)
     assert pipeline.view.top_n is not None and pipeline.view.top_n.columns == ["match_time", "player_name", "score"]
     run(pipeline, bootstrap_servers, spark)
+    assert rfc015_table(pipeline, settings, form) == RFC015_TABLES[form]
+
+
+def rfc015_table(pipeline: Pipeline, settings: dict[str, Any], form: str) -> list[tuple[Any, ...]]:
+    """The leaderboard's view topic as RFC-015's tables show it: (op, place, match_time,
+    player_name, score) per record (an upsert record as `+A`)."""
+    assert pipeline.outputs.view is not None
     if form == "upsert":
-        assert pipeline.outputs.view is not None
         records = [orjson.loads(m.value()) for m in read_to_end(settings, pipeline.outputs.view.topic)]
-        got = [("+A", r["place"], r["match_time"], r["player_name"], r["score"]) for r in records]
-    else:
-        got = [(c.op.code, c.row["place"], c.row["match_time"], c.row["player_name"], c.row["score"])
-               for c in read_view_changes(pipeline, settings)]
-        assert all(set(c.row) == {"place", "match_time", "player_name", "score"}
-                   for c in read_view_changes(pipeline, settings))  # the query's columns, no others
-    assert got == RFC015_TABLES[form]
+        return [("+A", r["place"], r["match_time"], r["player_name"], r["score"]) for r in records]
+    changes = read_view_changes(pipeline, settings)
+    assert all(set(c.row) == {"place", "match_time", "player_name", "score"} for c in changes)  # the query's columns
+    return [(c.op.code, c.row["place"], c.row["match_time"], c.row["player_name"], c.row["score"]) for c in changes]
 
 
 def test_top_n_with_retractions_equals_reference(bootstrap_servers, topic, tmp_path, spark) -> None:

@@ -49,12 +49,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
+from confluent_kafka import KafkaException, TopicPartition
 
 from refold import environment
 from refold.config import ColumnSpec, Pipeline, ViewSpec
 from refold.connectors.runtime import Executor, Materializations
 from refold.errors import OperationalError
-from refold.kafka.io import read_to_end
+from refold.kafka.io import admin_client, read_to_end
 from refold.kafka.transactions import TransactionalWriter
 from refold.model.changelog import Op
 from refold.model.reasons import Reason
@@ -273,6 +274,23 @@ class Closer:
 
     def shutdown(self) -> None:
         self.writer.close()
+
+
+def trim(settings: Mapping[str, Any], pipeline: Pipeline, offsets: Mapping[int, int]) -> None:
+    """Delete `P.repartition`'s records before each shard's committed offset: stage 2
+    never reads them again (Kafka Streams purges its repartition topics so). Best
+    effort: a refusal (no DELETE right) or a timeout is logged and the next batch
+    tries again; the broker's retention stays the bound."""
+    if not offsets:
+        return
+    admin = admin_client(settings)
+    wanted = [TopicPartition(pipeline.repartition_topic, shard, offset) for shard, offset in offsets.items()]
+    for partition, future in admin.delete_records(wanted, request_timeout=30).items():
+        try:
+            future.result()
+        except KafkaException as exc:
+            log.warning("%s partition %d: deleting the records stage 2 read failed: %s", partition.topic,
+                        partition.partition, exc.args[0].str())
 
 
 # Stage 2 --------------------------------------------------------------------------------

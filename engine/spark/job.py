@@ -32,7 +32,7 @@ from refold.ops.monitor import Monitor
 from refold.recovery.claims import claim_shards
 from refold.recovery.records import combined
 from refold.recovery.restore import reconcile_spark_checkpoint
-from refold.runtime.exchange import Closer, view_pipeline
+from refold.runtime.exchange import Closer, trim, view_pipeline
 from refold.runtime.hooks import Hooks
 from refold.runtime.processor import BatchStats, together, with_outputs
 from refold.runtime.shards import check_state_partitions, exchanged, plan_shards
@@ -387,7 +387,10 @@ class _Batches:
         task = ShardTask(self.pipeline, self.settings, self.hooks, self.start.run,
                          self.start.checkpoint_partitions, False, stage="apply", close=close)
         shards = self.pipeline.shards
-        return [row.asDict() for row in spark.range(0, shards, 1, shards).mapInArrow(task, SUMMARY).collect()]
+        rows = [row.asDict() for row in spark.range(0, shards, 1, shards).mapInArrow(task, SUMMARY).collect()]
+        trim(self.settings, self.pipeline, {int(p): o for row in rows if row["error_kind"] is None
+                                            for p, o in orjson.loads(row["offsets"]).items()})
+        return rows
 
     def account(self, rows: list[dict[str, Any]], applied: list[dict[str, Any]], seconds: float) -> None:
         """The batch's stats from its tasks' summaries (`rows`; a re-grouping view's
