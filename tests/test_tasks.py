@@ -203,3 +203,21 @@ def test_cluster_jvms_run_c1_only_local_mode_keeps_the_default_jit() -> None:
     cluster = java_options("spark://127.0.0.1:7077")
     assert "-XX:TieredStopAtLevel=1" in cluster["spark.executor.extraJavaOptions"]
     assert cluster["spark.driver.extraJavaOptions"].split() == ["-Dlog4j2.level=WARN", "-XX:TieredStopAtLevel=1"]
+
+
+def test_aborts_count_up_when_a_shard_gets_a_new_processor_or_skips_a_batch() -> None:
+    # each summary carries its processor's count so far; a shard without records in a
+    # batch reports nothing, a new processor counts from 0 again: the run's total never
+    # goes down (a Prometheus counter refuses that, and the engine stopped on it)
+    from refold.spark.job import _Batches
+
+    batches = object.__new__(_Batches)
+    batches._aborts = {}
+
+    def row(shard: int, worker: int, aborts: int) -> dict[str, int]:
+        return {"shard": shard, "worker": worker, "aborts": aborts}
+
+    assert batches._new_aborts([row(0, 1, 2), row(1, 1, 1)], []) == 3
+    assert batches._new_aborts([row(0, 1, 2)], [row(0, 1, 1)]) == 1  # shard 1 skipped; stage 2's shard 0
+    assert batches._new_aborts([row(0, 2, 0), row(1, 1, 1)], [row(0, 1, 1)]) == 0  # shard 0 moved
+    assert batches._new_aborts([row(0, 1, 1)], []) == 1  # a new processor on worker 1 again

@@ -353,6 +353,7 @@ class _Batches:
         self.monitor = monitor
         self.hooks = _test_hooks()
         self.first = True  # no batch with records ran yet in this run
+        self._aborts: dict[tuple[int, int, int], int] = {}  # (stage, shard, worker) -> its last reported count
 
     def __call__(self, frame: Any, batch_id: int) -> None:
         if self.progress.failure is not None:
@@ -379,6 +380,18 @@ class _Batches:
             self.progress.failure = exc
             raise
         log.debug("spark batch %d: %d shard task(s) in %.2fs", batch_id, len(rows), time.monotonic() - began)
+
+    def _new_aborts(self, rows: list[dict[str, Any]], applied: list[dict[str, Any]]) -> int:
+        """The transactions run again since the tasks' last reports: each row carries its
+        processor's count so far (a new processor of a shard counts from 0 again)."""
+        new = 0
+        for stage, reported in ((1, rows), (2, applied)):
+            for row in reported:
+                key = (stage, row["shard"], row["worker"])
+                seen = self._aborts.get(key, 0)
+                new += row["aborts"] - seen if row["aborts"] >= seen else row["aborts"]
+                self._aborts[key] = row["aborts"]
+        return new
 
     def apply(self, spark: Any) -> list[dict[str, Any]]:
         """A re-grouping view's stage 2: close the batch, then one task per shard."""
@@ -410,7 +423,7 @@ class _Batches:
             if row["error_kind"] is None and row["batch"] > 0:
                 committed.append(_stats(row))
         self.start.offsets = offsets  # replaced whole: the monitor's thread reads it
-        self.start.aborts = sum(row["aborts"] for row in [*rows, *applied])
+        self.start.aborts += self._new_aborts(rows, applied)
         if committed:
             stats = together(committed, seconds)
             stats = with_outputs(stats, [_stats(r) for r in applied if r["error_kind"] is None and r["batch"] > 0])
