@@ -453,8 +453,8 @@ class GroupedReducer:
 
     def state_key(self, event: SourceEvent) -> tuple[Any, ...] | None:
         """The view key whose state the event reads (None: the event is refused anyway)."""
-        try:
-            return self.view_key(event, 0)
+        try:  # (not `view_key`: a unit refused for its summed column still loads its key, as the native core does)
+            return checked_key(event.row, self.key_columns, "key", self.plan.multiset_columns, 0)
         except Rejected:
             return None
 
