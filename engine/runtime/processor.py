@@ -205,20 +205,22 @@ def _run_shard(shard: ShardProcessor, part: Sequence[InputRecord]) -> BatchStats
 def with_outputs(routed: BatchStats, applied: Sequence[BatchStats]) -> BatchStats:
     """A re-grouping view's batch: what stage 1 read, refused and routed, with the
     records stage 2 wrote (its inputs are stage 1's routed units: not counted again)."""
-    out_by_topic = dict(routed.out_by_topic)
-    for stats in applied:
-        for topic, count in stats.out_by_topic.items():
-            out_by_topic[topic] = out_by_topic.get(topic, 0) + count
     return replace(routed, records_out=routed.records_out + sum(s.records_out for s in applied),
-                   out_by_topic=out_by_topic, commit_seconds=routed.commit_seconds + sum(s.commit_seconds for s in applied))
+                   out_by_topic=_by_topic([routed, *applied]),
+                   commit_seconds=routed.commit_seconds + sum(s.commit_seconds for s in applied))
 
 
-def together(parts: Sequence[BatchStats], seconds: float) -> BatchStats:
-    """One batch's stats over the shards that committed it."""
+def _by_topic(parts: Sequence[BatchStats]) -> dict[str, int]:
+    """The parts' records per output topic, summed."""
     out_by_topic: dict[str, int] = {}
     for stats in parts:
         for topic, count in stats.out_by_topic.items():
             out_by_topic[topic] = out_by_topic.get(topic, 0) + count
+    return out_by_topic
+
+
+def together(parts: Sequence[BatchStats], seconds: float) -> BatchStats:
+    """One batch's stats over the shards that committed it."""
     return BatchStats(
         batch=max(s.batch for s in parts),
         records_in=sum(s.records_in for s in parts),
@@ -229,6 +231,6 @@ def together(parts: Sequence[BatchStats], seconds: float) -> BatchStats:
         seconds=seconds,
         commit_seconds=sum(s.commit_seconds for s in parts),
         committed_at=max(s.committed_at for s in parts),
-        out_by_topic=out_by_topic,
+        out_by_topic=_by_topic(parts),
         shards=len(parts),
     )
