@@ -73,7 +73,7 @@ STATE_ROOT = Path("/tmp/refold-bench/state")  # the bench pipelines' local state
 
 
 def pipeline(name: str, source: str, bootstrap: str, batch: int, state_dir: Path | str | None = None,
-             spark: dict[str, Any] | None = None, key: str = "player_name", shards: int | None = None) -> Pipeline:
+             spark: dict[str, Any] | None = None, key: str = "player_name", shards: int | str | None = None) -> Pipeline:
     """The bench's grouped view over `source`; its Spark checkpoint in /tmp/refold-bench/<name>
     and its shards' local stores under `state_dir` (default `STATE_ROOT`); `spark`: more
     settings of its `spark:` block (`state_cache_keys`, `master`, `conf`). `key`: the view

@@ -413,7 +413,7 @@ def part_regroup(s: Settings, args: argparse.Namespace) -> dict[str, Any]:
     warm_events = workload_topic(s, warm, args.warmup_events, 1_000)
     sizes: dict[str, Any] = {}
     with cluster_for(True, args) as cluster:
-        for label, shards in (("one_shard", None), ("shards_1", 1), ("shards_2", 2)):
+        for label, shards in (("one_shard", "merged"), ("shards_1", 1), ("shards_2", 2)):
             spec = {**base_spec(s, args, f"refold-tasks-regroup-{label}-{s.run_id}"), **cluster}
             spec["runs"] = [
                 {"label": f"{label}: warm-up (not reported)", "pipeline": f"{warm}-{label}", "source": warm,

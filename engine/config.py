@@ -345,8 +345,9 @@ class Pipeline(_Model):
     transactional_id_prefix: str | None = None
     max_batch_events: Annotated[int, Field(ge=1)] = 200_000
     partitions: Annotated[int, Field(ge=1, le=1000)] = 4  # for topics the engine creates
-    # a re-grouping view's shards (refold.runtime.exchange); unset: it runs as one shard
-    shards: Annotated[int, Field(ge=1, le=1000)] | None = None
+    # a re-grouping view's stage-2 shards (refold.runtime.exchange); "merged": one task merges
+    # every partition; unset: settled at start (refold.recovery.layout)
+    shards: Annotated[int, Field(ge=1, le=1000)] | Literal["merged"] | None = None
     spark: SparkSpec = SparkSpec()
     schema_registry: SchemaRegistrySpec | None = None
     metrics: MetricsSpec | None = None
@@ -386,22 +387,23 @@ class Pipeline(_Model):
             view_key = self.view.top_n.partition_by if self.view.top_n is not None else self.view.key
             if not (self.source.key or view_key):
                 raise ValueError("source: form upsert needs the message-key columns: set source.key")
-        if self.shards is not None:
-            self._check_shards()
+        if isinstance(self.shards, int) and (refusal := self.shards_refusal()) is not None:
+            raise ValueError(f"shards: {refusal}")
         return self
 
-    def _check_shards(self) -> None:
-        """`shards` is for a view that re-groups a changelog keyed by `source.key`."""
+    def shards_refusal(self) -> str | None:
+        """Why the view cannot re-group in shards (None: it can): they are for a view that
+        re-groups a jsonl changelog keyed by `source.key`."""
         view_key = self.view.top_n.partition_by if self.view.top_n is not None else self.view.key
         if not self.source.key:
-            raise ValueError("shards: a re-grouping view in shards needs source.key, the columns the source's "
-                             "messages are keyed by (its stage 1 checks each key's rows)")
+            return ("a re-grouping view in shards needs source.key, the columns the source's messages are "
+                    "keyed by (its stage 1 checks each key's rows)")
         if set(self.source.key) <= set(view_key):
-            raise ValueError("shards: the view is co-partitioned with its source (its key includes source.key): "
-                             "it runs one shard per source partition already; leave shards out")
+            return ("the view is co-partitioned with its source (its key includes source.key): it runs one "
+                    "shard per source partition already; leave shards out")
         if self.source.form != "changelog" or self.source.format != "jsonl":
-            raise ValueError("shards: a re-grouping view runs in shards over a jsonl changelog source; "
-                             "leave shards out to run it as one shard")
+            return "a re-grouping view runs in shards over a jsonl changelog source; leave shards out"
+        return None
 
     # Derived names (DESIGN.md §3) -------------------------------------------------
     @property

@@ -327,4 +327,8 @@ def test_explain_names_a_regrouping_views_stages() -> None:
                                "source": {"topic": "scores", "key": ["player"]}})
     text = explain(pipeline)
     assert "# shards: stage 1 one per partition of scores (messages keyed by player; live rows in p.rows), " \
-           "routed by team to 4 stage-2 shard(s) through p.repartition" in text
+           "routed by team to stage-2 shards through p.repartition: 4\n" in text
+    unset = explain(pipeline.model_copy(update={"shards": None}))
+    assert "through p.repartition: as many as the source has partitions" in unset
+    merged = explain(pipeline.model_copy(update={"shards": "merged"}))
+    assert "# shards: one, merging every partition of scores" in merged

@@ -22,9 +22,9 @@ GROUPED = {
     "latest": {"last": "score"},
     "teams": {"set": "team"},
 }
-# each team's best 3 over the topic keyed by player: it re-groups, in 2 shards (refold.runtime.exchange)
+# each team's best 3 over the topic keyed by player: it re-groups in shards (refold.runtime.exchange), as
+# many as the source has partitions (`shards` left at its default)
 TOP_N = {"n": 3, "order_by": {"score": "desc"}, "partition_by": ["team"]}
-TOP_N_SHARDS = 2
 UPSERT = {"rows": {"count": "*"}, "total": {"sum": "score"}, "best": {"max": "score"}, "teams": {"set": "team"},
           "latest": {"last": "score"}}  # per player, over the upsert topic (one row a player)
 
@@ -85,7 +85,6 @@ def write_pipelines(kinds: Sequence[str], directory: Path, source: str, bootstra
             "outputs": {"view": {"topic": f"{name}.view"}},
             "trigger": "200ms",
             "max_batch_events": batch,
-            **({"shards": TOP_N_SHARDS} if kind == "top_n" else {}),
             "spark": {"checkpoint_dir": str(directory / "spark" / name), "state_dir": str(directory / "state")},
         }
         if master is not None:

@@ -41,10 +41,12 @@ def explain(pipeline: Pipeline) -> str:
     if co_partitioned(pipeline):
         lines.append(f"# shards: one per partition of {pipeline.source.topic} (messages keyed by {keys}, "
                      f"within the view's grouping {', '.join(view_key(view))})")
-    elif pipeline.shards is not None:
+    elif pipeline.shards != "merged" and pipeline.shards_refusal() is None:
+        count = (f"{pipeline.shards}" if pipeline.shards is not None else
+                 "as many as the source has partitions (settled at the first start; a one-partition source: merged)")
         lines.append(f"# shards: stage 1 one per partition of {pipeline.source.topic} (messages keyed by {keys}; "
                      f"live rows in {pipeline.rows_topic}), routed by {', '.join(view_key(view)) or 'nothing'} to "
-                     f"{pipeline.shards} stage-2 shard(s) through {pipeline.repartition_topic}")
+                     f"stage-2 shards through {pipeline.repartition_topic}: {count}")
     else:
         grouping = ", ".join(view_key(view)) or "none: a global Top-N"
         lines.append(f"# shards: one, merging every partition of {pipeline.source.topic} (messages keyed by "

@@ -68,7 +68,7 @@ from refold.runtime.batch import InputRecord, Outgoing, Unit, Units
 from refold.runtime.native import Unsupported, refold_native
 from refold.runtime.render import UnitChanges
 from refold.runtime.shard import ShardProcessor
-from refold.runtime.shards import message_key
+from refold.runtime.shards import message_key, stage2_shards
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +101,8 @@ class RouteValidator:
     returns the unit's routed records (P.repartition partition, value)."""
 
     def __init__(self, pipeline: Pipeline) -> None:
-        assert pipeline.shards is not None
-        self.shards = pipeline.shards
+        self.shards = stage2_shards(pipeline)
+        assert self.shards
         self.checks: Any = make_reducer(pipeline.view)  # only its `view_key`: the view's checks
         spec = ViewSpec(key=list(message_key(pipeline)), columns={"rows": ColumnSpec(agg="count", column="*")})
         self.rows = GroupedReducer(spec)
@@ -252,7 +252,7 @@ class Closer:
     partition per Spark batch, after every stage-1 task of the batch committed."""
 
     def __init__(self, pipeline: Pipeline, settings: Mapping[str, Any]) -> None:
-        assert pipeline.shards is not None
+        assert stage2_shards(pipeline)
         self.pipeline = pipeline
         self.writer = TransactionalWriter(
             dict(settings), pipeline.transactional_id("close"), timeout_ms=environment.transaction_timeout_ms(),
@@ -267,7 +267,7 @@ class Closer:
         value = close_value(run, self.closed)
         writer = self.writer
         writer.begin()
-        for shard in range(self.pipeline.shards or 1):
+        for shard in range(stage2_shards(self.pipeline)):
             writer.send(self.pipeline.repartition_topic, None, value, partition=shard)
         writer.commit()
         return value

@@ -33,13 +33,20 @@ from typing import Any
 
 from refold.config import Pipeline
 from refold.connectors.runtime import Executor
-from refold.kafka.io import partitions_of
+from refold.kafka.io import ensure_topics, partitions_of
 from refold.kafka.transactions import FencedError
+from refold.recovery.layout import exchange_topics, settle_shards
 from refold.runtime.batch import InputRecord
 from refold.runtime.exchange import ApplyProcessor, Closer, RouteProcessor, read_closed
 from refold.runtime.hooks import NO_HOOKS, Hooks
 from refold.runtime.shard import ATTEMPTS, BatchStats, ShardProcessor
-from refold.runtime.shards import KeyCheck, check_state_partitions, exchanged, plan_shards
+from refold.runtime.shards import (
+    KeyCheck,
+    check_state_partitions,
+    exchanged,
+    plan_shards,
+    stage2_shards,
+)
 
 __all__ = ["ATTEMPTS", "BatchProcessor", "BatchStats", "InputRecord", "ShardProcessor"]
 
@@ -62,6 +69,10 @@ class BatchProcessor:
         *,
         hooks: Hooks = NO_HOOKS,
     ) -> None:
+        source = partitions_of(settings, pipeline.source.topic)
+        pipeline = settle_shards(pipeline, settings, len(source))  # `shards` as the engine settles it
+        if exchanged(pipeline):
+            ensure_topics(settings, exchange_topics(pipeline, max(pipeline.partitions, len(source))))
         self.pipeline = pipeline
         self.settings = settings
         self.executor = executor
@@ -75,7 +86,6 @@ class BatchProcessor:
         self.run = int(time.time() * 1000)
         self._state_partitions = self._checkpoint_partitions = 0  # read once every shard is fenced
         try:
-            source = partitions_of(settings, pipeline.source.topic)
             self._start([shard.index for shard in self.plan.shards(source)])
             if exchanged(pipeline):
                 self._start_appliers()
@@ -104,9 +114,8 @@ class BatchProcessor:
     def _start_appliers(self) -> None:
         """Stage 2's shards, fenced then restored, the driver's close writer, and what an
         earlier instance's stage 1 left for them (closed and reduced)."""
-        assert self.pipeline.shards is not None
         self.closer = Closer(self.pipeline, self.settings)
-        for index in range(self.pipeline.shards):
+        for index in range(stage2_shards(self.pipeline)):
             applier = self.appliers[index] = ApplyProcessor(
                 self.pipeline, self.settings, index, self.executor, hooks=self.hooks, start=False,
                 checkpoint_partition=index % self._checkpoint_partitions)

@@ -92,7 +92,12 @@ class ShardPlan:
 def exchanged(pipeline: Pipeline) -> bool:
     """Whether the view re-groups in `shards` (`refold.runtime.exchange`): its stage 1 runs
     one shard per source partition, as a co-partitioned view does."""
-    return pipeline.shards is not None
+    return isinstance(pipeline.shards, int)
+
+
+def stage2_shards(pipeline: Pipeline) -> int:
+    """A re-grouping view's stage-2 shards (`shards: M`): M; 0 for any other view."""
+    return pipeline.shards if isinstance(pipeline.shards, int) else 0
 
 
 def plan_shards(pipeline: Pipeline) -> ShardPlan:

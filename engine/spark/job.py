@@ -30,12 +30,13 @@ from refold.errors import RefoldError, UserError
 from refold.kafka.io import TopicSpec, ensure_topics, partitions_of
 from refold.ops.monitor import Monitor
 from refold.recovery.claims import claim_shards
+from refold.recovery.layout import exchange_topics, settle_shards
 from refold.recovery.records import combined
 from refold.recovery.restore import reconcile_spark_checkpoint
 from refold.runtime.exchange import Closer, trim, view_pipeline
 from refold.runtime.hooks import Hooks
 from refold.runtime.processor import BatchStats, together, with_outputs
-from refold.runtime.shards import check_state_partitions, exchanged, plan_shards
+from refold.runtime.shards import check_state_partitions, exchanged, plan_shards, stage2_shards
 from refold.spark.tasks import SUMMARY, ShardTask, reported_error
 
 log = logging.getLogger(__name__)
@@ -48,12 +49,10 @@ def engine_topics(pipeline: Pipeline, partitions: int) -> list[TopicSpec]:
     view in `shards` adds `P.repartition` (one partition per shard) and `P.rows`."""
     specs = [
         TopicSpec(pipeline.checkpoints_topic, partitions, compacted=True),
-        TopicSpec(pipeline.state_topic, max(partitions, pipeline.shards or 0), compacted=True),
+        TopicSpec(pipeline.state_topic, max(partitions, stage2_shards(pipeline)), compacted=True),
         TopicSpec(pipeline.dlq_topic, 1),
     ]
-    if pipeline.shards is not None:  # a re-grouping view in shards (refold.runtime.exchange)
-        specs += [TopicSpec(pipeline.repartition_topic, pipeline.shards),
-                  TopicSpec(pipeline.rows_topic, partitions, compacted=True)]
+    specs += exchange_topics(pipeline, partitions)  # a re-grouping view in shards
     view = pipeline.outputs.view
     if view is not None:
         # A Top-N leaderboard is small and its places change together: one partition
@@ -176,6 +175,7 @@ def run_pipeline(
         partitions = partitions_of(settings, topic)
     except UserError as exc:
         raise UserError(f"source.topic: {exc}") from exc
+    pipeline = settle_shards(pipeline, settings, len(partitions))
     ensure_topics(settings, engine_topics(pipeline, max(pipeline.partitions, len(partitions))))
     own_spark = spark is None
     spark, start = _start_engine(pipeline, settings, partitions, spark)
@@ -237,10 +237,9 @@ class Start:
         claimed = claim_shards(pipeline, settings, self.shards, self.run, self.checkpoint_partitions)
         self.closer: Closer | None = None
         if exchanged(pipeline):  # a re-grouping view in shards: stage 2's shards and the driver's close
-            assert pipeline.shards is not None
-            for index in range(pipeline.shards):
+            for index in range(stage2_shards(pipeline)):
                 check_state_partitions(pipeline, state_partitions, index)
-            claim_shards(view_pipeline(pipeline), settings, list(range(pipeline.shards)), self.run,
+            claim_shards(view_pipeline(pipeline), settings, list(range(stage2_shards(pipeline))), self.run,
                          self.checkpoint_partitions)
             self.closer = Closer(pipeline, settings)
         committed = combined([c for c in claimed.values() if c.batch > 0])
@@ -395,11 +394,11 @@ class _Batches:
 
     def apply(self, spark: Any) -> list[dict[str, Any]]:
         """A re-grouping view's stage 2: close the batch, then one task per shard."""
-        assert self.start.closer is not None and self.pipeline.shards is not None
+        assert self.start.closer is not None
         close = self.start.closer.close(self.start.run)
         task = ShardTask(self.pipeline, self.settings, self.hooks, self.start.run,
                          self.start.checkpoint_partitions, False, stage="apply", close=close)
-        shards = self.pipeline.shards
+        shards = stage2_shards(self.pipeline)
         rows = [row.asDict() for row in spark.range(0, shards, 1, shards).mapInArrow(task, SUMMARY).collect()]
         trim(self.settings, self.pipeline, {int(p): o for row in rows if row["error_kind"] is None
                                             for p, o in orjson.loads(row["offsets"]).items()})

@@ -1,0 +1,92 @@
+"""How a re-grouping view's state is laid out, settled at start (`shards`, DESIGN.md §3).
+
+A view whose key lacks a message-key column either merges every source partition in
+one task (`shards: merged`) or re-groups in `shards: M` (`refold.runtime.exchange`):
+its stage 2 keeps each view key's state in shard `shard_of(key, M)`. Both lay out the
+state for good, so a run must keep the layout its pipeline's earlier runs committed:
+
+- `shards` unset: the earlier runs' layout; for a new pipeline, M = the source's
+  partition count (a one-partition source, or a view that cannot re-group in shards:
+  merged);
+- `shards: M` or `merged` against state laid out otherwise: a UserError that says
+  what the state is (Refold does not move state between layouts).
+
+What the earlier runs were is read from `P.checkpoints`: a stage-2 checkpoint
+(`<writer>.view/<m>`, every shard claimed at each start) means shards, their count M;
+none, and a committed batch of the writer, means merged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from refold.config import Pipeline
+from refold.errors import UserError
+from refold.kafka.io import TopicSpec, partitions_of
+from refold.recovery.restore import load_checkpoints
+from refold.runtime.shards import co_partitioned, exchanged, stage2_shards
+
+log = logging.getLogger(__name__)
+
+
+def settle_shards(pipeline: Pipeline, settings: Mapping[str, Any], partitions: int) -> Pipeline:
+    """The pipeline with `shards` as this run runs it: an int M or "merged" for a view
+    that re-groups partitions (unchanged for a co-partitioned one). `partitions`: the
+    source's. Raises UserError when the pipeline asks for a layout its state is not in."""
+    if co_partitioned(pipeline):
+        return pipeline
+    earlier = _earlier_layout(pipeline, settings)
+    asked = pipeline.shards
+    if asked is None:
+        if pipeline.shards_refusal() is not None:
+            settled: int | str = "merged"
+        elif earlier is not None:
+            settled = earlier
+        else:
+            settled = partitions if partitions > 1 else "merged"
+        if settled != "merged":
+            log.info("pipeline %s re-groups in %d shards (%s)", pipeline.pipeline, settled,
+                     "as its earlier runs did" if earlier is not None else "one per source partition")
+        return pipeline.model_copy(update={"shards": settled})
+    if earlier is not None and earlier != asked:
+        now = "merged" if earlier == "merged" else f"shards: {earlier}"
+        raise UserError(
+            f"shards: pipeline {pipeline.pipeline!r} (writer {pipeline.writer!r}) committed its state as "
+            f"{_describe(earlier)}; this run asks for {_describe(asked)}. Refold does not move state "
+            f"between layouts: set `{now}` (or leave shards out), or run under a new `writer` to rebuild "
+            "the view from the source"
+        )
+    return pipeline
+
+
+def exchange_topics(pipeline: Pipeline, partitions: int) -> list[TopicSpec]:
+    """A re-grouping view in shards' own topics: `P.repartition` (one partition per
+    stage-2 shard) and `P.rows` (a stage-1 shard's live rows in partition = shard)."""
+    if not exchanged(pipeline):
+        return []
+    return [TopicSpec(pipeline.repartition_topic, stage2_shards(pipeline)),
+            TopicSpec(pipeline.rows_topic, partitions, compacted=True)]
+
+
+def _earlier_layout(pipeline: Pipeline, settings: Mapping[str, Any]) -> int | str | None:
+    """The layout the writer's earlier runs committed: M (stage-2 shards claimed),
+    "merged" (a committed batch and no stage 2), or None (nothing committed yet)."""
+    try:
+        partitions_of(settings, pipeline.checkpoints_topic)
+    except UserError:
+        return None  # a new pipeline: the engine creates its topics next
+    view = pipeline.model_copy(update={"writer": f"{pipeline.writer}.view"})
+    stage2 = load_checkpoints(view, settings)
+    if stage2:
+        return max(stage2) + 1
+    if any(checkpoint.batch > 0 for checkpoint in load_checkpoints(pipeline, settings).values()):
+        return "merged"
+    return None
+
+
+def _describe(layout: int | str) -> str:
+    if layout == "merged":
+        return "one shard merging every source partition (shards: merged)"
+    return f"{layout} stage-2 shards (shards: {layout})"
