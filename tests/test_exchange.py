@@ -28,6 +28,7 @@ from refold.reference import merge_partitions, reference_changelog
 from refold.runtime.batch import InputRecord, Outgoing
 from refold.runtime.exchange import ExchangeReader, merge_keys, shard_of, view_pipeline
 from refold.runtime.processor import BatchProcessor
+from refold.runtime.tops import rank_pipeline
 from refold.spark.job import engine_topics, run_pipeline
 
 PARTITIONS = 3
@@ -173,6 +174,8 @@ def test_a_regrouping_view_in_shards_equals_the_reference_per_key(
     # stage 2's checkpoints cover P.repartition; stage 1's the source
     assert set(load_checkpoints(view_pipeline(pipeline), settings_)) == set(range(shards))
     assert {p for c in load_checkpoints(pipeline, settings_).values() for p in c.offsets} == set(range(PARTITIONS))
+    ranked = load_checkpoints(rank_pipeline(pipeline), settings_)  # a global Top-N in shards: stage 3 ranked it
+    assert set(ranked) == ({0} if view == "global_top_n" and shards > 1 else set())
 
 
 @pytest.mark.kafka
@@ -195,6 +198,31 @@ def test_stage_two_catches_up_at_start_with_what_stage_one_left(bootstrap_server
     BatchProcessor(pipeline, settings_).close()  # the next start closes and reduces it
     expected = _expected(pipeline, [records])
     assert by_key(read_view_changes(pipeline, settings_)) == by_key(expected.changes)
+
+
+@pytest.mark.kafka
+def test_a_global_top_n_ranks_at_the_next_start_what_stage_two_left(bootstrap_servers: str, topic: Any) -> None:
+    settings_ = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=PARTITIONS)
+    _produce(bootstrap_servers, source, _changelog(3, 90))
+    records = [InputRecord(m.partition(), m.offset(), m.key(), m.value(), m.timestamp()[1])
+               for m in read_to_end(settings_, source)]
+    batches = _batches(records, [12])
+    pipeline = _pipeline(settings_, source, VIEWS["global_top_n"], 3)
+    processor = BatchProcessor(pipeline, settings_)
+    try:
+        assert processor.ranker is not None
+        processor.process(batches[0])
+        processor.ranker, ranker = None, processor.ranker  # the engine stops after stage 2 of the next batch
+        processor.process(batches[1])
+        processor.ranker = ranker
+    finally:
+        processor.close()
+    assert by_key(read_view_changes(pipeline, settings_)) == by_key(_expected(pipeline, batches[:1]).changes)
+    assert _expected(pipeline, batches).changes != _expected(pipeline, batches[:1]).changes  # (the test can fail)
+    BatchProcessor(pipeline, settings_).close()  # the next start closes P.tops and ranks it
+    assert by_key(read_view_changes(pipeline, settings_)) == by_key(_expected(pipeline, batches).changes)
+    assert verify(pipeline, settings_).anomalies == []
 
 
 def test_segments_merge_by_the_first_tag_of_each_unit_before_routing() -> None:
@@ -318,6 +346,14 @@ def test_the_rfc015_leaderboard_in_three_shards_gives_the_rfc_tables(
                                 tmp_path, 3, form=form)
     run_pipeline(pipeline, bootstrap_servers, until_idle=2.0, spark=spark, quiet=True)
     assert rfc015_table(pipeline, settings_, form) == RFC015_TABLES[form]
+    # the players' rows ranked in two stage-2 shards (by message key: Alice and Charlie in
+    # shard 1, Bob in 0), their local tops again in stage 3
+    # (each batch closes every P.repartition partition and P.tops once: shard 2 read closes only)
+    applied = load_checkpoints(view_pipeline(pipeline), settings_)
+    closes = applied[2].offsets[2]
+    assert applied[0].offsets[0] > closes and applied[1].offsets[1] > closes
+    ranked = load_checkpoints(rank_pipeline(pipeline), settings_)[0]
+    assert ranked.batch > 0 and ranked.offsets[0] > closes
 
 
 def test_explain_names_a_regrouping_views_stages() -> None:
@@ -332,3 +368,8 @@ def test_explain_names_a_regrouping_views_stages() -> None:
     assert "through p.repartition: as many as the source has partitions" in unset
     merged = explain(pipeline.model_copy(update={"shards": "merged"}))
     assert "# shards: one, merging every partition of scores" in merged
+    assert "stage-3" not in text
+    ranked = parse_pipeline({"pipeline": "p", "shards": 3, "view": VIEWS["global_top_n"], "outputs": {"view": {"topic": "v"}},
+                             "source": {"topic": "scores", "key": ["player"]}})
+    assert "# a global Top-N in shards: rows routed by player, each shard's local top n to p.tops, ranked again by " \
+           "one stage-3 task" in explain(ranked)

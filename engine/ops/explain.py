@@ -47,6 +47,9 @@ def explain(pipeline: Pipeline) -> str:
         lines.append(f"# shards: stage 1 one per partition of {pipeline.source.topic} (messages keyed by {keys}; "
                      f"live rows in {pipeline.rows_topic}), routed by {', '.join(view_key(view)) or 'nothing'} to "
                      f"stage-2 shards through {pipeline.repartition_topic}: {count}")
+        if view.top_n is not None and not view.top_n.partition_by and pipeline.shards != 1:
+            lines.append(f"# a global Top-N in shards: rows routed by {keys}, each shard's local top n to "
+                         f"{pipeline.pipeline}.tops, ranked again by one stage-3 task (more than one shard)")
     else:
         grouping = ", ".join(view_key(view)) or "none: a global Top-N"
         lines.append(f"# shards: one, merging every partition of {pipeline.source.topic} (messages keyed by "

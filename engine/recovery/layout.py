@@ -27,6 +27,7 @@ from refold.errors import UserError
 from refold.kafka.io import TopicSpec, partitions_of
 from refold.recovery.restore import load_checkpoints
 from refold.runtime.shards import co_partitioned, exchanged, stage2_shards
+from refold.runtime.tops import rank_pipeline, ranked_globally, tops_state_topic, tops_topic
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +47,14 @@ def settle_shards(pipeline: Pipeline, settings: Mapping[str, Any], partitions: i
             settled = earlier
         else:
             settled = partitions if partitions > 1 else "merged"
+        if settled == earlier and ranked_globally(pipeline.model_copy(update={"shards": settled})):
+            _check_ranked(pipeline, settings)
         if settled != "merged":
             log.info("pipeline %s re-groups in %d shards (%s)", pipeline.pipeline, settled,
                      "as its earlier runs did" if earlier is not None else "one per source partition")
         return pipeline.model_copy(update={"shards": settled})
+    if ranked_globally(pipeline) and earlier == asked:
+        _check_ranked(pipeline, settings)
     if earlier is not None and earlier != asked:
         now = "merged" if earlier == "merged" else f"shards: {earlier}"
         raise UserError(
@@ -66,8 +71,11 @@ def exchange_topics(pipeline: Pipeline, partitions: int) -> list[TopicSpec]:
     stage-2 shard) and `P.rows` (a stage-1 shard's live rows in partition = shard)."""
     if not exchanged(pipeline):
         return []
-    return [TopicSpec(pipeline.repartition_topic, stage2_shards(pipeline)),
-            TopicSpec(pipeline.rows_topic, partitions, compacted=True)]
+    specs = [TopicSpec(pipeline.repartition_topic, stage2_shards(pipeline)),
+             TopicSpec(pipeline.rows_topic, partitions, compacted=True)]
+    if ranked_globally(pipeline):  # a global Top-N's stage 3 (refold.runtime.tops)
+        specs += [TopicSpec(tops_topic(pipeline), 1), TopicSpec(tops_state_topic(pipeline), 1, compacted=True)]
+    return specs
 
 
 def _earlier_layout(pipeline: Pipeline, settings: Mapping[str, Any]) -> int | str | None:
@@ -84,6 +92,19 @@ def _earlier_layout(pipeline: Pipeline, settings: Mapping[str, Any]) -> int | st
     if any(checkpoint.batch > 0 for checkpoint in load_checkpoints(pipeline, settings).values()):
         return "merged"
     return None
+
+
+def _check_ranked(pipeline: Pipeline, settings: Mapping[str, Any]) -> None:
+    """UserError for a global Top-N that committed in shards before stage 3 ranked it
+    (refold.runtime.tops): its rows all lie in one stage-2 shard, not by message key."""
+    view = pipeline.model_copy(update={"writer": f"{pipeline.writer}.view"})
+    committed = any(checkpoint.batch > 0 for checkpoint in load_checkpoints(view, settings).values())
+    if committed and not load_checkpoints(rank_pipeline(pipeline), settings):
+        raise UserError(
+            f"shards: pipeline {pipeline.pipeline!r} (writer {pipeline.writer!r}) is a global Top-N whose state an "
+            "earlier Refold committed in one stage-2 shard; this one spreads its rows over the shards by message key "
+            "and ranks them in a stage 3. Run it under a new `writer` to rebuild the view from the source"
+        )
 
 
 def _describe(layout: int | str) -> str:

@@ -57,6 +57,7 @@ class Outgoing:
     state: list[tuple[bytes, bytes | None]] = field(default_factory=list)
     delta_rows: list[dict[str, Any]] = field(default_factory=list)  # for delta materializations
     exchange: dict[int, list[bytes]] = field(default_factory=dict)  # P.repartition partition -> routed units
+    exchange_topic: str | None = None  # where `exchange` goes: P.repartition unless set (a stage 2's P.tops)
 
     def by_topic(self, pipeline: Pipeline) -> dict[str, int]:
         """How many records go to each output topic and the dead-letter topic."""

@@ -69,10 +69,16 @@ from refold.runtime.native import Unsupported, refold_native
 from refold.runtime.render import UnitChanges
 from refold.runtime.shard import ShardProcessor
 from refold.runtime.shards import message_key, stage2_shards
+from refold.runtime.tops import (
+    CLOSE_FIRST,
+    LocalTops,
+    local_top_record,
+    ranked_globally,
+    tops_topic,
+)
 
 log = logging.getLogger(__name__)
 
-CLOSE_FIRST = b"{"  # a close record's value; a routed unit's is a JSON array
 
 
 def shard_of(key_json: bytes, shards: int) -> int:
@@ -108,6 +114,7 @@ class RouteValidator:
         self.rows = GroupedReducer(spec)
         self.merge_keys: dict[int, list[Any]] = {}  # the batch's: input offset -> its unit's merge key
         self._shards: dict[tuple[Any, ...], int] = {}  # view key -> its shard, as met
+        self.by_row = ranked_globally(pipeline)  # a global Top-N's rows go by message key (refold.runtime.tops)
 
     def apply(self, unit: Sequence[SourceEvent]) -> list[tuple[int, bytes]]:
         """The unit's routed records; Rejected (nothing changes) as the view would refuse it."""
@@ -118,7 +125,11 @@ class RouteValidator:
     def view_keys(self, unit: Sequence[SourceEvent]) -> list[tuple[Any, ...]]:
         """The view key of each event of the unit; Rejected as the view would refuse the unit."""
         view_key = self.checks.view_key
-        return [view_key(event, index) for index, event in enumerate(unit)]
+        keys = [view_key(event, index) for index, event in enumerate(unit)]
+        if self.by_row:
+            row_key = self.rows.view_key
+            return [row_key(event, index) for index, event in enumerate(unit)]
+        return keys
 
     def routed(self, unit: Sequence[SourceEvent], keys: Sequence[tuple[Any, ...]]) -> list[tuple[int, bytes]]:
         """An accepted unit's records: (P.repartition partition, value) for each shard it touches."""
@@ -134,6 +145,8 @@ class RouteValidator:
                     shards[key] = shard
             by_shard.setdefault(shard, []).append([event.tag[0], event.tag[1], event.tag[2], int(event.op), event.row])
         merge_key = self.merge_keys[unit[0].tag[2]]
+        if self.by_row:  # with the unit's id: stage 3 puts its halves together again
+            return [(shard, orjson.dumps([merge_key, events, unit[0].tag[2]])) for shard, events in by_shard.items()]
         return [(shard, orjson.dumps([merge_key, events])) for shard, events in by_shard.items()]
 
     def take_deltas(self) -> list[dict[str, Any]]:
@@ -261,13 +274,16 @@ class Closer:
         self.writer.initialise()  # fences an older run's driver
         self.closed = 0
 
-    def close(self, run: int) -> bytes:
-        """Close the batch: the close record, committed to every partition."""
+    def close(self, run: int, tops: bool = False) -> bytes:
+        """Close the batch: the close record, committed to every `P.repartition`
+        partition (`tops`: to `P.tops`, after every stage-2 shard committed)."""
         self.closed += 1
         value = close_value(run, self.closed)
         writer = self.writer
         writer.begin()
-        for shard in range(stage2_shards(self.pipeline)):
+        if tops:
+            writer.send(tops_topic(self.pipeline), None, value, partition=0)
+        for shard in range(0 if tops else stage2_shards(self.pipeline)):
             writer.send(self.pipeline.repartition_topic, None, value, partition=shard)
         writer.commit()
         return value
@@ -276,7 +292,7 @@ class Closer:
         self.writer.close()
 
 
-def trim(settings: Mapping[str, Any], pipeline: Pipeline, offsets: Mapping[int, int]) -> None:
+def trim(settings: Mapping[str, Any], pipeline: Pipeline, offsets: Mapping[int, int], topic: str | None = None) -> None:
     """Delete `P.repartition`'s records before each shard's committed offset: stage 2
     never reads them again (Kafka Streams purges its repartition topics so). Best
     effort: a refusal (no DELETE right) or a timeout is logged and the next batch
@@ -284,7 +300,7 @@ def trim(settings: Mapping[str, Any], pipeline: Pipeline, offsets: Mapping[int, 
     if not offsets:
         return
     admin = admin_client(settings)
-    wanted = [TopicPartition(pipeline.repartition_topic, shard, offset) for shard, offset in offsets.items()]
+    wanted = [TopicPartition(topic or pipeline.repartition_topic, shard, offset) for shard, offset in offsets.items()]
     for partition, future in admin.delete_records(wanted, request_timeout=30).items():
         try:
             future.result()
@@ -297,11 +313,11 @@ def trim(settings: Mapping[str, Any], pipeline: Pipeline, offsets: Mapping[int, 
 
 
 def read_closed(settings: Mapping[str, Any], pipeline: Pipeline, shard: int, start: int,
-                close: bytes, timeout: float = 120.0) -> list[InputRecord]:
-    """Stage 2's input: `P.repartition` partition `shard` from `start` through the close
-    record `close` (read_committed). OperationalError when that record is not there:
-    the driver wrote it before the stage began."""
-    topic = pipeline.repartition_topic
+                close: bytes, timeout: float = 120.0, topic: str | None = None) -> list[InputRecord]:
+    """Stage 2's input: `P.repartition` (or `topic`: stage 3's `P.tops`) partition `shard`
+    from `start` through the close record `close` (read_committed). OperationalError when
+    that record is not there: the driver wrote it before the stage began."""
+    topic = topic or pipeline.repartition_topic
     records: list[InputRecord] = []
     deadline = time.monotonic() + timeout
     position = start
@@ -322,20 +338,30 @@ def read_closed(settings: Mapping[str, Any], pipeline: Pipeline, shard: int, sta
 
 class ExchangeReader:
     """Stage 2's units from its `P.repartition` records (the `UnitReader` it replaces):
-    segment by segment, each merged by tag (see the module's docstring)."""
+    segment by segment, each merged by tag (see the module's docstring). `meta`: each
+    routed record's (close, merge key, unit id), by offset, for a global Top-N's stage 2."""
+
+    def __init__(self) -> None:
+        self.meta: dict[int, tuple[Any, list[Any], int | None]] = {}
 
     def read(self, fresh: Sequence[InputRecord], pending: Mapping[int, PendingRecord], out: Outgoing) -> Units:
         units: list[Unit] = []
         segment: dict[int, list[tuple[list[Any], Unit]]] = {}
+        self.meta = {}
+        opened: list[tuple[int, list[Any], int | None]] = []  # the segment's records, until its close
         for record in sorted(fresh, key=lambda r: r.offset):
             value = record.value or b""
             if value[:1] == CLOSE_FIRST:
                 units.extend(_merged(segment))
                 segment = {}
+                close = orjson.loads(value)["close"]
+                self.meta.update((offset, (close, key, unit_id)) for offset, key, unit_id in opened)
+                opened = []
                 continue
-            merge_key, events = orjson.loads(value)
+            merge_key, events, *unit_id = orjson.loads(value)
             unit = tuple((SourceEvent(Op(op), row, (t, p, o)), record) for t, p, o, op, row in events)
             segment.setdefault(merge_key[1], []).append((merge_key, unit))
+            opened.append((record.offset, merge_key, unit_id[0] if unit_id else None))
         units.extend(_merged(segment))
         return Units(units, {}, 0)
 
@@ -357,3 +383,32 @@ class ApplyProcessor(ShardProcessor):
         super().__init__(view_pipeline(pipeline), settings, shard, *args, **kwargs)
         self.reader = ExchangeReader()
         self.row_filter = None
+
+    # A global Top-N's stage 2 (refold.runtime.tops): its rows ranked, its local-top changes to P.tops
+    def _new_reducer(self) -> Any:
+        return LocalTops(self.pipeline.view) if ranked_globally(self.pipeline) else super()._new_reducer()
+
+    def _new_materializations(self, executor: Executor | None) -> Materializations | None:
+        return None if ranked_globally(self.pipeline) else super()._new_materializations(executor)
+
+    def _reduce(self, units: Sequence[Unit], out: Outgoing) -> list[UnitChanges]:
+        if not isinstance(self.reducer, LocalTops):
+            return super()._reduce(units, out)
+        out.exchange_topic = tops_topic(self.pipeline)
+        tops = out.exchange.setdefault(0, [])
+        for unit in units:
+            try:
+                moved = self.reducer.apply([event for event, _ in unit])
+            except Rejected as rejected:  # (stage 1 checked it: not expected)
+                self.dead_letters.refuse(out, unit, rejected.index, rejected.reason)
+                continue
+            if moved:
+                close, merge_key, unit_id = self.reader.meta[unit[0][1].offset]
+                tops.append(local_top_record(close, merge_key, unit_id, moved))
+        return []
+
+    def _render(self, changes: Sequence[UnitChanges], out: Outgoing) -> None:
+        if not isinstance(self.reducer, LocalTops):
+            return super()._render(changes, out)
+        out.state = self.reducer.take_state_changes()
+        return None

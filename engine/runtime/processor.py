@@ -47,6 +47,7 @@ from refold.runtime.shards import (
     plan_shards,
     stage2_shards,
 )
+from refold.runtime.tops import RankProcessor, ranked_globally, tops_topic
 
 __all__ = ["ATTEMPTS", "BatchProcessor", "BatchStats", "InputRecord", "ShardProcessor"]
 
@@ -82,6 +83,7 @@ class BatchProcessor:
         self.last = BatchStats()
         self.shards: dict[int, ShardProcessor] = {}
         self.appliers: dict[int, ShardProcessor] = {}  # a re-grouping view's stage 2, by shard
+        self.ranker: ShardProcessor | None = None  # a global Top-N's stage 3 (refold.runtime.tops)
         self.closer: Closer | None = None
         self.run = int(time.time() * 1000)
         self._state_partitions = self._checkpoint_partitions = 0  # read once every shard is fenced
@@ -121,7 +123,12 @@ class BatchProcessor:
                 checkpoint_partition=index % self._checkpoint_partitions)
             applier.lock()
             applier.fence()
-        for applier in self.appliers.values():
+        if ranked_globally(self.pipeline):
+            ranker = self.ranker = RankProcessor(self.pipeline, self.settings, 0, self.executor, hooks=self.hooks,
+                                                 start=False, checkpoint_partition=0)
+            ranker.lock()
+            ranker.fence()
+        for applier in [*self.appliers.values(), *([self.ranker] if self.ranker else [])]:
             applier.restore()
             applier.suspend()
         self._apply()
@@ -134,6 +141,13 @@ class BatchProcessor:
         for index, applier in self.appliers.items():
             part = read_closed(self.settings, self.pipeline, index, applier.offsets.get(index, 0), close)
             stats = _run_shard(applier, part)
+            if stats is not None:
+                committed.append(stats)
+        if self.ranker is not None:  # stage 3, once every stage-2 shard committed
+            close = self.closer.close(self.run, tops=True)
+            part = read_closed(self.settings, self.pipeline, 0, self.ranker.offsets.get(0, 0), close,
+                               topic=tops_topic(self.pipeline))
+            stats = _run_shard(self.ranker, part)
             if stats is not None:
                 committed.append(stats)
         return committed
@@ -153,7 +167,7 @@ class BatchProcessor:
         )
 
     def close(self) -> None:
-        for shard in [*self.shards.values(), *self.appliers.values()]:
+        for shard in [*self.shards.values(), *self.appliers.values(), *([self.ranker] if self.ranker else [])]:
             shard.close()
         if self.closer is not None:
             self.closer.shutdown()

@@ -487,7 +487,7 @@ class ShardProcessor:
         for letter in out.dlq:
             writer.send(pipeline.dlq_topic, letter.key, encode_dead_letter(letter), dead_letter_headers(letter))
         for partition, values in out.exchange.items():  # a re-grouping view's stage 1: its routed units
-            writer.send_all(pipeline.repartition_topic, [(None, value) for value in values], partition=partition)
+            writer.send_all(out.exchange_topic or pipeline.repartition_topic, [(None, v) for v in values], partition=partition)
         writer.send_all(self.state_topic, out.state, partition=self.shard)
         writer.send(
             pipeline.checkpoints_topic,

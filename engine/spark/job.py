@@ -19,6 +19,7 @@ import re
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from refold.runtime.exchange import Closer, trim, view_pipeline
 from refold.runtime.hooks import Hooks
 from refold.runtime.processor import BatchStats, together, with_outputs
 from refold.runtime.shards import check_state_partitions, exchanged, plan_shards, stage2_shards
+from refold.runtime.tops import rank_pipeline, ranked_globally, tops_topic
 from refold.spark.tasks import SUMMARY, ShardTask, reported_error
 
 log = logging.getLogger(__name__)
@@ -241,6 +243,8 @@ class Start:
                 check_state_partitions(pipeline, state_partitions, index)
             claim_shards(view_pipeline(pipeline), settings, list(range(stage2_shards(pipeline))), self.run,
                          self.checkpoint_partitions)
+            if ranked_globally(pipeline):  # a global Top-N's stage 3
+                claim_shards(rank_pipeline(pipeline), settings, [0], self.run, self.checkpoint_partitions)
             self.closer = Closer(pipeline, settings)
         committed = combined([c for c in claimed.values() if c.batch > 0])
         self.offsets: dict[int, int] = dict(committed.offsets) if committed is not None else {}
@@ -386,7 +390,7 @@ class _Batches:
         new = 0
         for stage, reported in ((1, rows), (2, applied)):
             for row in reported:
-                key = (stage, row["shard"], row["worker"])
+                key = (row.get("stage", stage), row["shard"], row["worker"])
                 seen = self._aborts.get(key, 0)
                 new += row["aborts"] - seen if row["aborts"] >= seen else row["aborts"]
                 self._aborts[key] = row["aborts"]
@@ -400,8 +404,13 @@ class _Batches:
                          self.start.checkpoint_partitions, False, stage="apply", close=close)
         shards = stage2_shards(self.pipeline)
         rows = [row.asDict() for row in spark.range(0, shards, 1, shards).mapInArrow(task, SUMMARY).collect()]
-        trim(self.settings, self.pipeline, {int(p): o for row in rows if row["error_kind"] is None
-                                            for p, o in orjson.loads(row["offsets"]).items()})
+        trim(self.settings, self.pipeline, _offsets(rows))
+        if ranked_globally(self.pipeline) and not any(row["error_kind"] for row in rows):  # stage 3
+            close = self.start.closer.close(self.start.run, tops=True)
+            task = replace(task, stage="top", close=close)
+            ranked = [{**row.asDict(), "stage": 3} for row in spark.range(0, 1, 1, 1).mapInArrow(task, SUMMARY).collect()]
+            trim(self.settings, self.pipeline, _offsets(ranked), tops_topic(self.pipeline))
+            rows += ranked
         return rows
 
     def account(self, rows: list[dict[str, Any]], applied: list[dict[str, Any]], seconds: float) -> None:
@@ -433,6 +442,11 @@ class _Batches:
         if failed:
             first = min(failed, key=lambda row: row["shard"])
             raise reported_error(first)
+
+
+def _offsets(rows: list[dict[str, Any]]) -> dict[int, int]:
+    """The offsets the tasks that did not fail committed, by partition."""
+    return {int(p): o for row in rows if row["error_kind"] is None for p, o in orjson.loads(row["offsets"]).items()}
 
 
 def _stats(row: dict[str, Any]) -> BatchStats:

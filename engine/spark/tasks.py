@@ -56,6 +56,7 @@ from refold.runtime.exchange import ApplyProcessor, RouteProcessor, read_closed
 from refold.runtime.hooks import Hooks
 from refold.runtime.shard import BatchStats, ShardProcessor
 from refold.runtime.shards import KeyCheck, plan_shards
+from refold.runtime.tops import RankProcessor, tops_topic
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +114,8 @@ class ShardTask:
     how many partitions `P.checkpoints` has (a shard's records go to shard mod that);
     `first_of_run`: this batch is the run's first, whose first record keyed otherwise
     stops the engine (later ones are dead letters); `stage`: the view's shards
-    (`view`), or a re-grouping view's stage 1 (`route`) or stage 2 (`apply`, through
-    the close record `close`)."""
+    (`view`), or a re-grouping view's stage 1 (`route`), stage 2 (`apply`, through
+    the close record `close`) or a global Top-N's stage 3 (`top`, refold.runtime.tops)."""
 
     pipeline: Pipeline
     settings: dict[str, Any]
@@ -122,7 +123,7 @@ class ShardTask:
     run: int
     checkpoint_partitions: int
     first_of_run: bool
-    stage: Literal["view", "route", "apply"] = "view"
+    stage: Literal["view", "route", "apply", "top"] = "view"
     close: bytes | None = None
 
     __name__ = "refold_shard_task"  # what Spark's plan and UI show: never the settings
@@ -131,7 +132,7 @@ class ShardTask:
         return f"ShardTask(pipeline={self.pipeline.pipeline!r}, run={self.run})"
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        if self.stage == "apply":  # the shards' numbers in, each shard's input read from P.repartition
+        if self.stage in ("apply", "top"):  # the shards' numbers in, each shard's input read from P.repartition
             for index in [i for batch in batches for i in batch.column("id").to_pylist()]:
                 yield _summary(index, *self._run_shard(index, None))
             return
@@ -163,7 +164,7 @@ class ShardTask:
             processor = self._processor(index)
             for attempt in range(FENCED_ATTEMPTS):
                 try:
-                    if not self.first_of_run and self.stage != "apply":  # past a run's first batch, bad keys are dead letters
+                    if not self.first_of_run and self.stage in ("view", "route"):  # past a run's first batch, bad keys are dead letters
                         if processor.reader.keys is not None:
                             processor.reader.keys.verified = True
                         if processor.tables is not None:
@@ -209,19 +210,20 @@ class ShardTask:
     def _closed(self, index: int, processor: ShardProcessor) -> list[InputRecord]:
         """Stage 2's input: its `P.repartition` partition from its checkpoint through the close."""
         assert self.close is not None
-        return read_closed(self.settings, self.pipeline, index, processor.offsets.get(index, 0), self.close)
+        return read_closed(self.settings, self.pipeline, index, processor.offsets.get(index, 0), self.close,
+                           topic=tops_topic(self.pipeline) if self.stage == "top" else None)
 
     def _new(self, index: int) -> ShardProcessor:
         """A new processor of the shard (its writer initialised, its checkpoint read, its
         store brought to it), kept for the worker's next tasks. FencedError when a newer
         engine run has claimed the shard."""
-        kind = {"view": ShardProcessor, "route": RouteProcessor, "apply": ApplyProcessor}[self.stage]
+        kind = {"view": ShardProcessor, "route": RouteProcessor, "apply": ApplyProcessor, "top": RankProcessor}[self.stage]
         processor = kind(
             self.pipeline,
             self.settings,
             index,
             hooks=self.hooks,
-            keys=KeyCheck(self.pipeline) if self.stage != "apply" else None,
+            keys=KeyCheck(self.pipeline) if self.stage in ("view", "route") else None,
             checkpoint_partition=index % self.checkpoint_partitions,
             run=self.run,
         )
@@ -235,7 +237,7 @@ class ShardTask:
         return processor
 
     def _key(self, index: int) -> tuple[str, str, int]:
-        writer = self.pipeline.writer if self.stage != "apply" else f"{self.pipeline.writer}.view"
+        writer = self.pipeline.writer + {"apply": ".view", "top": ".top"}.get(self.stage, "")
         return (self.pipeline.pipeline, writer, index)
 
     def _forget(self, index: int) -> None:
