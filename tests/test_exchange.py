@@ -20,6 +20,7 @@ from refold.dev.testing import Workload, generate
 from refold.errors import ConfigError
 from refold.kafka.io import ensure_topics, read_to_end
 from refold.model.changelog import Op
+from refold.ops.status import later_stages, print_status
 from refold.ops.verify import by_key, read_view_changes, verify
 from refold.recovery.records import decode_dead_letter
 from refold.recovery.restore import load_checkpoints
@@ -180,7 +181,8 @@ def test_a_regrouping_view_in_shards_equals_the_reference_per_key(
 
 @pytest.mark.kafka
 def test_stage_two_catches_up_at_start_with_what_stage_one_left(bootstrap_servers: str, topic: Any,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     settings_ = {"bootstrap.servers": bootstrap_servers}
     source = topic(partitions=PARTITIONS)
     _produce(bootstrap_servers, source, _changelog(7, 60))
@@ -194,10 +196,17 @@ def test_stage_two_catches_up_at_start_with_what_stage_one_left(bootstrap_server
     finally:
         processor.close()
     assert read_view_changes(pipeline, settings_) == []
+    # `refold status`: stage 2's lag is the routed units it has not applied (closes are not lag)
+    routed = sum(1 for m in read_to_end(settings_, pipeline.repartition_topic) if m.value()[:1] == b"[")
+    [stage] = later_stages(pipeline, settings_)
+    assert stage.name == "stage 2" and sum(row.lag for row in stage.rows) == routed > 0
+    print_status(pipeline)
+    assert f"stage 2 (writer 0.view) from {pipeline.repartition_topic}" in capsys.readouterr().out
     monkeypatch.undo()
     BatchProcessor(pipeline, settings_).close()  # the next start closes and reduces it
     expected = _expected(pipeline, [records])
     assert by_key(read_view_changes(pipeline, settings_)) == by_key(expected.changes)
+    assert [sum(row.lag for row in stage.rows) for stage in later_stages(pipeline, settings_)] == [0]
 
 
 @pytest.mark.kafka
@@ -220,8 +229,11 @@ def test_a_global_top_n_ranks_at_the_next_start_what_stage_two_left(bootstrap_se
         processor.close()
     assert by_key(read_view_changes(pipeline, settings_)) == by_key(_expected(pipeline, batches[:1]).changes)
     assert _expected(pipeline, batches).changes != _expected(pipeline, batches[:1]).changes  # (the test can fail)
+    assert [stage.name for stage in later_stages(pipeline, settings_)] == ["stage 2", "stage 3"]
+    assert sum(row.lag for row in later_stages(pipeline, settings_)[1].rows) > 0  # local-top changes not ranked
     BatchProcessor(pipeline, settings_).close()  # the next start closes P.tops and ranks it
     assert by_key(read_view_changes(pipeline, settings_)) == by_key(_expected(pipeline, batches).changes)
+    assert [sum(row.lag for row in stage.rows) for stage in later_stages(pipeline, settings_)] == [0, 0]
     assert verify(pipeline, settings_).anomalies == []
 
 

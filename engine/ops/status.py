@@ -1,5 +1,8 @@
 """`refold status`: committed offsets, lag, last batch and counters of a pipeline, and
-one line per shard (its partitions, batch, committed offsets and last commit)."""
+one line per shard (its partitions, batch, committed offsets and last commit). A
+re-grouping view in shards adds its later stages: stage 2's shards and lag on
+`P.repartition`, a global Top-N's stage 3 and its lag on `P.tops` (routed records and
+local-top changes not yet applied; the driver's close records are not lag)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from refold.config import Pipeline
 from refold.kafka.io import consumer_config, partitions_of, read_to_end
 from refold.recovery.records import Checkpoint, combined
 from refold.recovery.restore import load_checkpoints
+from refold.runtime.tops import tops_topic
 
 EXACT_LAG_LIMIT = 100_000  # offsets; past this the lag is the offset distance
 
@@ -39,8 +43,41 @@ def shard_status(
     """`pipeline_status`, and each shard's own checkpoint, in shard order."""
     shards = sorted(load_checkpoints(pipeline, settings).values(), key=lambda c: c.shard)
     checkpoint = combined(shards)
-    committed = checkpoint.offsets if checkpoint else {}
-    topic = pipeline.source.topic
+    rows = _lag(settings, pipeline.source.topic, checkpoint.offsets if checkpoint else {})
+    return checkpoint, rows, shards
+
+
+@dataclass(frozen=True, slots=True)
+class StageStatus:
+    """A later stage of a re-grouping view in shards: its name, writer, input topic,
+    shards' checkpoints and the lag of each of its input partitions."""
+
+    name: str
+    writer: str
+    topic: str
+    shards: list[Checkpoint]
+    rows: list[PartitionStatus]
+
+
+def later_stages(pipeline: Pipeline, settings: dict[str, Any]) -> list[StageStatus]:
+    """Stage 2 (and a global Top-N's stage 3) of a re-grouping view in shards, as their
+    checkpoints show them (none for any other view)."""
+    stages = []
+    for name, suffix, topic in (("stage 2", ".view", pipeline.repartition_topic),
+                                ("stage 3", ".top", tops_topic(pipeline))):
+        writer = f"{pipeline.writer}{suffix}"
+        shards = sorted(load_checkpoints(pipeline.model_copy(update={"writer": writer}), settings).values(),
+                        key=lambda c: c.shard)
+        if shards:
+            committed = {p: o for c in shards for p, o in c.offsets.items()}
+            stages.append(StageStatus(name, writer, topic, shards, _lag(settings, topic, committed, units=True)))
+    return stages
+
+
+def _lag(settings: dict[str, Any], topic: str, committed: dict[int, int], units: bool = False) -> list[PartitionStatus]:
+    """Every partition of `topic`: its committed offset, end and lag (exact while the
+    offsets lie within `EXACT_LAG_LIMIT`; `units`: a stage's input, whose close records
+    are not lag)."""
     consumer = Consumer(consumer_config(settings))
     try:
         ends = {}
@@ -54,10 +91,10 @@ def shard_status(
     if exact:  # count the readable records: markers and aborted records are not lag
         counts = dict.fromkeys(ends, 0)
         for msg in read_to_end(settings, topic, start={p: committed.get(p, 0) for p in ends}):
-            counts[msg.partition() or 0] += 1
+            if not units or (msg.value() or b"")[:1] != b"{":
+                counts[msg.partition() or 0] += 1
         gap = counts
-    rows = [PartitionStatus(p, committed.get(p), ends[p], gap[p], exact) for p in sorted(ends)]
-    return checkpoint, rows, shards
+    return [PartitionStatus(p, committed.get(p), ends[p], gap[p], exact) for p in sorted(ends)]
 
 
 def print_status(pipeline: Pipeline, bootstrap: str | None = None) -> None:
@@ -76,6 +113,14 @@ def print_status(pipeline: Pipeline, bootstrap: str | None = None) -> None:
         if checkpoint.pending:
             print(f"  held -C awaiting its +C in partitions {sorted(checkpoint.pending)}")
         _print_shards(shards)
+    _print_lag(rows)
+    for stage in later_stages(pipeline, settings):
+        print(f"{stage.name} (writer {stage.writer}) from {stage.topic}")
+        _print_shards(stage.shards)
+        _print_lag(stage.rows)
+
+
+def _print_lag(rows: list[PartitionStatus]) -> None:
     print(f"  {'partition':>9}  {'committed':>12}  {'end':>12}  {'lag':>10}")
     for row in rows:
         committed = "-" if row.committed is None else f"{row.committed:,}"
