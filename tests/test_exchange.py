@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from refold.cli.produce import produce
 from refold.config import Pipeline, load_pipeline, parse_pipeline
 from refold.dev.testing import Workload, generate
-from refold.errors import ConfigError
+from refold.errors import ConfigError, OperationalError
 from refold.kafka.io import ensure_topics, read_to_end
 from refold.model.changelog import Op
 from refold.ops.status import later_stages, print_status
@@ -338,6 +338,36 @@ def test_the_engine_runs_a_regrouping_view_in_shards_exactly_once_across_a_resta
     # every shard's view keys are its own: each view key's records come from one stage-2 shard
     teams = {c.key for c in read_view_changes(pipeline, settings_)}
     assert len({shard_of(orjson.dumps(list(team)), 3) for team in teams}) >= 2
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_a_failure_of_stage_two_beside_the_next_stage_one_stops_the_run_and_the_next_catches_up(
+    bootstrap_servers: str, topic: Any, tmp_path: Any, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from refold.spark import job
+
+    settings_ = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=PARTITIONS)
+    rows = [orjson.dumps(r) for r in generate(Workload(events=1200, keys=60, seed=5))]
+    pipeline = _engine_pipeline(source, VIEWS["grouped"], tmp_path, 2, max_batch_events=300)
+    produce(settings_, source, rows, ["player_name"], progress=False, per_transaction=300)
+    apply, calls = job._Batches.apply, []
+
+    def failing(self: Any, spark_: Any, close: bytes | None = None) -> Any:
+        calls.append(close)
+        if len([c for c in calls if c is not None]) == 2:  # the second batch's later stages
+            raise OperationalError("stage 2 failed")
+        return apply(self, spark_, close)
+
+    monkeypatch.setattr(job._Batches, "apply", failing)
+    with pytest.raises(OperationalError, match="stage 2 failed"):
+        run_pipeline(pipeline, bootstrap_servers, until_idle=5.0, spark=spark, quiet=True)
+    assert calls[0] is None  # the start's catch-up closes for itself
+    monkeypatch.undo()
+    run_pipeline(pipeline, bootstrap_servers, until_idle=2.0, spark=spark, quiet=True)  # the next run catches up
+    report = verify(pipeline, settings_)
+    assert report.anomalies == [] and report.events == len(rows), report.anomalies
 
 
 @pytest.mark.kafka

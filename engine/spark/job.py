@@ -18,7 +18,7 @@ import os
 import re
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,7 @@ from refold.runtime.hooks import Hooks
 from refold.runtime.processor import BatchStats, together, with_outputs
 from refold.runtime.shards import check_state_partitions, exchanged, plan_shards, stage2_shards
 from refold.runtime.tops import rank_pipeline, ranked_globally, tops_topic
-from refold.spark.tasks import SUMMARY, ShardTask, reported_error
+from refold.spark.tasks import SUMMARY, ShardTask, reported_error, summary_offsets, summary_stats
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +184,7 @@ def run_pipeline(
     progress = Progress(pipeline, quiet)
     monitor: Monitor | None = None
     query: Any = None
+    on_batch: _Batches | None = None
     # Whatever fails from here on (a metrics port in use, a bad Spark option, the query's
     # start), the monitor and our Spark end.
     try:
@@ -211,6 +212,8 @@ def run_pipeline(
     finally:
         if query is not None:
             query.stop()
+        if on_batch is not None:
+            on_batch.finish()  # the last batch's stage 2, still running
         if monitor is not None:
             monitor.close()
         if start.closer is not None:
@@ -356,6 +359,9 @@ class _Batches:
         self.monitor = monitor
         self.hooks = _test_hooks()
         self.first = True  # no batch with records ran yet in this run
+        # a re-grouping view's later stages of batch b run here beside stage 1 of batch b+1
+        self._later = ThreadPoolExecutor(1, thread_name_prefix="refold-later-stages")
+        self._running: Future[None] | None = None
         self._aborts: dict[tuple[int, int, int], int] = {}  # (stage, shard, worker) -> its last reported count
 
     def __call__(self, frame: Any, batch_id: int) -> None:
@@ -368,21 +374,46 @@ class _Batches:
         if not self.start.plan.co_partitioned:
             frame = frame.coalesce(1)
         rows = [row.asDict() for row in frame.mapInArrow(task, SUMMARY).collect()]
+        self.settle()  # the last batch's later stages, which ran beside this stage 1
         if not rows:
             return
         self.first = False
         try:
-            applied = []
             if self.start.closer is not None and not any(row["error_kind"] for row in rows):
-                routed = time.monotonic()
-                applied = self.apply(frame.sparkSession)
-                log.debug("spark batch %d: stage 1 %.2fs, close and stage 2 %.2fs", batch_id, routed - began,
-                          time.monotonic() - routed)
-            self.account(rows, applied, time.monotonic() - began)
+                # closed now, before the next batch's stage 1 routes anything
+                close = self.start.closer.close(self.start.run)
+                self._running = self._later.submit(self._later_stages, frame.sparkSession, rows, close, began)
+                log.debug("spark batch %d: stage 1 %.2fs", batch_id, time.monotonic() - began)
+                return
+            self.account(rows, [], time.monotonic() - began)
         except BaseException as exc:
             self.progress.failure = exc
             raise
         log.debug("spark batch %d: %d shard task(s) in %.2fs", batch_id, len(rows), time.monotonic() - began)
+
+    def _later_stages(self, spark: Any, rows: list[dict[str, Any]], close: bytes, began: float) -> None:
+        """A re-grouping view's stage 2 (and 3) of a batch whose stage 1 committed `rows`,
+        beside the next batch's stage 1 (as Kafka Streams runs its sub-topologies)."""
+        try:
+            started = time.monotonic()
+            self.account(rows, self.apply(spark, close), time.monotonic() - began)
+            log.debug("later stages %.2fs", time.monotonic() - started)
+        except BaseException as exc:
+            self.progress.failure = exc
+            raise
+
+    def settle(self) -> None:
+        """Wait for the last batch's later stages; their error is raised here."""
+        running, self._running = self._running, None
+        if running is not None:
+            running.result()
+
+    def finish(self) -> None:
+        """At the run's end: the last batch's later stages done (an error in them is the
+        run's failure), the thread gone."""
+        with contextlib.suppress(BaseException):
+            self.settle()
+        self._later.shutdown()
 
     def _new_aborts(self, rows: list[dict[str, Any]], applied: list[dict[str, Any]]) -> int:
         """The transactions run again since the tasks' last reports: each row carries its
@@ -396,20 +427,21 @@ class _Batches:
                 self._aborts[key] = row["aborts"]
         return new
 
-    def apply(self, spark: Any) -> list[dict[str, Any]]:
-        """A re-grouping view's stage 2: close the batch, then one task per shard."""
+    def apply(self, spark: Any, close: bytes | None = None) -> list[dict[str, Any]]:
+        """A re-grouping view's stage 2: the batch closed (unless `close` is its close
+        record), then one task per shard."""
         assert self.start.closer is not None
-        close = self.start.closer.close(self.start.run)
+        close = close or self.start.closer.close(self.start.run)
         task = ShardTask(self.pipeline, self.settings, self.hooks, self.start.run,
                          self.start.checkpoint_partitions, False, stage="apply", close=close)
         shards = stage2_shards(self.pipeline)
         rows = [row.asDict() for row in spark.range(0, shards, 1, shards).mapInArrow(task, SUMMARY).collect()]
-        trim(self.settings, self.pipeline, _offsets(rows))
+        trim(self.settings, self.pipeline, summary_offsets(rows))
         if ranked_globally(self.pipeline) and not any(row["error_kind"] for row in rows):  # stage 3
             close = self.start.closer.close(self.start.run, tops=True)
             task = replace(task, stage="top", close=close)
             ranked = [{**row.asDict(), "stage": 3} for row in spark.range(0, 1, 1, 1).mapInArrow(task, SUMMARY).collect()]
-            trim(self.settings, self.pipeline, _offsets(ranked), tops_topic(self.pipeline))
+            trim(self.settings, self.pipeline, summary_offsets(ranked), tops_topic(self.pipeline))
             rows += ranked
         return rows
 
@@ -429,12 +461,12 @@ class _Batches:
                             "nothing is committed twice); its state store %s", row["shard"], row["attempt"], store)
             offsets.update({int(p): o for p, o in orjson.loads(row["offsets"]).items()})
             if row["error_kind"] is None and row["batch"] > 0:
-                committed.append(_stats(row))
+                committed.append(summary_stats(row))
         self.start.offsets = offsets  # replaced whole: the monitor's thread reads it
         self.start.aborts += self._new_aborts(rows, applied)
         if committed:
             stats = together(committed, seconds)
-            stats = with_outputs(stats, [_stats(r) for r in applied if r["error_kind"] is None and r["batch"] > 0])
+            stats = with_outputs(stats, [summary_stats(r) for r in applied if r["error_kind"] is None and r["batch"] > 0])
             self.progress.last_data = time.monotonic()
             self.progress.committed(stats)
             self.monitor.committed(stats, self.start.aborts)
@@ -442,26 +474,6 @@ class _Batches:
         if failed:
             first = min(failed, key=lambda row: row["shard"])
             raise reported_error(first)
-
-
-def _offsets(rows: list[dict[str, Any]]) -> dict[int, int]:
-    """The offsets the tasks that did not fail committed, by partition."""
-    return {int(p): o for row in rows if row["error_kind"] is None for p, o in orjson.loads(row["offsets"]).items()}
-
-
-def _stats(row: dict[str, Any]) -> BatchStats:
-    return BatchStats(
-        batch=row["batch"],
-        records_in=row["records_in"],
-        records_out=row["records_out"],
-        dead_letters=row["dead_letters"],
-        skipped=row["skipped"],
-        tombstones=row["tombstones"],
-        seconds=row["seconds"],
-        commit_seconds=row["commit_seconds"],
-        committed_at=row["committed_at"],
-        out_by_topic=orjson.loads(row["out_by_topic"]),
-    )
 
 
 def _idle(query: Any, progress: Progress, seconds: float) -> bool:

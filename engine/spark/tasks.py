@@ -343,6 +343,26 @@ def _pickled(error: BaseException | None) -> bytes | None:
     return data
 
 
+def summary_offsets(rows: list[dict[str, Any]]) -> dict[int, int]:
+    """The offsets committed by the tasks of these summaries that did not fail, by partition."""
+    return {int(p): o for row in rows if row["error_kind"] is None for p, o in orjson.loads(row["offsets"]).items()}
+
+
+def summary_stats(row: dict[str, Any]) -> BatchStats:
+    return BatchStats(
+        batch=row["batch"],
+        records_in=row["records_in"],
+        records_out=row["records_out"],
+        dead_letters=row["dead_letters"],
+        skipped=row["skipped"],
+        tombstones=row["tombstones"],
+        seconds=row["seconds"],
+        commit_seconds=row["commit_seconds"],
+        committed_at=row["committed_at"],
+        out_by_topic=orjson.loads(row["out_by_topic"]),
+    )
+
+
 def reported_error(row: dict[str, Any]) -> RefoldError:
     """The Refold error a task's summary row reports, as the task raised it when it can
     be carried whole, else as its kind with its message."""
