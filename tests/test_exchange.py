@@ -35,7 +35,8 @@ from refold.spark.job import engine_topics, run_pipeline
 PARTITIONS = 3
 VIEWS = {
     "grouped": {"key": ["team"], "columns": {"total": {"sum": "score"}, "n": {"count": "*"},
-                                             "best": {"max": "score"}, "latest": {"last": "score"}}},
+                                             "best": {"max": "score"}, "latest": {"last": "score"},
+                                             "mean": {"avg": "score"}, "opening": {"first": "score"}}},
     "top_n": {"top_n": {"n": 2, "order_by": {"score": "desc"}, "partition_by": ["team"]}},
     "global_top_n": {"top_n": {"n": 3, "order_by": {"score": "desc"}}},
     "filtered": {"key": ["team"], "columns": {"n": {"count": "*"}, "low": {"min": "score"}}, "where": "score > 20"},
