@@ -25,6 +25,7 @@ from refold.ops.verify import by_key, read_view_changes, verify
 from refold.recovery.records import decode_dead_letter
 from refold.recovery.restore import load_checkpoints
 from refold.reduce import SourceEvent
+from refold.reduce.values import key_bytes
 from refold.reference import merge_partitions, reference_changelog
 from refold.runtime.batch import InputRecord, Outgoing
 from refold.runtime.exchange import ExchangeReader, merge_keys, shard_of, view_pipeline
@@ -208,6 +209,34 @@ def test_stage_two_catches_up_at_start_with_what_stage_one_left(bootstrap_server
     expected = _expected(pipeline, [records])
     assert by_key(read_view_changes(pipeline, settings_)) == by_key(expected.changes)
     assert [sum(row.lag for row in stage.rows) for stage in later_stages(pipeline, settings_)] == [0]
+
+
+@pytest.mark.kafka
+def test_a_value_the_native_cores_do_not_take_falls_back_to_python_in_both_stages(
+    bootstrap_servers: str, topic: Any
+) -> None:
+    settings_ = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=PARTITIONS)
+    changelog = _changelog(5, 40)
+    changelog[1].insert(3, [{"op": "+A", "player": "p1", "team": "t0", "score": 2**63 + 5}])  # past i64
+    _produce(bootstrap_servers, source, changelog)
+    records = [InputRecord(m.partition(), m.offset(), m.key(), m.value(), m.timestamp()[1])
+               for m in read_to_end(settings_, source)]
+    pipeline = _pipeline(settings_, source, VIEWS["grouped"], 2)
+    processor = BatchProcessor(pipeline, settings_)
+    try:
+        assert all(shard.core is not None for shard in [*processor.shards.values(), *processor.appliers.values()])
+        processor.process(records)
+        assert processor.shards[1].core is None  # stage 1 of partition 1 checks in Python from here
+        assert processor.shards[0].core is not None
+        team = shard_of(key_bytes(("t0",)), 2)
+        assert processor.appliers[team].core is None  # the stage-2 shard of team t0 reduces in Python
+    finally:
+        processor.close()
+    expected = _expected(pipeline, [records])
+    assert by_key(read_view_changes(pipeline, settings_)) == by_key(expected.changes)
+    letters = [decode_dead_letter(m.value()) for m in read_to_end(settings_, pipeline.dlq_topic)]
+    assert sorted(letter.reason for letter in letters) == sorted(reason for _, reason in expected.rejected)
 
 
 @pytest.mark.kafka

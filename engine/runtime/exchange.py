@@ -206,12 +206,7 @@ class RouteProcessor(ShardProcessor):
             self.hooks.crash_point("mid_batch", self.checkpoint.batch + 1)
             refused, _view, _delta, state = self.core.apply_batch(kept)
         except Unsupported as exc:
-            log.warning("%s shard %d checks in Python from here: the native core %s", self.pipeline.pipeline,
-                        self.shard, exc)
-            del out.dlq[letters:]
-            self.core = None
-            self._forget_reducer()
-            return False
+            return self._fall_back(out, letters, exc)
         refused_units = set()
         for unit_index, index, reason, _detail in refused:
             self.dead_letters.refuse(out, kept[unit_index], index, Reason(reason))

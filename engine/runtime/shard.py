@@ -6,8 +6,7 @@ transactional writer `P-<writer>-<shard>` (`refold.kafka.transactions`), its loc
 state store (`refold.state`), its reducer, its checkpoint and its materialization
 sessions. It is independent of Spark: the records of its partitions in each
 micro-batch (partition, offset, key, value, timestamp) are handed to it (a Spark task,
-`refold.spark.tasks`, or `refold.runtime.processor.BatchProcessor`); tests may hand
-them too.
+`refold.spark.tasks`, or `refold.runtime.processor.BatchProcessor`; tests too).
 
 Start (`_start`): take the store's lock (a second attempt of the shard on this
 machine waits here until the first is done), initialise the writer (fences every
@@ -17,8 +16,8 @@ bring the store to it (`refold.state.bring_to`: as is, caught up or restored fro
 
 The reducer holds only the keys the shard's batches touched (up to
 `spark.state_cache_keys`; then it starts empty again; `refold.spark.tasks` bounds a
-worker's reducers together): before a batch it loads the
-keys it is about to touch from the store. Every batch commits, in one Kafka
+worker's reducers together): before a batch it loads the keys it is about to touch
+from the store. Every batch commits, in one Kafka
 transaction of the shard: the view changelog, the delta updates, the dead letters,
 the state changelog (`P.state`, partition = shard), the shard's checkpoint
 (`P.checkpoints`, key `<writer>/<shard>`) and the consumer group's offsets of its
@@ -209,18 +208,10 @@ class ShardProcessor:
             self.forget()
         if self.materializations is not None:
             self.materializations.open(self.checkpoint)
-        log.info(
-            "recovered %s shard %d (%s core): batch %d, offsets %s; state store %s (%s, %d records read, %.1fs)",
-            self.pipeline.pipeline,
-            self.shard,
-            "native" if self.core is not None else "Python",
-            self.checkpoint.batch,
-            self.checkpoint.offsets,
-            self.recovery.how,
-            self.recovery.reason,
-            self.recovery.records_read,
-            time.monotonic() - started,
-        )
+        log.info("recovered %s shard %d (%s core): batch %d, offsets %s; state store %s (%s, %d records read, %.1fs)",
+                 self.pipeline.pipeline, self.shard, "native" if self.core is not None else "Python",
+                 self.checkpoint.batch, self.checkpoint.offsets, self.recovery.how, self.recovery.reason,
+                 self.recovery.records_read, time.monotonic() - started)
 
     def forget(self) -> None:
         """An empty reducer (and no last rows of an upsert source): it loads what the next
@@ -452,9 +443,7 @@ class ShardProcessor:
 
     def _reduce_natively(self, units: Sequence[Unit], out: Outgoing) -> bool:
         """`_reduce` and the records of its changes, deltas and state, all in the native
-        core. False when the core cannot take the batch (a value it does not handle): it
-        is dropped, before anything of the batch is sent, and the shard reduces in Python
-        from here on, starting with this batch (from its store)."""
+        core; False when the core cannot take the batch (`_fall_back`)."""
         assert self.core is not None
         letters = len(out.dlq)
         units = filter_units(self.row_filter, units, functools.partial(self.dead_letters.refuse, out))
@@ -463,15 +452,20 @@ class ShardProcessor:
             self.hooks.crash_point("mid_batch", self.checkpoint.batch + 1)
             refused, view, delta, state = self.core.apply_batch(units)
         except Unsupported as exc:
-            log.warning("%s shard %d reduces in Python from here: the native core %s", self.pipeline.pipeline, self.shard, exc)
-            del out.dlq[letters:]  # the Python path refuses them again
-            self.core = None
-            self._forget_reducer()
-            return False
+            return self._fall_back(out, letters, exc)
         for unit_index, index, reason, _detail in refused:
             self.dead_letters.refuse(out, units[unit_index], index, Reason(reason))
         out.view, out.delta, out.state = view, delta, state
         return True
+
+    def _fall_back(self, out: Outgoing, letters: int, exc: Unsupported) -> bool:
+        """The native core cannot take the batch (a value it does not handle): its dead letters
+        from `letters` on go (Python refuses them again), and Python reduces from this batch on."""
+        log.warning("%s shard %d reduces in Python from here: the native core %s", self.pipeline.pipeline, self.shard, exc)
+        del out.dlq[letters:]
+        self.core = None
+        self._forget_reducer()
+        return False
 
     # The transaction -----------------------------------------------------------------
 
