@@ -21,6 +21,8 @@ from engine_runs import assert_exact, load_source
 
 from refold.config import load_pipeline
 from refold.recovery.restore import load_checkpoint, load_checkpoints
+from refold.runtime.exchange import view_pipeline
+from refold.runtime.tops import rank_pipeline
 from refold.spark.job import spark_checkpoint_dir
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
@@ -28,17 +30,21 @@ pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 COLUMNS = {"total": {"sum": "score"}, "best": {"max": "score"}, "n": {"count": "*"}, "latest": {"last": "score"}}
 
 
-def write_pipeline(tmp: Path, source: str, bootstrap: str) -> Path:
+def write_pipeline(tmp: Path, source: str, bootstrap: str, top_n: dict[str, Any] | None = None) -> Path:
+    """The crash tests' pipeline: totals per player; with `top_n`, that Top-N over the
+    source keyed by player (a re-grouping view, in as many shards as partitions)."""
     name = f"c{uuid.uuid4().hex[:10]}"
     path = tmp / f"{name}.yaml"
+    view = {"top_n": top_n} if top_n else {"key": ["player_name"], "columns": COLUMNS}
+    outputs = {"view": {"topic": f"{name}.view"}} | ({} if top_n else {"delta": {"topic": f"{name}.delta"}})
     path.write_text(
         yaml.safe_dump(
             {
                 "pipeline": name,
                 "kafka": {"bootstrap.servers": bootstrap},
-                "source": {"topic": source},
-                "view": {"key": ["player_name"], "columns": COLUMNS},
-                "outputs": {"view": {"topic": f"{name}.view"}, "delta": {"topic": f"{name}.delta"}},
+                "source": {"topic": source} | ({"key": ["player_name"]} if top_n else {}),
+                "view": view,
+                "outputs": outputs,
                 "trigger": "200ms",
                 "max_batch_events": 250,
                 "spark": {"master": "local[1]", "checkpoint_dir": str(tmp / "spark" / name),
@@ -100,6 +106,30 @@ def test_kill_9_at_each_point_then_restart(bootstrap_servers, loaded_source, tmp
     code, err = finish(start_engine(path))
     assert code == 0, err[-3000:]
     assert_exact(pipeline, bootstrap_servers, events)
+
+
+def test_a_global_top_n_in_shards_killed_at_each_point_then_restarted(bootstrap_servers, loaded_source,
+                                                                      tmp_path) -> None:
+    # Three stages: the points fall in stage 2 (its batches count the start's catch-up
+    # too, so it reaches each batch number first), whose shards then stand at different
+    # batches and whose local-top changes wait in P.tops for stage 3: each restart
+    # closes and ranks what the stages before it left.
+    source, events = loaded_source
+    path = write_pipeline(tmp_path, source, bootstrap_servers, top_n={"n": 3, "order_by": {"score": "desc"}})
+    pipeline = load_pipeline(path)
+    settings = {"bootstrap.servers": bootstrap_servers}
+    stage2 = view_pipeline(pipeline.model_copy(update={"shards": 3}))
+    for crash in ("mid_batch:2", "in_txn:3", "after_commit:4"):
+        code, err = finish(start_engine(path, crash=crash))
+        assert code == -9, f"{crash}: {err[-2000:]}"
+        if crash == "mid_batch:2":  # stage 1 committed Spark's first batch, stage 2 only the start's catch-up
+            assert {c.batch for c in load_checkpoints(pipeline, settings).values()} == {1}
+            assert {c.batch for c in load_checkpoints(stage2, settings).values()} == {1}
+    code, err = finish(start_engine(path))
+    assert code == 0, err[-3000:]
+    assert_exact(pipeline, bootstrap_servers, events)
+    assert sorted(load_checkpoints(stage2, settings)) == [0, 1, 2]
+    assert load_checkpoints(rank_pipeline(pipeline), settings)[0].batch > 0  # stage 3 ranked it
 
 
 def test_kill_9_between_two_shards_commits_of_one_batch(bootstrap_servers, loaded_source, tmp_path) -> None:
