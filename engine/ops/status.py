@@ -15,8 +15,9 @@ from confluent_kafka import Consumer, TopicPartition
 from refold.config import Pipeline
 from refold.kafka.io import consumer_config, partitions_of, read_to_end
 from refold.recovery.records import Checkpoint, combined
-from refold.recovery.restore import load_checkpoints
-from refold.runtime.tops import tops_topic
+from refold.recovery.restore import load_checkpoints, load_writers
+from refold.runtime.exchange import view_pipeline
+from refold.runtime.tops import rank_pipeline, tops_topic
 
 EXACT_LAG_LIMIT = 100_000  # offsets; past this the lag is the offset distance
 
@@ -63,14 +64,14 @@ def later_stages(pipeline: Pipeline, settings: dict[str, Any]) -> list[StageStat
     """Stage 2 (and a global Top-N's stage 3) of a re-grouping view in shards, as their
     checkpoints show them (none for any other view)."""
     stages = []
-    for name, suffix, topic in (("stage 2", ".view", pipeline.repartition_topic),
-                                ("stage 3", ".top", tops_topic(pipeline))):
-        writer = f"{pipeline.writer}{suffix}"
-        shards = sorted(load_checkpoints(pipeline.model_copy(update={"writer": writer}), settings).values(),
-                        key=lambda c: c.shard)
+    later = (("stage 2", view_pipeline(pipeline).writer, pipeline.repartition_topic),
+             ("stage 3", rank_pipeline(pipeline).writer, tops_topic(pipeline)))
+    committed = load_writers(pipeline, settings, [writer for _, writer, _ in later])
+    for name, writer, topic in later:
+        shards = sorted(committed[writer].values(), key=lambda c: c.shard)
         if shards:
-            committed = {p: o for c in shards for p, o in c.offsets.items()}
-            stages.append(StageStatus(name, writer, topic, shards, _lag(settings, topic, committed, units=True)))
+            offsets = {p: o for c in shards for p, o in c.offsets.items()}
+            stages.append(StageStatus(name, writer, topic, shards, _lag(settings, topic, offsets, units=True)))
     return stages
 
 

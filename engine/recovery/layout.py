@@ -25,7 +25,9 @@ from typing import Any
 from refold.config import Pipeline
 from refold.errors import UserError
 from refold.kafka.io import TopicSpec, partitions_of
-from refold.recovery.restore import load_checkpoints
+from refold.recovery.records import Checkpoint
+from refold.recovery.restore import load_writers
+from refold.runtime.exchange import view_pipeline
 from refold.runtime.shards import co_partitioned, exchanged, stage2_shards
 from refold.runtime.tops import rank_pipeline, ranked_globally, tops_state_topic, tops_topic
 
@@ -38,7 +40,8 @@ def settle_shards(pipeline: Pipeline, settings: Mapping[str, Any], partitions: i
     source's. Raises UserError when the pipeline asks for a layout its state is not in."""
     if co_partitioned(pipeline):
         return pipeline
-    earlier = _earlier_layout(pipeline, settings)
+    committed = _committed(pipeline, settings)
+    earlier = _earlier_layout(pipeline, committed)
     asked = pipeline.shards
     if asked is None:
         if pipeline.shards_refusal() is not None:
@@ -48,13 +51,13 @@ def settle_shards(pipeline: Pipeline, settings: Mapping[str, Any], partitions: i
         else:
             settled = partitions if partitions > 1 else "merged"
         if settled == earlier and ranked_globally(pipeline.model_copy(update={"shards": settled})):
-            _check_ranked(pipeline, settings)
+            _check_ranked(pipeline, committed)
         if settled != "merged":
             log.info("pipeline %s re-groups in %d shards (%s)", pipeline.pipeline, settled,
                      "as its earlier runs did" if earlier is not None else "one per source partition")
         return pipeline.model_copy(update={"shards": settled})
     if ranked_globally(pipeline) and earlier == asked:
-        _check_ranked(pipeline, settings)
+        _check_ranked(pipeline, committed)
     if earlier is not None and earlier != asked:
         now = "merged" if earlier == "merged" else f"shards: {earlier}"
         raise UserError(
@@ -78,28 +81,33 @@ def exchange_topics(pipeline: Pipeline, partitions: int) -> list[TopicSpec]:
     return specs
 
 
-def _earlier_layout(pipeline: Pipeline, settings: Mapping[str, Any]) -> int | str | None:
-    """The layout the writer's earlier runs committed: M (stage-2 shards claimed),
-    "merged" (a committed batch and no stage 2), or None (nothing committed yet)."""
+def _committed(pipeline: Pipeline, settings: Mapping[str, Any]) -> dict[str, dict[int, Checkpoint]]:
+    """The checkpoints of the writer's stages (`<writer>`, `<writer>.view`, `<writer>.top`),
+    by writer, in one read of `P.checkpoints` (all empty for a new pipeline)."""
+    writers = [pipeline.writer, view_pipeline(pipeline).writer, rank_pipeline(pipeline).writer]
     try:
         partitions_of(settings, pipeline.checkpoints_topic)
     except UserError:
-        return None  # a new pipeline: the engine creates its topics next
-    view = pipeline.model_copy(update={"writer": f"{pipeline.writer}.view"})
-    stage2 = load_checkpoints(view, settings)
+        return {writer: {} for writer in writers}  # a new pipeline: the engine creates its topics next
+    return load_writers(pipeline, settings, writers)
+
+
+def _earlier_layout(pipeline: Pipeline, committed: dict[str, dict[int, Checkpoint]]) -> int | str | None:
+    """The layout the writer's earlier runs committed: M (stage-2 shards claimed),
+    "merged" (a committed batch and no stage 2), or None (nothing committed yet)."""
+    stage2 = committed[view_pipeline(pipeline).writer]
     if stage2:
         return max(stage2) + 1
-    if any(checkpoint.batch > 0 for checkpoint in load_checkpoints(pipeline, settings).values()):
+    if any(checkpoint.batch > 0 for checkpoint in committed[pipeline.writer].values()):
         return "merged"
     return None
 
 
-def _check_ranked(pipeline: Pipeline, settings: Mapping[str, Any]) -> None:
+def _check_ranked(pipeline: Pipeline, committed: dict[str, dict[int, Checkpoint]]) -> None:
     """UserError for a global Top-N that committed in shards before stage 3 ranked it
     (refold.runtime.tops): its rows all lie in one stage-2 shard, not by message key."""
-    view = pipeline.model_copy(update={"writer": f"{pipeline.writer}.view"})
-    committed = any(checkpoint.batch > 0 for checkpoint in load_checkpoints(view, settings).values())
-    if committed and not load_checkpoints(rank_pipeline(pipeline), settings):
+    stage2 = committed[view_pipeline(pipeline).writer]
+    if any(c.batch > 0 for c in stage2.values()) and not committed[rank_pipeline(pipeline).writer]:
         raise UserError(
             f"shards: pipeline {pipeline.pipeline!r} (writer {pipeline.writer!r}) is a global Top-N whose state an "
             "earlier Refold committed in one stage-2 shard; this one spreads its rows over the shards by message key "

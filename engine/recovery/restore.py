@@ -37,23 +37,30 @@ def load_checkpoints(
     (empty on a first start), read from the partitions `only` of `P.checkpoints` when
     given. Raises UserError for a writer's checkpoint from before shards (key
     `<writer>`): its state is not laid out by shard."""
-    writer = pipeline.writer
-    prefix = f"{writer}/".encode()
-    latest: dict[int, Checkpoint] = {}
+    return load_writers(pipeline, settings, [pipeline.writer], only)[pipeline.writer]
+
+
+def load_writers(
+    pipeline: Pipeline, settings: Mapping[str, Any], writers: Collection[str], only: Collection[int] | None = None
+) -> dict[str, dict[int, Checkpoint]]:
+    """`load_checkpoints` of each of `writers` (a re-grouping view's stages: `<writer>`,
+    `<writer>.view`, `<writer>.top`), in one read of `P.checkpoints`."""
+    latest: dict[str, dict[int, Checkpoint]] = {writer: {} for writer in writers}
     for msg in read_to_end(settings, pipeline.checkpoints_topic, only=only):
         key, value = msg.key() or b"", msg.value()
         if value is None:
             continue
-        if key == writer.encode():
+        writer, _, shard = key.decode(errors="replace").rpartition("/")
+        if not writer and shard in latest:
             raise UserError(
-                f"{pipeline.checkpoints_topic}: writer {writer!r} committed with an earlier Refold (one "
-                f"checkpoint per writer, key {writer!r}); this one commits one per shard (key "
-                f"'{writer}/<shard>') with its state in P.state partition = shard. Run it under a new "
+                f"{pipeline.checkpoints_topic}: writer {shard!r} committed with an earlier Refold (one "
+                f"checkpoint per writer, key {shard!r}); this one commits one per shard (key "
+                f"'{shard}/<shard>') with its state in P.state partition = shard. Run it under a new "
                 "`writer` (or pipeline name) to rebuild the views from the source, or delete "
                 f"{pipeline.checkpoints_topic} and {pipeline.state_topic} and their outputs first"
             )
-        if key.startswith(prefix) and key[len(prefix):].isdigit():
-            latest[int(key[len(prefix):])] = decode_checkpoint(value)
+        if writer in latest and shard.isascii() and shard.isdigit():
+            latest[writer][int(shard)] = decode_checkpoint(value)
     return latest
 
 
