@@ -15,6 +15,7 @@ import yaml
 from refold.config import Pipeline
 from refold.runtime.native import core_of
 from refold.runtime.shards import co_partitioned, message_key, view_key
+from refold.runtime.tops import tops_topic
 
 
 def view_spec(pipeline: Pipeline) -> dict[str, Any]:
@@ -49,7 +50,7 @@ def explain(pipeline: Pipeline) -> str:
                      f"stage-2 shards through {pipeline.repartition_topic}: {count}")
         if view.top_n is not None and not view.top_n.partition_by and pipeline.shards != 1:
             lines.append(f"# a global Top-N in shards: rows routed by {keys}, each shard's local top n to "
-                         f"{pipeline.pipeline}.tops, ranked again by one stage-3 task (more than one shard)")
+                         f"{tops_topic(pipeline)}, ranked again by one stage-3 task (more than one shard)")
     else:
         grouping = ", ".join(view_key(view)) or "none: a global Top-N"
         lines.append(f"# shards: one, merging every partition of {pipeline.source.topic} (messages keyed by "

@@ -128,7 +128,7 @@ class BatchProcessor:
                                                  start=False, checkpoint_partition=0)
             ranker.lock()
             ranker.fence()
-        for applier in [*self.appliers.values(), *([self.ranker] if self.ranker else [])]:
+        for applier in self._later_stages():
             applier.restore()
             applier.suspend()
         self._apply()
@@ -152,6 +152,10 @@ class BatchProcessor:
                 committed.append(stats)
         return committed
 
+    def _later_stages(self) -> list[ShardProcessor]:
+        """A re-grouping view's stage-2 shards and a global Top-N's stage 3."""
+        return [*self.appliers.values(), *([self.ranker] if self.ranker is not None else [])]
+
     def _make_shard(self, index: int) -> ShardProcessor:
         """A shard's processor, not started (`fence`, then `restore`; its
         `checkpoint_partition` is set in between)."""
@@ -167,7 +171,7 @@ class BatchProcessor:
         )
 
     def close(self) -> None:
-        for shard in [*self.shards.values(), *self.appliers.values(), *([self.ranker] if self.ranker else [])]:
+        for shard in [*self.shards.values(), *self._later_stages()]:
             shard.close()
         if self.closer is not None:
             self.closer.shutdown()

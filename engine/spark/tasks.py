@@ -349,6 +349,7 @@ def summary_offsets(rows: list[dict[str, Any]]) -> dict[int, int]:
 
 
 def summary_stats(row: dict[str, Any]) -> BatchStats:
+    """A task's summary row (`SUMMARY`) as the stats of its shard's batch."""
     return BatchStats(
         batch=row["batch"],
         records_in=row["records_in"],
