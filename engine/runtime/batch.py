@@ -131,6 +131,31 @@ class Units(NamedTuple):
     tombstones: int
 
 
+def partitions(
+    fresh: Sequence[InputRecord], pending: Mapping[int, PendingRecord]
+) -> tuple[list[tuple[int, list[InputRecord]]], dict[int, PendingRecord]]:
+    """The batch's records by partition, partitions in order, each one's in offset order
+    after the `-C` it held over; and what stays held of the partitions the batch has
+    no record of."""
+    by_partition: dict[int, list[InputRecord]] = {}
+    for record in fresh:
+        by_partition.setdefault(record.partition, []).append(record)
+    pending_out = dict(pending)
+    parts = []
+    for partition in sorted(by_partition):
+        rows = sorted(by_partition[partition], key=lambda r: r.offset)
+        held = pending_out.pop(partition, None)
+        if held is not None:
+            rows.insert(0, InputRecord(partition, held.offset, held.key, held.value, held.timestamp))
+        parts.append((partition, rows))
+    return parts, pending_out
+
+
+def held_over(record: InputRecord) -> PendingRecord:
+    """A `-C` at the end of its partition's records, for the checkpoint."""
+    return PendingRecord(record.offset, record.key, record.value or b"", record.timestamp)
+
+
 class UnitReader:
     """Decodes, pairs and merges a batch's records (see the module's docstring)."""
 
@@ -143,22 +168,13 @@ class UnitReader:
     def read(self, fresh: Sequence[InputRecord], pending: Mapping[int, PendingRecord], out: Outgoing) -> Units:
         """The units of `fresh` (records no checkpoint covers yet), after the `-C`s
         `pending` held over from the last batch."""
-        by_partition: dict[int, list[InputRecord]] = {}
-        for record in fresh:
-            by_partition.setdefault(record.partition, []).append(record)
-        pending_out = dict(pending)
+        parts, pending_out = partitions(fresh, pending)
         streams = []
         tombstones = 0
-        for partition in sorted(by_partition):
-            rows = sorted(by_partition[partition], key=lambda r: r.offset)
-            held = pending_out.pop(partition, None)
-            if held is not None:
-                rows.insert(0, InputRecord(partition, held.offset, held.key, held.value, held.timestamp))
+        for partition, rows in parts:
             units, unpaired, dropped = self._partition(partition, rows, out)
             if unpaired is not None:  # its +C comes in a later batch
-                pending_out[partition] = PendingRecord(
-                    unpaired.offset, unpaired.key, unpaired.value or b"", unpaired.timestamp
-                )
+                pending_out[partition] = held_over(unpaired)
             streams.append(units)
             tombstones += dropped
         merged = list(heapq.merge(*streams, key=lambda unit: unit[0][0].tag))

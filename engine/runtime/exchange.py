@@ -172,6 +172,7 @@ class RouteProcessor(ShardProcessor):
     `P.rows` as its state topic and routed units as its output."""
 
     core: Any
+    core_reads = False  # its core counts live rows per message key; the units are routed in Python
 
     def _state_topic(self) -> str:
         return self.pipeline.rows_topic
@@ -372,6 +373,8 @@ class ApplyProcessor(ShardProcessor):
     """Stage 2's shard m (see the module's docstring): the view's shard over
     `P.repartition` partition m, made with `view_pipeline(pipeline)`. Its units were
     checked and filtered by stage 1."""
+
+    core_reads = False  # its records are routed units (`ExchangeReader`), not the source's
 
     def __init__(self, pipeline: Pipeline, settings: dict[str, Any], shard: int = 0, *args: Any,
                  **kwargs: Any) -> None:

@@ -12,14 +12,30 @@ and the rest of its life in Python, from its store (`refold.runtime.shard`).
 `spark.core` chooses: `auto` (the default) the native core where it runs the view,
 `native` the same but a view it cannot run is a configuration error, `python` never.
 Without a built `refold_native` the engine runs in Python as before.
+
+For a `jsonl` changelog without `view.where` the core also reads the batch's records
+(`read_batch`: decode, message-key check, pairing, merge, as `UnitReader.read`), with no
+Python object per event, when every record is clean; a batch with anything Python would
+dead-letter or read otherwise goes through `UnitReader` as before (core/read.rs).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 from refold.config import Pipeline
 from refold.errors import ConfigError
+from refold.model.reasons import Reason
+from refold.recovery.records import PendingRecord
+from refold.runtime.batch import (
+    DeadLetters,
+    InputRecord,
+    Outgoing,
+    UnitReader,
+    held_over,
+    partitions,
+)
 from refold.runtime.tables import is_table
 
 try:
@@ -79,4 +95,46 @@ def native_core(pipeline: Pipeline) -> Any | None:
     )
 
 
-__all__ = ["Unsupported", "core_of", "native_core", "why_not"]
+def reads_natively(pipeline: Pipeline) -> bool:
+    """Whether the native core may read the pipeline's records itself (`read_batch`)."""
+    return pipeline.source.format == "jsonl" and pipeline.view.where is None and not is_table(pipeline)
+
+
+class NativeRead(NamedTuple):
+    """A batch the native core read: its records by partition, the view keys it touches
+    (to load), and the `-C`s held over for the checkpoint."""
+
+    parts: list[tuple[int, list[InputRecord]]]
+    touched: set[bytes]
+    pending: dict[int, PendingRecord]
+
+    def refuse(self, refused: Sequence[tuple[tuple[int, ...], int, str, str | None]], dead_letters: DeadLetters,
+               out: Outgoing) -> None:
+        """Dead letters for the units `apply_read` refused (their records by index)."""
+        if not refused:
+            return
+        flat = [record for _, rows in self.parts for record in rows]
+        for indices, index, reason, _detail in refused:
+            dead_letters.refuse(out, [(None, flat[i]) for i in indices], index, Reason(reason))
+
+
+def read_batch(core: Any, reader: UnitReader, fresh: Sequence[InputRecord],
+               pending: Mapping[int, PendingRecord]) -> NativeRead | None:
+    """`core.read` of the batch (its units wait in the core for `apply_read`); None when
+    the core does not take it (`reader.read` does)."""
+    parts, pending_out = partitions(fresh, pending)
+    keys = reader.keys
+    read = core.read(parts, list(keys.columns) if keys is not None else None)
+    if read is None:
+        return None
+    touched, unpaired, verified = read
+    if verified and keys is not None:
+        keys.verified = True
+    if unpaired:
+        flat = [record for _, rows in parts for record in rows]
+        for index in unpaired:
+            pending_out[flat[index].partition] = held_over(flat[index])
+    return NativeRead(parts, set(touched), pending_out)
+
+
+__all__ = ["NativeRead", "Unsupported", "core_of", "native_core", "read_batch", "reads_natively", "why_not"]

@@ -51,26 +51,26 @@ from refold.connectors.runtime import Executor, Materializations
 from refold.errors import OperationalError
 from refold.kafka.io import consumer_config
 from refold.kafka.transactions import TransactionalWriter, TransactionFailed
-from refold.model.changelog import Op
 from refold.model.reasons import Reason
 from refold.recovery.records import (
     Checkpoint,
+    PendingRecord,
     dead_letter_headers,
     encode_checkpoint,
     encode_dead_letter,
     first_checkpoint,
 )
 from refold.recovery.restore import load_checkpoints
-from refold.reduce import Rejected, SourceEvent, make_reducer
+from refold.reduce import Rejected, make_reducer
 from refold.reduce.values import key_bytes
-from refold.reduce.where import condition_of, filter_unit, filter_units
+from refold.reduce.where import condition_of, filter_units
 from refold.runtime.batch import BatchStats, DeadLetters, InputRecord, Outgoing, Unit, UnitReader
 from refold.runtime.collector import collector_paused
 from refold.runtime.hooks import NO_HOOKS, Hooks
-from refold.runtime.native import Unsupported, native_core
+from refold.runtime.native import Unsupported, native_core, read_batch, reads_natively
 from refold.runtime.render import Renderer, UnitChanges
 from refold.runtime.shards import KeyCheck, checkpoint_key, shard_writer
-from refold.runtime.tables import LastRows, TableItem, TableReader, is_table
+from refold.runtime.tables import LastRows, TableReader, is_table, reduce_table_rows, touched_by
 from refold.state import Recovery, ShardId, ShardStore, Stamp, bring_to
 from refold.state.store import VIEW_RECORD_FIRST
 
@@ -91,6 +91,8 @@ class ShardProcessor:
     `start=False` leaves `lock()`, `fence()` then `restore()` to the caller (the
     `BatchProcessor` fences every shard before any restores). `fence`, `restore` and
     `_commit` are the seams the benchmarks replace."""
+
+    core_reads = True  # the native core may read the source's records itself (a stage of a re-grouping view: no)
 
     def __init__(
         self,
@@ -132,6 +134,7 @@ class ShardProcessor:
         self.store: ShardStore | None = None
         self.reducer = self._new_reducer()
         self.core: Any = self._new_core()  # the native core (refold.runtime.native) in the reducer's place
+        self.core_reads = self.core_reads and reads_natively(pipeline)  # the core reads the records too
         self.held: set[Any] = set()  # the keys the reducer (key tuples) or the core (key JSON) holds as the store does
         self.held_all = False  # the reducer holds the whole store (a backfill needs the whole view)
         self.checkpoint = first_checkpoint(self.pipeline, self.shard)
@@ -292,7 +295,10 @@ class ShardProcessor:
         if not fresh:
             return None
         out = Outgoing()
-        if self.tables is None:
+        read_natively = self.tables is None and self.core is not None and self.core_reads
+        if read_natively and (held := self._read_natively(fresh, out)) is not None:
+            pending, unchanged, native = held, 0, True
+        elif self.tables is None:
             read = self.reader.read(fresh, self.checkpoint.pending, out)
             native = self.core is not None and self._reduce_natively(read.units, out)
             if not native:
@@ -302,9 +308,10 @@ class ShardProcessor:
             pending, unchanged = read.pending, read.tombstones
         else:
             items = self.tables.read(fresh, out)
-            self._load_table_rows(items)
+            assert self.store is not None
+            self._load(touched_by(items, self.last_rows, self.store, self.pipeline, self.reducer.state_key))
             self.hooks.crash_point("mid_batch", self.checkpoint.batch + 1)
-            changes, unchanged = self._reduce_table_rows(items, out)
+            changes, unchanged = reduce_table_rows(items, self.last_rows, self.reducer, self.row_filter, self.dead_letters, out)
             unchanged += self.tables.tombstones
             pending = {}
             native = False
@@ -394,42 +401,6 @@ class ShardProcessor:
         _low, high = self._watermarks.get_watermark_offsets(TopicPartition(self.state_topic, self.shard), timeout=60)
         self.store.apply(state, Stamp(checkpoint.batch, int(high), checkpoint.committed_at))
 
-    def _load_table_rows(self, items: Sequence[TableItem]) -> None:
-        """The last rows of the batch's keys, then the view keys that their rows, the
-        batch's rows and `before` images touch."""
-        assert self.store is not None
-        keys = {item.key for item in items if item.key is not None}
-        self.last_rows.load(self.store, keys, self.pipeline.spark.state_cache_keys)
-        state_key = self.reducer.state_key
-        rows = [row for item in items for row in (item.row, item.before) if row is not None]
-        rows += [row for row in (self.last_rows.rows[key] for key in keys) if row is not None]
-        touched = {state_key(SourceEvent(Op.APPEND, row, (0, 0, 0))) for row in rows}
-        touched.discard(None)
-        self._load(touched)
-
-    def _reduce_table_rows(self, items: Sequence[TableItem], out: Outgoing) -> tuple[list[UnitChanges], int]:
-        """Apply each record of a table source as the unit it means against its key's
-        last row (`refold.runtime.tables`); a refused record is dead-lettered and leaves
-        the last row. Also: how many records changed nothing."""
-        changes: list[UnitChanges] = []
-        unchanged = 0
-        last_rows = self.last_rows
-        for item in items:
-            try:
-                events = last_rows.unit(item)
-                if not events:
-                    unchanged += 1
-                    continue
-                if self.row_filter is not None:
-                    events = [event for _, event in filter_unit(self.row_filter, events)]
-                if events:  # else: the row changes, the view does not see it
-                    changes.append((self.reducer.apply(events), item.tag[0]))
-            except Rejected as rejected:
-                self.dead_letters.add(out, item.record, rejected.reason, rejected.detail)
-                continue
-            last_rows.put(item)
-        return changes, unchanged
-
     def _reduce(self, units: Sequence[Unit], out: Outgoing) -> list[UnitChanges]:
         """Apply each unit; a refused unit changes nothing and is dead-lettered, one
         dead letter per input record (a Debezium update is a pair from one record)."""
@@ -457,6 +428,22 @@ class ShardProcessor:
             self.dead_letters.refuse(out, units[unit_index], index, Reason(reason))
         out.view, out.delta, out.state = view, delta, state
         return True
+
+    def _read_natively(self, fresh: Sequence[InputRecord], out: Outgoing) -> dict[int, PendingRecord] | None:
+        """The native core reads, reduces and renders the batch (`read_batch`): the held
+        `-C`s for the checkpoint; None when it does not take the batch."""
+        read = read_batch(self.core, self.reader, fresh, self.checkpoint.pending)
+        if read is None:
+            return None
+        try:
+            self._load(read.touched)
+            self.hooks.crash_point("mid_batch", self.checkpoint.batch + 1)
+            refused, out.view, out.delta, out.state = self.core.apply_read()
+        except Unsupported as exc:
+            self._fall_back(out, len(out.dlq), exc)
+            return None
+        read.refuse(refused, self.dead_letters, out)
+        return read.pending
 
     def _fall_back(self, out: Outgoing, letters: int, exc: Unsupported) -> bool:
         """The native core cannot take the batch (a value it does not handle): its dead letters

@@ -39,7 +39,7 @@ no view key's record key (those start `[[`).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import orjson
@@ -50,11 +50,14 @@ from refold.codecs.upsert import UpsertDecoder, upsert_decoder
 from refold.config import Pipeline
 from refold.errors import RecordSource, UserError
 from refold.model.changelog import Op, canonical_row
+from refold.model.predicate import Condition
 from refold.model.reasons import Reason
 from refold.reduce import Rejected, SourceEvent, Tag
 from refold.reduce.statecodec import decode_state, last_row_key, state_value
 from refold.reduce.values import key_bytes
+from refold.reduce.where import filter_unit
 from refold.runtime.batch import DeadLetters, InputRecord, Outgoing
+from refold.runtime.render import UnitChanges
 from refold.runtime.shards import KeyCheck, describe_key, message_key
 from refold.state import ShardStore
 
@@ -250,3 +253,40 @@ def _before(last: dict[str, Any] | None, before: dict[str, Any] | None) -> dict[
             if column not in last or orjson.dumps(last[column]) != orjson.dumps(value):
                 raise Rejected(Reason.BEFORE_DIFFERS, 0, f"column {column!r} differs from the key's row in the view")
     return dict(last)
+
+
+def touched_by(items: Sequence[TableItem], last_rows: LastRows, store: ShardStore, pipeline: Pipeline,
+               state_key: Callable[[SourceEvent], Any]) -> set[Any]:
+    """The last rows of the batch's keys loaded from the store, and the view keys that
+    their rows, the batch's rows and `before` images touch (for the shard to load)."""
+    keys = {item.key for item in items if item.key is not None}
+    last_rows.load(store, keys, pipeline.spark.state_cache_keys)
+    rows = [row for item in items for row in (item.row, item.before) if row is not None]
+    rows += [row for row in (last_rows.rows[key] for key in keys) if row is not None]
+    touched = {state_key(SourceEvent(Op.APPEND, row, (0, 0, 0))) for row in rows}
+    touched.discard(None)
+    return touched
+
+
+def reduce_table_rows(items: Sequence[TableItem], last_rows: LastRows, reducer: Any, row_filter: Condition | None,
+                      dead_letters: DeadLetters, out: Outgoing) -> tuple[list[UnitChanges], int]:
+    """Apply each record of a table source as the unit it means against its key's last
+    row; a refused record is dead-lettered and leaves the last row. Also: how many
+    records changed nothing."""
+    changes: list[UnitChanges] = []
+    unchanged = 0
+    for item in items:
+        try:
+            events = last_rows.unit(item)
+            if not events:
+                unchanged += 1
+                continue
+            if row_filter is not None:
+                events = [event for _, event in filter_unit(row_filter, events)]
+            if events:  # else: the row changes, the view does not see it
+                changes.append((reducer.apply(events), item.tag[0]))
+        except Rejected as rejected:
+            dead_letters.add(out, item.record, rejected.reason, rejected.detail)
+            continue
+        last_rows.put(item)
+    return changes, unchanged

@@ -147,6 +147,8 @@ class RankProcessor(ShardProcessor):
     """Stage 3 (see the module's docstring): the view's one shard over `P.tops`, made
     with `rank_pipeline(pipeline)`, its state in `P.tops.state`."""
 
+    core_reads = False  # its records are local-top changes (`RankReader`)
+
     def __init__(self, pipeline: Pipeline, settings: dict[str, Any], shard: int = 0, *args: Any,
                  **kwargs: Any) -> None:
         super().__init__(rank_pipeline(pipeline), settings, shard, *args, **kwargs)

@@ -12,7 +12,8 @@
 //! - `plan`: `_Plan`, the layout of a view's columns, compiled once
 //! - `state`: the per-key state (`_Row`, `_Key`, the batch's `_Delta`s) and its
 //!   updates (`_add`, `_remove`, `_account`, `_view_row`)
-//! - `apply`: `apply_batch`, the unit and event checks, `touched`
+//! - `apply`: `apply_units`, the unit and event checks, `touched`
+//! - `read`: a `jsonl` batch's records into units (`UnitReader.read`), when it can
 //! - `render`: the view, delta and state records (`Renderer.view`, `Renderer.deltas`,
 //!   `take_state_changes`)
 //! - `restore`: `GroupedReducer.restore` from `P.state` records
@@ -22,6 +23,7 @@
 
 mod apply;
 mod plan;
+mod read;
 mod render;
 mod restore;
 mod state;
@@ -33,6 +35,7 @@ use rustc_hash::FxBuildHasher;
 use crate::json::{write_int, write_str};
 use crate::value::{Unsup, Value};
 
+pub use self::apply::Ev;
 pub use self::plan::Plan;
 use self::plan::Src;
 pub use self::restore::RestoreFail;
@@ -171,6 +174,8 @@ pub struct Core {
     batch: Batch,
     scratch: Vec<u8>,
     ranges: Vec<(usize, usize)>,
+    /// the units `read` made, until `apply_read`
+    prepared: Option<Vec<Vec<Ev>>>,
 }
 
 fn fits_i64(n: i128) -> Result<i64, Unsup> {
@@ -179,7 +184,7 @@ fn fits_i64(n: i128) -> Result<i64, Unsup> {
 
 impl Core {
     pub fn new(plan: Plan) -> Core {
-        Core { plan, keys: Map::default(), batch: Batch::default(), scratch: Vec::new(), ranges: Vec::new() }
+        Core { plan, keys: Map::default(), batch: Batch::default(), scratch: Vec::new(), ranges: Vec::new(), prepared: None }
     }
 
     pub fn len(&self) -> usize {

@@ -16,7 +16,7 @@ mod value;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyTuple};
 
 use crate::core::{Core, Fail, Plan, RestoreFail};
 
@@ -69,8 +69,45 @@ impl GroupedCore {
 
     /// The key JSON (`key_bytes`) of `state_key(event)` for every event of the units.
     fn touched<'py>(&self, py: Python<'py>, units: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
-        let keys = self.core.touched(py, units).map_err(raise)?;
+        let keys = self.core.touched(units).map_err(raise)?;
         PyList::new(py, keys.iter().map(|k| PyBytes::new(py, k)))
+    }
+
+    /// `UnitReader.read` of a clean `jsonl` batch (see core/read.rs): `parts` is
+    /// `[(partition, [InputRecord, ...]), ...]`, `check` the message-key columns of a
+    /// co-partitioned view. (touched keys, pending record indices, verified), the units
+    /// kept for `apply_read`; None when the batch is not clean.
+    #[pyo3(signature = (parts, check = None))]
+    fn read<'py>(
+        &mut self,
+        py: Python<'py>,
+        parts: &Bound<'py, PyAny>,
+        check: Option<Vec<String>>,
+    ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        let Some(read) = self.core.read(parts, check.as_deref()).map_err(raise)? else { return Ok(None) };
+        let touched = PyList::new(py, read.touched.iter().map(|k| PyBytes::new(py, k)))?;
+        let pending = PyList::new(py, read.pending())?;
+        Ok(Some(PyTuple::new(py, [touched.into_any(), pending.into_any(), PyBool::new(py, read.verified).to_owned().into_any()])?))
+    }
+
+    /// `apply_batch` of the units `read` kept: (rejected, view, delta, state), each
+    /// rejection as (its unit's record indices, index, reason, detail).
+    fn apply_read<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let was_enabled = unsafe { pyo3::ffi::PyGC_Disable() };
+        let out = self.core.apply_read(py);
+        if was_enabled == 1 {
+            unsafe { pyo3::ffi::PyGC_Enable() };
+        }
+        let (out, records) = out.map_err(raise)?;
+        let rejected = out
+            .rejected
+            .into_iter()
+            .zip(records)
+            .map(|((_, r), indices)| {
+                (PyTuple::new(py, indices)?, r.index, r.reason, r.detail).into_pyobject(py).map(|t| t.into_any())
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        batch_tuple(py, rejected, out.view, out.delta, out.state)
     }
 
     /// One batch: (rejected, view records, delta records, state records).
@@ -89,15 +126,7 @@ impl GroupedCore {
             .into_iter()
             .map(|(unit, r)| (unit, r.index, r.reason, r.detail).into_pyobject(py).map(|t| t.into_any()))
             .collect::<PyResult<Vec<_>>>()?;
-        PyTuple::new(
-            py,
-            [
-                PyList::new(py, rejected)?,
-                PyList::new(py, out.view)?,
-                PyList::new(py, out.delta)?,
-                PyList::new(py, out.state)?,
-            ],
-        )
+        batch_tuple(py, rejected, out.view, out.delta, out.state)
     }
 
     /// `GroupedReducer.view()`: the current view rows by key tuple.
@@ -108,6 +137,20 @@ impl GroupedCore {
     fn __len__(&self) -> usize {
         self.core.len()
     }
+}
+
+/// A batch's (rejected, view, delta, state) as Python lists in a tuple.
+fn batch_tuple<'py>(
+    py: Python<'py>,
+    rejected: Vec<Bound<'py, PyAny>>,
+    view: Vec<Bound<'py, PyAny>>,
+    delta: Vec<Bound<'py, PyAny>>,
+    state: Vec<Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    PyTuple::new(
+        py,
+        [PyList::new(py, rejected)?, PyList::new(py, view)?, PyList::new(py, delta)?, PyList::new(py, state)?],
+    )
 }
 
 /// The core's JSON writer on a Python value, for the tests: `orjson.dumps(value)`

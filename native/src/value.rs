@@ -142,6 +142,45 @@ impl Value {
     }
 }
 
+/// A row as the core reads it: its columns in their order (a dict's entries).
+pub type Row = Vec<(Box<str>, Value)>;
+
+/// `row.get(name)`.
+pub fn row_get<'a>(row: &'a [(Box<str>, Value)], name: &str) -> Option<&'a Value> {
+    row.iter().find(|(n, _)| &**n == name).map(|(_, v)| v)
+}
+
+/// Append a row's JSON with its names sorted, nested dicts' too (`orjson.dumps(row,
+/// option=OPT_SORT_KEYS)`); `skip_null`: without its null columns (`canonical_row`).
+pub fn write_row(out: &mut Vec<u8>, row: &[(Box<str>, Value)], skip_null: bool) {
+    let mut named: Vec<&(Box<str>, Value)> =
+        row.iter().filter(|(_, v)| !(skip_null && matches!(v, Value::Null))).collect();
+    named.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+    out.push(b'{');
+    for (i, (name, value)) in named.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_str(out, name);
+        out.push(b':');
+        value.write(out, true);
+    }
+    out.push(b'}');
+}
+
+/// Whether a row's value nests no deeper than `value_of` reads (a row's columns are at
+/// depth 1).
+pub fn within_depth(value: &Value, depth: usize) -> bool {
+    if depth > MAX_DEPTH {
+        return false;
+    }
+    match value {
+        Value::List(items) | Value::Tuple(items) => items.iter().all(|v| within_depth(v, depth + 1)),
+        Value::Dict(entries) => entries.iter().all(|(_, v)| within_depth(v, depth + 1)),
+        _ => true,
+    }
+}
+
 /// The kind of a Python object, by its exact type (as `type(x) is ...` in Python).
 pub enum Kind<'a, 'py> {
     None,

@@ -1,6 +1,8 @@
-//! A batch in: `apply_batch` over its units (`GroupedReducer.apply` per unit), the
+//! A batch in: `apply_units` over its units (`GroupedReducer.apply` per unit), the
 //! checks of refold.reduce.grouped that refuse a unit before it changes anything
-//! (`checked_key`, `_checked`, `_check_live`), and `touched` (`state_key`).
+//! (`checked_key`, `_checked`, `_check_live`), and `touched` (`state_key`). The units
+//! come as Python objects (`apply_batch`: refold.runtime.batch's units, each row read
+//! into a `Row`) or from the core's own reader (`read`).
 
 use blake2::digest::consts::U16;
 use blake2::{Blake2b, Digest};
@@ -12,15 +14,24 @@ use super::plan::Form;
 use super::{reject, Core, Fail, Fp, Rejected, KEY_TOO_LARGE, MAX_KEY_CHARS, NOT_LIVE, NULL_KEY, SCHEMA_MISMATCH};
 use crate::json::{write_int, write_str};
 use crate::statecodec::Tag;
-use crate::value::{int_of, kind, str_of, write_py_dict, Kind, Unsup};
+use crate::value::{row_get, value_of, write_row, Row, Unsup, Value};
+
+/// An event as the core applies it (a SourceEvent): op (0..3: `+A -R -C +C`), row,
+/// tag; `record` is the input record it came from (the reader's count, 0 otherwise).
+pub struct Ev {
+    pub op: u8,
+    pub row: Row,
+    pub tag: Tag,
+    pub record: u32,
+}
 
 /// An event read and checked (`_checked`): its op, key, fingerprint and what the sums
 /// and non-null counts read off its row.
-pub(super) struct Checked<'py> {
+pub(super) struct Checked<'a> {
     pub(super) adds: bool,
     pub(super) key: Vec<u8>,
     pub(super) fp: Fp,
-    pub(super) row: Bound<'py, PyDict>,
+    pub(super) row: &'a [(Box<str>, Value)],
     pub(super) tag: Tag,
     pub(super) sums: Vec<Option<i64>>,
     pub(super) nonnull: Vec<bool>,
@@ -68,23 +79,25 @@ fn seq_get<'py>(obj: &Bound<'py, PyAny>, index: usize, what: &str) -> Result<Bou
     Err(Fail::Unsup(Unsup(format!("{what} that is not a tuple or a list of the expected size"))))
 }
 
-/// A unit's events (item[0] of each item), into `events`.
-fn unit_events<'py>(unit: &Bound<'py, PyAny>, events: &mut Vec<Bound<'py, PyAny>>) -> Result<(), Fail> {
-    if let Ok(tuple) = unit.cast::<PyTuple>() {
-        for item in tuple.iter() {
-            events.push(seq_get(&item, 0, "an item")?);
-        }
-    } else if let Ok(list) = unit.cast::<PyList>() {
-        for item in list.iter() {
-            events.push(seq_get(&item, 0, "an item")?);
-        }
-    } else {
-        return Err(Fail::Unsup(Unsup::new("a unit that is not a tuple or a list")));
-    }
-    if events.is_empty() {
+/// A Python unit's events (item[0] of each item) as `Ev`s: op, row (read into a `Row`:
+/// Unsupported for a value the core does not hold), tag.
+fn unit_of(unit: &Bound<'_, PyAny>) -> Result<Vec<Ev>, Fail> {
+    let items = seq_items(unit, "a unit")?;
+    if items.is_empty() {
         return Err(Fail::Unsup(Unsup::new("an empty unit")));
     }
-    Ok(())
+    let mut events = Vec::with_capacity(items.len());
+    for item in &items {
+        let (op, row, tag) = event_parts(&seq_get(item, 0, "an item")?)?;
+        let Value::Dict(row) = value_of(row.as_any(), 0)? else { unreachable!("a dict's value") };
+        events.push(Ev { op: op as u8, row, tag, record: 0 });
+    }
+    Ok(events)
+}
+
+/// Python units (refold.runtime.batch's `Unit`s) as the core's.
+pub(super) fn units_of(units: &Bound<'_, PyAny>) -> Result<Vec<Vec<Ev>>, Fail> {
+    seq_items(units, "units")?.iter().map(unit_of).collect()
 }
 
 /// A SourceEvent's (op, row, tag).
@@ -113,38 +126,41 @@ fn event_parts<'py>(event: &Bound<'py, PyAny>) -> Result<(i64, Bound<'py, PyDict
 impl Core {
     // checks ------------------------------------------------------------------------
 
-    /// `checked_key(row, key_columns, "key", multiset_columns, index)`: the key's JSON
-    /// and values, Rejected as Python refuses, Unsupported for a bool, float or
-    /// 64-bit-overflowing key value (Python's dict would merge 1, 1.0 and True).
-    fn checked_key(&self, py: Python<'_>, row: &Bound<'_, PyDict>, index: usize) -> Result<Vec<u8>, Fail> {
+    /// `checked_key(row, key_columns, "key", multiset_columns, index)`: the key's JSON,
+    /// Rejected as Python refuses, Unsupported for a bool or float key value (Python's
+    /// dict would merge 1, 1.0 and True).
+    pub(super) fn checked_key(&self, row: &[(Box<str>, Value)], index: usize) -> Result<Vec<u8>, Fail> {
         let plan = &self.plan;
-        let mut values = Vec::with_capacity(plan.key_names.len());
-        for (i, name) in plan.key_names.iter().enumerate() {
-            match row.get_item(name.bind(py))? {
+        let mut values: Vec<&Value> = Vec::with_capacity(plan.key_strs.len());
+        for (i, name) in plan.key_strs.iter().enumerate() {
+            match row_get(row, name) {
                 Some(value) => values.push(value),
                 None => return Err(reject(NULL_KEY, index, Some(plan.missing_detail[i].clone()))),
             }
         }
-        if values.iter().any(|v| v.is_none()) {
+        if values.iter().any(|v| matches!(v, Value::Null)) {
             return Err(reject(NULL_KEY, index, None));
         }
-        // key_problem
-        let mut chars = 0usize;
+        // key_problem: len() counts code points, never more than the UTF-8 bytes
+        let mut bytes = 0usize;
         for value in &values {
-            match kind(value) {
-                Kind::Str(s) => chars += s.len()?,
-                Kind::Int(_) | Kind::Float(_) | Kind::Bool(_) => {}
+            match value {
+                Value::Str(s) => bytes += s.len(),
+                Value::Int(_) | Value::Float(_) | Value::Bool(_) => {}
                 _ => return Err(reject(SCHEMA_MISMATCH, index, Some("a key column holds a list or an object".into()))),
             }
         }
-        if chars > MAX_KEY_CHARS {
-            return Err(reject(KEY_TOO_LARGE, index, Some(format!("{chars} characters, at most {MAX_KEY_CHARS}"))));
+        if bytes > MAX_KEY_CHARS {
+            let chars: usize = values.iter().map(|v| if let Value::Str(s) = v { s.chars().count() } else { 0 }).sum();
+            if chars > MAX_KEY_CHARS {
+                return Err(reject(KEY_TOO_LARGE, index, Some(format!("{chars} characters, at most {MAX_KEY_CHARS}"))));
+            }
         }
         // scalar_problem
-        for (i, name) in plan.multiset_columns.iter().enumerate() {
-            if let Some(value) = row.get_item(name.bind(py))? {
-                match kind(&value) {
-                    Kind::None | Kind::Str(_) | Kind::Int(_) | Kind::Float(_) | Kind::Bool(_) => {}
+        for (i, name) in plan.multiset_names.iter().enumerate() {
+            if let Some(value) = row_get(row, name) {
+                match value {
+                    Value::Null | Value::Str(_) | Value::Int(_) | Value::Float(_) | Value::Bool(_) => {}
                     _ => return Err(reject(SCHEMA_MISMATCH, index, Some(plan.multiset_detail[i].clone()))),
                 }
             }
@@ -156,9 +172,9 @@ impl Core {
             if i > 0 {
                 key.push(b',');
             }
-            match kind(value) {
-                Kind::Str(s) => write_str(&mut key, str_of(s)?),
-                Kind::Int(n) => write_int(&mut key, int_of(n)?),
+            match value {
+                Value::Str(s) => write_str(&mut key, s),
+                Value::Int(n) => write_int(&mut key, *n),
                 _ => return Err(Fail::Unsup(Unsup::new("a float or boolean key value"))),
             }
         }
@@ -168,51 +184,39 @@ impl Core {
 
     /// `_checked(event, index)`: the event's key and row fingerprint (for a removal,
     /// `live_fingerprint` against the key's live rows), and its summed values.
-    fn checked<'py>(&mut self, py: Python<'py>, event: &Bound<'py, PyAny>, index: usize) -> Result<Checked<'py>, Fail> {
-        let (op, row, tag) = event_parts(event)?;
-        let adds = op == 0 || op == 3;
-        let key = self.checked_key(py, &row, index)?;
+    fn checked<'a>(&mut self, event: &'a Ev, index: usize) -> Result<Checked<'a>, Fail> {
+        let row = event.row.as_slice();
+        let adds = event.op == 0 || event.op == 3;
+        let key = self.checked_key(row, index)?;
         let plan = &self.plan;
-        let mut sums = Vec::with_capacity(plan.sum_columns.len());
+        let mut sums = Vec::with_capacity(plan.sum_names.len());
         let mut unsupported: Option<Unsup> = None;
-        for (i, name) in plan.sum_columns.iter().enumerate() {
-            match row.get_item(name.bind(py))? {
-                None => sums.push(None),
-                Some(value) => match kind(&value) {
-                    Kind::None => sums.push(None),
-                    Kind::Int(n) => match int_of(n) {
-                        Ok(n) => sums.push(Some(n)),
-                        Err(e) => {
-                            unsupported.get_or_insert(e);
-                            sums.push(None)
-                        }
-                    },
-                    Kind::Float(_) => {
-                        unsupported.get_or_insert(Unsup::new("a float in a summed column"));
-                        sums.push(None)
-                    }
-                    _ => return Err(reject(SCHEMA_MISMATCH, index, Some(plan.sum_detail[i].clone()))),
-                },
+        for (i, name) in plan.sum_names.iter().enumerate() {
+            match row_get(row, name) {
+                None | Some(Value::Null) => sums.push(None),
+                Some(Value::Int(n)) => sums.push(Some(*n)),
+                Some(Value::Float(_)) => {
+                    unsupported.get_or_insert(Unsup::new("a float in a summed column"));
+                    sums.push(None)
+                }
+                Some(_) => return Err(reject(SCHEMA_MISMATCH, index, Some(plan.sum_detail[i].clone()))),
             }
         }
         if let Some(err) = unsupported {
             return Err(Fail::Unsup(err));
         }
-        let mut nonnull = Vec::with_capacity(plan.nonnull_columns.len());
-        for name in &plan.nonnull_columns {
-            nonnull.push(matches!(row.get_item(name.bind(py))?, Some(v) if !v.is_none()));
-        }
+        let nonnull = plan.nonnull_names.iter().map(|name| matches!(row_get(row, name), Some(v) if !matches!(v, Value::Null))).collect();
         // fingerprint(row): blake2b of canonical_row (sorted keys, null columns left out)
         let scratch = &mut self.scratch;
         scratch.clear();
-        write_py_dict(scratch, &row, true, true, 0)?;
+        write_row(scratch, row, true);
         let mut fp = blake2b16(scratch);
         if !adds {
             if let Some(state) = self.keys.get(key.as_slice()) {
                 // live_fingerprint: state from before a null column equalled an absent one
-                if !state.rows.contains_key(&fp) && row.values().iter().any(|v| v.is_none()) {
+                if !state.rows.contains_key(&fp) && row.iter().any(|(_, v)| matches!(v, Value::Null)) {
                     scratch.clear();
-                    write_py_dict(scratch, &row, true, false, 0)?;
+                    write_row(scratch, row, false);
                     let legacy = blake2b16(scratch);
                     if state.rows.contains_key(&legacy) {
                         fp = legacy;
@@ -220,25 +224,20 @@ impl Core {
                 }
             }
         }
-        Ok(Checked { adds, key, fp, row, tag, sums, nonnull })
+        Ok(Checked { adds, key, fp, row, tag: event.tag, sums, nonnull })
     }
 
     // apply ---------------------------------------------------------------------------
 
     /// `GroupedReducer.apply(unit)` and the unit's part of `Renderer.view`.
-    fn apply_unit<'py>(
-        &mut self,
-        py: Python<'py>,
-        events: &[Bound<'py, PyAny>],
-        records: &mut UnitRecords<'py>,
-    ) -> Result<i64, Fail> {
+    fn apply_unit<'py>(&mut self, py: Python<'py>, events: &[Ev], records: &mut UnitRecords<'py>) -> Result<i64, Fail> {
         let ts;
         if events.len() == 1 {
             // _apply_event
-            let c = self.checked(py, &events[0], 0)?;
+            let c = self.checked(&events[0], 0)?;
             ts = c.tag.0;
             if c.adds {
-                self.add(py, &c)?;
+                self.add(&c)?;
             } else {
                 let live = self.keys.get(c.key.as_slice()).is_some_and(|s| s.rows.contains_key(&c.fp));
                 if !live {
@@ -250,7 +249,7 @@ impl Core {
         } else {
             let mut prepared = Vec::with_capacity(events.len());
             for (index, event) in events.iter().enumerate() {
-                prepared.push(self.checked(py, event, index)?);
+                prepared.push(self.checked(event, index)?);
             }
             ts = prepared[0].tag.0;
             self.check_live(&prepared)?;
@@ -260,7 +259,7 @@ impl Core {
                     keys.push(&c.key);
                 }
                 if c.adds {
-                    self.add(py, c)?;
+                    self.add(c)?;
                 } else {
                     self.remove(c)?;
                 }
@@ -299,22 +298,23 @@ impl Core {
         Ok(())
     }
 
-    pub fn apply_batch<'py>(&mut self, py: Python<'py>, units: &Bound<'py, PyAny>) -> Result<BatchOut<'py>, Fail> {
-        let units = seq_items(units, "units")?;
+    /// One batch's units, in order: the refused ones by their index in `units`, and the
+    /// view, delta and state records.
+    pub fn apply_units<'py>(&mut self, py: Python<'py>, units: &[Vec<Ev>]) -> Result<BatchOut<'py>, Fail> {
         let mut out = BatchOut {
             rejected: Vec::new(),
             view: Vec::with_capacity(if self.plan.form.is_some() { units.len() * 2 } else { 0 }),
             delta: Vec::new(),
             state: Vec::new(),
         };
-        let mut events: Vec<Bound<'py, PyAny>> = Vec::with_capacity(2);
         let mut records: UnitRecords<'py> = Vec::with_capacity(4);
         let retract = self.plan.form == Some(Form::Retract);
-        for (unit_index, unit) in units.iter().enumerate() {
-            events.clear();
-            unit_events(&unit, &mut events)?;
+        for (unit_index, events) in units.iter().enumerate() {
+            if events.is_empty() {
+                return Err(Fail::Unsup(Unsup::new("an empty unit")));
+            }
             records.clear();
-            match self.apply_unit(py, &events, &mut records) {
+            match self.apply_unit(py, events, &mut records) {
                 Ok(ts) => {
                     if records.is_empty() {
                         continue;
@@ -345,28 +345,33 @@ impl Core {
         Ok(out)
     }
 
-    /// `state_key` over every event of the units: the key JSON of those with a key.
-    pub fn touched(&self, py: Python<'_>, units: &Bound<'_, PyAny>) -> Result<Vec<Vec<u8>>, Fail> {
+    /// `apply_units` over Python units.
+    pub fn apply_batch<'py>(&mut self, py: Python<'py>, units: &Bound<'py, PyAny>) -> Result<BatchOut<'py>, Fail> {
+        let units = units_of(units)?;
+        self.apply_units(py, &units)
+    }
+
+    /// `state_key` over every event of the units: the key JSON of those with a key, each
+    /// once.
+    pub(super) fn touched_of(&self, units: &[Vec<Ev>]) -> Result<Vec<Vec<u8>>, Fail> {
         let mut seen: FxHashSet<Vec<u8>> = FxHashSet::default();
         let mut out = Vec::new();
-        let mut events = Vec::with_capacity(2);
-        for unit in seq_items(units, "units")? {
-            events.clear();
-            unit_events(&unit, &mut events)?;
-            for event in &events {
-                let row = seq_get(event, 1, "an event")?;
-                let row = row.cast_exact::<PyDict>().map_err(|_| Unsup::new("a row that is not a dict"))?;
-                match self.checked_key(py, row, 0) {
-                    Ok(key) => {
-                        if seen.insert(key.clone()) {
-                            out.push(key);
-                        }
+        for event in units.iter().flatten() {
+            match self.checked_key(&event.row, 0) {
+                Ok(key) => {
+                    if seen.insert(key.clone()) {
+                        out.push(key);
                     }
-                    Err(Fail::Reject(_)) => {}
-                    Err(other) => return Err(other),
                 }
+                Err(Fail::Reject(_)) => {}
+                Err(other) => return Err(other),
             }
         }
         Ok(out)
+    }
+
+    /// `touched_of` over Python units.
+    pub fn touched(&self, units: &Bound<'_, PyAny>) -> Result<Vec<Vec<u8>>, Fail> {
+        self.touched_of(&units_of(units)?)
     }
 }

@@ -69,17 +69,15 @@ pub enum Form {
 }
 
 pub struct Plan {
-    pub(super) key_names: Vec<Py<PyString>>,
+    pub(super) key_strs: Vec<String>,
     pub(super) missing_detail: Vec<String>,
     pub(super) aggs: Vec<Agg>,
-    pub(super) sum_columns: Vec<Py<PyString>>,
     pub(super) sum_names: Vec<String>,
     pub(super) sum_detail: Vec<String>,
-    pub(super) nonnull_columns: Vec<Py<PyString>>,
     pub(super) nonnull_names: Vec<String>,
-    pub(super) multiset_columns: Vec<Py<PyString>>,
+    pub(super) multiset_names: Vec<String>,
     pub(super) multiset_detail: Vec<String>,
-    pub(super) kept: Vec<Py<PyString>>,
+    pub(super) kept: Vec<String>,
     pub(super) multiset_index: Vec<usize>,
     pub(super) tag_index: Vec<usize>,
     pub(super) needs_tags: bool,
@@ -102,7 +100,6 @@ impl Plan {
         delta: bool,
     ) -> PyResult<Plan> {
         use pyo3::exceptions::PyValueError;
-        let intern = |name: &str| PyString::intern(py, name).unbind();
         let repr = |name: &str| -> PyResult<String> { Ok(PyString::new(py, name).repr()?.to_str()?.to_owned()) };
         let form = match view_form.as_deref() {
             None => None,
@@ -185,23 +182,22 @@ impl Plan {
                 .collect(),
         );
         Ok(Plan {
-            key_names: key_columns.iter().map(|k| intern(k)).collect(),
+            key_strs: key_columns.clone(),
             missing_detail: key_columns.iter().map(|k| Ok(format!("key column {} is missing", repr(k)?))).collect::<PyResult<_>>()?,
             aggs,
-            sum_columns: sums.iter().map(|c| intern(c)).collect(),
             sum_detail: sums.iter().map(|c| Ok(format!("{} is not a number", repr(c)?))).collect::<PyResult<_>>()?,
             sum_names: sums,
-            nonnull_columns: nonnull.iter().map(|c| intern(c)).collect(),
             nonnull_names: nonnull,
-            multiset_columns: multisets.iter().map(|c| intern(c)).collect(),
+
             multiset_detail: multisets
                 .iter()
                 .map(|c| Ok(format!("{} holds a list or an object", repr(c)?)))
                 .collect::<PyResult<_>>()?,
             multiset_index: multisets.iter().map(|c| at(&kept, c)).collect(),
+            multiset_names: multisets,
             tag_index: tagged.iter().map(|c| at(&kept, c)).collect(),
             needs_tags: !tagged.is_empty(),
-            kept: kept.iter().map(|c| intern(c)).collect(),
+            kept,
             form,
             delta,
             message_key,

@@ -142,7 +142,7 @@ impl Core {
         let mut json: Vec<u8> = Vec::with_capacity(64);
         let mut ranges: Vec<(usize, usize)> = Vec::with_capacity(plan.aggs.len());
         let mut part_ranges: Vec<(usize, usize)> = Vec::new();
-        let (nsum, nnn) = (plan.sum_columns.len(), plan.nonnull_columns.len());
+        let (nsum, nnn) = (plan.sum_names.len(), plan.nonnull_names.len());
         for &at in &order {
             let at = at as usize;
             let (key, total) = (touched[at].0.as_slice(), touched[at].1);

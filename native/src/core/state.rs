@@ -4,14 +4,13 @@
 
 use std::collections::BTreeMap;
 
-use pyo3::prelude::*;
 use rustc_hash::FxHashMap;
 
 use super::apply::Checked;
 use super::plan::{Agg, Plan};
 use super::{fits_i64, Core, Fail, Fp, KeyBytes, Map, NO_SLOT};
 use crate::statecodec::Tag;
-use crate::value::{value_of, Scalar, Unsup, Value};
+use crate::value::{row_get, Scalar, Unsup, Value};
 
 /// `_Row`: the live copies of one distinct row under one key.
 pub(super) struct Row {
@@ -44,9 +43,9 @@ impl KeyState {
             slot: NO_SLOT,
             rows: FxHashMap::default(),
             total: 0,
-            sums: vec![0; plan.sum_columns.len()],
-            nonnull: vec![0; plan.nonnull_columns.len()],
-            multisets: vec![BTreeMap::new(); plan.multiset_columns.len()],
+            sums: vec![0; plan.sum_names.len()],
+            nonnull: vec![0; plan.nonnull_names.len()],
+            multisets: vec![BTreeMap::new(); plan.multiset_names.len()],
             order: BTreeMap::new(),
             view: None,
         }
@@ -90,21 +89,14 @@ pub(super) fn slot_starts(slots: usize, mut slot_of: impl Iterator<Item = u32>) 
 
 impl Core {
     /// `_add`: one more copy of the event's row under its key.
-    pub(super) fn add(&mut self, py: Python<'_>, c: &Checked<'_>) -> Result<(), Fail> {
+    pub(super) fn add(&mut self, c: &Checked<'_>) -> Result<(), Fail> {
         let plan = &self.plan;
         let state = self.keys.entry_ref(c.key.as_slice()).or_insert_with(|| KeyState::new(plan));
         if !state.rows.contains_key(&c.fp) {
             let vals = if plan.kept.is_empty() {
                 None
             } else {
-                let mut vals = Vec::with_capacity(plan.kept.len());
-                for name in &plan.kept {
-                    vals.push(match c.row.get_item(name.bind(py))? {
-                        Some(value) => value_of(&value, 0)?,
-                        None => Value::Null,
-                    });
-                }
-                Some(vals.into_boxed_slice())
+                Some(plan.kept.iter().map(|name| row_get(c.row, name).cloned().unwrap_or(Value::Null)).collect())
             };
             state.rows.insert(c.fp, Row { count: 0, tags: plan.needs_tags.then(Vec::new), vals });
         }
@@ -161,15 +153,15 @@ impl Core {
             let Batch { keys, slots, sums, nonnull, .. } = &mut *batch;
             state.slot = *slots.entry_ref(c.key.as_slice()).or_insert_with(|| {
                 keys.push((KeyBytes::from(c.key.as_slice()), 0));
-                sums.resize(sums.len() + plan.sum_columns.len(), 0);
-                nonnull.resize(nonnull.len() + plan.nonnull_columns.len(), 0);
+                sums.resize(sums.len() + plan.sum_names.len(), 0);
+                nonnull.resize(nonnull.len() + plan.nonnull_names.len(), 0);
                 (keys.len() - 1) as u32
             });
         }
         let at = state.slot;
         batch.rows.push((at, c.fp));
         batch.keys[at as usize].1 += sign;
-        let base = at as usize * plan.sum_columns.len();
+        let base = at as usize * plan.sum_names.len();
         for (slot, value) in c.sums.iter().enumerate() {
             if let Some(n) = value {
                 let n = sign as i128 * *n as i128;
@@ -177,7 +169,7 @@ impl Core {
                 batch.sums[base + slot] += n;
             }
         }
-        let base = at as usize * plan.nonnull_columns.len();
+        let base = at as usize * plan.nonnull_names.len();
         for (slot, present) in c.nonnull.iter().enumerate() {
             if *present {
                 state.nonnull[slot] += sign;
