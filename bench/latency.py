@@ -184,8 +184,13 @@ def send_paced(settings: dict[str, Any], topic: str, rate: float, timeline: Time
             key = f"lat-{prefix}-{sent:09d}"
             value = append_event(key, sent % 1000, int(time.time() * 1000))
             sent_key = message_key_bytes(KEY, (key,))
-            timeline.sent[sent_key] = time.monotonic()
-            producer.produce(topic, value, sent_key, on_delivery=on_delivery)
+            while True:
+                timeline.sent[sent_key] = time.monotonic()  # when the client takes it
+                try:
+                    producer.produce(topic, value, sent_key, on_delivery=on_delivery)
+                    break
+                except BufferError:  # its queue is full (the broker acknowledges slower than the pace)
+                    producer.poll(0.01)
             sent += 1
         producer.poll(0)
         next_slice = (int((time.monotonic() - started) / SLICE) + 1) * SLICE
