@@ -21,6 +21,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 from refold.codecs import source_decoder
@@ -131,6 +132,9 @@ class Units(NamedTuple):
     tombstones: int
 
 
+_OFFSET = itemgetter(1)  # an InputRecord's offset
+
+
 def partitions(
     fresh: Sequence[InputRecord], pending: Mapping[int, PendingRecord]
 ) -> tuple[list[tuple[int, list[InputRecord]]], dict[int, PendingRecord]]:
@@ -143,7 +147,7 @@ def partitions(
     pending_out = dict(pending)
     parts = []
     for partition in sorted(by_partition):
-        rows = sorted(by_partition[partition], key=lambda r: r.offset)
+        rows = sorted(by_partition[partition], key=_OFFSET)
         held = pending_out.pop(partition, None)
         if held is not None:
             rows.insert(0, InputRecord(partition, held.offset, held.key, held.value, held.timestamp))
