@@ -15,7 +15,7 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from refold_native import GroupedCore, Unsupported
+from refold_native import Unsupported
 
 from refold.codecs.jsonl import event_time_from_iso
 from refold.config import Pipeline, parse_pipeline
@@ -103,8 +103,9 @@ class Source:
     def _row(self, p: int) -> dict[str, Any]:
         d = self.data
         live = self.live[p]
-        if live and d.draw(st.booleans()):
-            return dict(d.draw(st.sampled_from(live)))
+        again = d.draw(st.booleans())
+        if live and again:
+            return dict(live[d.draw(st.integers(0, len(live) - 1))])
         row: dict[str, Any] = {"k": d.draw(st.sampled_from(NAMES)), "x": d.draw(st.integers(-5, 5))}
         if d.draw(st.booleans()):
             row["w"] = d.draw(st.sampled_from([None, "a", "b", 2]))

@@ -172,7 +172,6 @@ class RouteProcessor(ShardProcessor):
     `P.rows` as its state topic and routed units as its output."""
 
     core: Any
-    core_reads = False  # its core counts live rows per message key; the units are routed in Python
 
     def _state_topic(self) -> str:
         return self.pipeline.rows_topic
@@ -185,7 +184,23 @@ class RouteProcessor(ShardProcessor):
         `spark.core` allows; the view's own checks stay in Python (`_reduce_natively`)."""
         if self.pipeline.spark.core == "python" or refold_native is None:
             return None
-        return refold_native.GroupedCore(list(message_key(self.pipeline)), [("rows", "count", "*")], None, False)
+        core = refold_native.GroupedCore(list(message_key(self.pipeline)), [("rows", "count", "*")], None, False)
+        view = self.pipeline.view
+        if view.top_n is None:  # a grouped view's checks and routing in the core too, after its reader
+            core.route_with(list(view.key), [(name, spec.agg, spec.column) for name, spec in view.columns.items()],
+                            stage2_shards(self.pipeline))
+        else:
+            self.core_reads = False
+        return core
+
+    def _apply_read(self, out: Outgoing) -> list[Any]:
+        """Stage 1 of the units the core read (`route_read`): the view's checks, the
+        message keys' live rows, the accepted units routed into `out.exchange`."""
+        refused, routed, out.state = self.core.route_read()
+        exchange = out.exchange
+        for shard, value in routed:
+            exchange.setdefault(shard, []).append(value)
+        return refused
 
     def _reduce_natively(self, units: Sequence[Unit], out: Outgoing) -> bool:
         """The view's checks (Python), then the message keys' live rows in the native

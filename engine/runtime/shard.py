@@ -92,7 +92,7 @@ class ShardProcessor:
     `BatchProcessor` fences every shard before any restores). `fence`, `restore` and
     `_commit` are the seams the benchmarks replace."""
 
-    core_reads = True  # the native core may read the source's records itself (a stage of a re-grouping view: no)
+    core_reads = True  # the native core may read the source's records itself (stages 2 and 3 read other records: no)
 
     def __init__(
         self,
@@ -438,12 +438,17 @@ class ShardProcessor:
         try:
             self._load(read.touched)
             self.hooks.crash_point("mid_batch", self.checkpoint.batch + 1)
-            refused, out.view, out.delta, out.state = self.core.apply_read()
+            refused = self._apply_read(out)
         except Unsupported as exc:
             self._fall_back(out, len(out.dlq), exc)
             return None
         read.refuse(refused, self.dead_letters, out)
         return read.pending
+
+    def _apply_read(self, out: Outgoing) -> list[Any]:
+        """The units the core read, applied: its records into `out`, the refused units back."""
+        refused, out.view, out.delta, out.state = self.core.apply_read()
+        return refused
 
     def _fall_back(self, out: Outgoing, letters: int, exc: Unsupported) -> bool:
         """The native core cannot take the batch (a value it does not handle): its dead letters

@@ -26,6 +26,7 @@ mod plan;
 mod read;
 mod render;
 mod restore;
+mod route;
 mod state;
 
 use pyo3::prelude::*;
@@ -37,6 +38,7 @@ use crate::value::{Unsup, Value};
 
 pub use self::apply::Ev;
 pub use self::plan::Plan;
+pub use self::route::Router;
 use self::plan::Src;
 pub use self::restore::RestoreFail;
 use self::state::{Batch, KeyState};

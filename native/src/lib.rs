@@ -18,7 +18,7 @@ use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyTuple};
 
-use crate::core::{Core, Fail, Plan, RestoreFail};
+use crate::core::{Core, Fail, Plan, RestoreFail, Router};
 
 create_exception!(
     refold_native,
@@ -40,6 +40,9 @@ fn raise(fail: Fail) -> PyErr {
 #[pyclass(module = "refold_native")]
 struct GroupedCore {
     core: Core,
+    /// stage 1 of a re-grouping view: this core counts rows per message key, the router
+    /// checks and routes by the view's key (`route_with`)
+    router: Option<Router>,
 }
 
 #[pymethods]
@@ -56,7 +59,7 @@ impl GroupedCore {
         if key_columns.is_empty() {
             return Err(PyValueError::new_err("a grouped view needs at least one key column"));
         }
-        Ok(GroupedCore { core: Core::new(Plan::new(py, key_columns, columns, view_form, delta)?) })
+        Ok(GroupedCore { core: Core::new(Plan::new(py, key_columns, columns, view_form, delta)?), router: None })
     }
 
     /// `GroupedReducer.restore(records)`: (record key, value) pairs of `P.state`.
@@ -99,14 +102,7 @@ impl GroupedCore {
             unsafe { pyo3::ffi::PyGC_Enable() };
         }
         let (out, records) = out.map_err(raise)?;
-        let rejected = out
-            .rejected
-            .into_iter()
-            .zip(records)
-            .map(|((_, r), indices)| {
-                (PyTuple::new(py, indices)?, r.index, r.reason, r.detail).into_pyobject(py).map(|t| t.into_any())
-            })
-            .collect::<PyResult<Vec<_>>>()?;
+        let rejected = rejections(py, out.rejected, records)?;
         batch_tuple(py, rejected, out.view, out.delta, out.state)
     }
 
@@ -129,6 +125,43 @@ impl GroupedCore {
         batch_tuple(py, rejected, out.view, out.delta, out.state)
     }
 
+    /// Make this core (rows per message key) stage 1 of a re-grouping grouped view: its
+    /// key and columns, and the number of stage-2 shards (see core/route.rs).
+    fn route_with(
+        &mut self,
+        py: Python<'_>,
+        key_columns: Vec<String>,
+        columns: Vec<(String, String, String)>,
+        shards: u64,
+    ) -> PyResult<()> {
+        if key_columns.is_empty() || shards == 0 {
+            return Err(PyValueError::new_err("a routed view needs key columns and at least one shard"));
+        }
+        self.router = Some(Router::new(Plan::new(py, key_columns, columns, None, false)?, shards));
+        Ok(())
+    }
+
+    /// Stage 1 over the units `read` kept: (rejected, routed, state), each rejection as
+    /// `apply_read`'s, `routed` the (stage-2 shard, value) records in order.
+    fn route_read<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let Some(router) = self.router.as_ref() else {
+            return Err(PyValueError::new_err("route_read before route_with"));
+        };
+        let was_enabled = unsafe { pyo3::ffi::PyGC_Disable() };
+        let out = self.core.route_read(py, router);
+        if was_enabled == 1 {
+            unsafe { pyo3::ffi::PyGC_Enable() };
+        }
+        let (routed, records) = out.map_err(raise)?;
+        let rejected = rejections(py, routed.out.rejected, records)?;
+        let values = routed
+            .routed
+            .into_iter()
+            .map(|(shard, value)| (shard, PyBytes::new(py, &value)).into_pyobject(py).map(|t| t.into_any()))
+            .collect::<PyResult<Vec<_>>>()?;
+        PyTuple::new(py, [PyList::new(py, rejected)?, PyList::new(py, values)?, PyList::new(py, routed.out.state)?])
+    }
+
     /// `GroupedReducer.view()`: the current view rows by key tuple.
     fn view<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         self.core.view(py)
@@ -137,6 +170,21 @@ impl GroupedCore {
     fn __len__(&self) -> usize {
         self.core.len()
     }
+}
+
+/// Refused units as (their records' indices, index, reason, detail).
+fn rejections<'py>(
+    py: Python<'py>,
+    rejected: Vec<(usize, crate::core::Rejected)>,
+    records: Vec<Vec<u32>>,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    rejected
+        .into_iter()
+        .zip(records)
+        .map(|((_, r), indices)| {
+            (PyTuple::new(py, indices)?, r.index, r.reason, r.detail).into_pyobject(py).map(|t| t.into_any())
+        })
+        .collect()
 }
 
 /// A batch's (rejected, view, delta, state) as Python lists in a tuple.

@@ -168,6 +168,20 @@ pub fn write_row(out: &mut Vec<u8>, row: &[(Box<str>, Value)], skip_null: bool) 
     out.push(b'}');
 }
 
+/// Append a row's JSON in its column order (`orjson.dumps(row)`).
+pub fn write_dict(out: &mut Vec<u8>, row: &[(Box<str>, Value)]) {
+    out.push(b'{');
+    for (i, (name, value)) in row.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_str(out, name);
+        out.push(b':');
+        value.write(out, false);
+    }
+    out.push(b'}');
+}
+
 /// Whether a row's value nests no deeper than `value_of` reads (a row's columns are at
 /// depth 1).
 pub fn within_depth(value: &Value, depth: usize) -> bool {

@@ -1,0 +1,151 @@
+"""Stage 1 of a re-grouping grouped view in the native core (`GroupedCore.route_with` +
+`route_read`, native/src/core/route.rs, after its reader) against stage 1 with the
+Python reader and the view's checks in Python (`RouteProcessor._reduce_natively`):
+over random batches of a changelog keyed by player, a view per team in 1 or 3 shards,
+the same routed records to each `P.repartition` partition (byte for byte, in order),
+dead letters, `P.rows` records and held-over `-C`s; a batch the native reader declines
+goes the Python way in both. No broker: the processors' commits are captured."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from refold.config import parse_pipeline
+from refold.recovery.records import Checkpoint
+from refold.runtime.batch import InputRecord, Outgoing
+from refold.runtime.exchange import RouteProcessor
+
+VIEW = {"key": ["team"], "columns": {"total": {"sum": "score"}, "n": {"count": "*"}, "best": {"max": "score"},
+                                     "latest": {"last": "score"}}}
+
+
+class DryRoute(RouteProcessor):
+    """Stage 1's shard without a broker: each batch's outgoing records are kept."""
+
+    def _commit(self, out: Outgoing, checkpoint: Checkpoint) -> None:
+        self.sent = out
+
+    def _stamp(self, state: Any, checkpoint: Checkpoint) -> None:
+        pass  # the reducer keeps every key it met: nothing is loaded back
+
+
+def _processor(shards: int, native_reads: bool, root: Path) -> DryRoute:
+    pipeline = parse_pipeline({
+        "pipeline": "route", "kafka": {"bootstrap.servers": "127.0.0.1:9"}, "shards": shards,
+        "source": {"topic": "scores", "key": ["player"]}, "view": VIEW,
+        "outputs": {"view": {"topic": "route.view"}},
+    })
+    processor = DryRoute(pipeline, {"bootstrap.servers": "127.0.0.1:9"}, 0, state_root=root, start=False)
+    processor.lock()
+    assert processor.core is not None and processor.core_reads
+    processor.core_reads = native_reads
+    return processor
+
+
+def _records(data: st.DataObject, start: list[int], partitions: int) -> list[InputRecord]:
+    """A batch over `partitions`: appends, retractions (some of rows not live), corrections
+    that move a row between teams, and now and then a record the native reader declines
+    or a unit the view refuses."""
+    records = []
+    for p in range(partitions):
+        for _ in range(data.draw(st.integers(0, 8))):
+            player = f"p{data.draw(st.integers(0, 3)) * partitions + p}"
+            row = {"player": player, "team": data.draw(st.sampled_from(["t0", "t1", "t2", "t3"])),
+                   "score": data.draw(st.integers(0, 5))}
+            kind = data.draw(st.sampled_from(["+A", "+A", "-R", "pair", "odd"]))
+            if kind == "odd":
+                odd = data.draw(st.sampled_from(["null team", "list score", "float score", "no op", "-C alone"]))
+                event(f"odd: {odd}")
+                if odd == "null team":
+                    values = [{"op": "+A", **row, "team": None}]
+                elif odd == "list score":
+                    values = [{"op": "+A", **row, "score": [1]}]  # the view refuses a summed list
+                elif odd == "float score":
+                    values = [{"op": "+A", **row, "score": 1.5}]  # the native core does not sum floats
+                elif odd == "no op":
+                    values = [{**row}]
+                else:
+                    values = [{"op": "-C", **row}, {"op": "+A", **row}]
+            elif kind == "pair":
+                moved = {**row, "team": data.draw(st.sampled_from(["t0", "t1", "t2", "t3"]))}
+                values = [{"op": "-C", **row}, {"op": "+C", **moved}]
+            else:
+                values = [{"op": kind, **row}]
+            for value in values:
+                value["event_time"] = data.draw(st.integers(0, 30))  # may go backwards
+                key = orjson.dumps({"player": player})
+                records.append(InputRecord(p, start[p], key, orjson.dumps(value), 1))
+                start[p] += 1
+    return records
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_stage_one_routes_natively_as_in_python(tmp_path_factory: Any, data: st.DataObject) -> None:
+    shards = data.draw(st.sampled_from([1, 3]))
+    partitions = 1  # a stage-1 shard reads one source partition (merge keys are by offset)
+    python = _processor(shards, False, tmp_path_factory.mktemp("python"))
+    native = _processor(shards, True, tmp_path_factory.mktemp("native"))
+    offsets = [0] * partitions
+    try:
+        for _ in range(data.draw(st.integers(1, 4))):
+            batch = _records(data, offsets, partitions)
+            if not batch:
+                continue
+            python._process_once(batch)
+            calls: list[str] = []
+            if native.core is not None:
+                native.core = _Spy(native.core, calls)
+            native._process_once(batch)
+            if isinstance(native.core, _Spy):
+                native.core = native.core._core
+            event("routed natively" if "route_read" in calls else "declined")
+            want, got = python.sent, native.sent
+            event("python" if native.core is None else "native core")
+            assert got.exchange == want.exchange
+            assert [list(values) for values in got.exchange.values()] == [list(v) for v in want.exchange.values()]
+            assert got.dlq == want.dlq
+            assert got.state == want.state
+            assert native.checkpoint.pending == python.checkpoint.pending
+            if python.core is None or native.core is None:
+                return  # a value the native core does not take: each goes on in Python
+    finally:
+        python.close()
+        native.close()
+
+
+def test_a_clean_batch_routes_in_the_native_core(tmp_path: Path) -> None:
+    native = _processor(3, True, tmp_path)
+    batch = [InputRecord(0, o, orjson.dumps({"player": "p0"}), orjson.dumps(v), 1) for o, v in enumerate([
+        {"op": "+A", "player": "p0", "team": "t1", "score": 4, "event_time": 3},
+        {"op": "-C", "player": "p0", "team": "t1", "score": 4, "event_time": 2},
+        {"op": "+C", "player": "p0", "team": "t2", "score": 5, "event_time": 2},
+        {"op": "-R", "player": "p0", "team": "t9", "score": 1, "event_time": 4},  # not live: refused
+    ])]
+    calls: list[str] = []
+    native.core = _Spy(native.core, calls)
+    try:
+        native._process_once(batch)
+    finally:
+        native.close()
+    assert "route_read" in calls  # the batch went through the native reader and router
+    routed = sorted(value for values in native.sent.exchange.values() for value in values)
+    assert b'[[3,0,0],[[3,0,0,0,{"player":"p0","team":"t1","score":4}]]]' in routed
+    assert [letter.reason for letter in native.sent.dlq] == ["not live"]
+
+
+class _Spy:
+    """The core, noting which of its methods the shard calls."""
+
+    def __init__(self, core: Any, calls: list[str]) -> None:
+        self._core, self._calls = core, calls
+
+    def __getattr__(self, name: str) -> Any:
+        self._calls.append(name)
+        return getattr(self._core, name)
