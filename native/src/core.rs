@@ -178,6 +178,8 @@ pub struct Core {
     ranges: Vec<(usize, usize)>,
     /// the units `read` made, until `apply_read`
     prepared: Option<Vec<Vec<Ev>>>,
+    /// the Python units `touched` read (the list, held), until `apply_batch` of that list
+    converted: Option<(Py<PyAny>, Vec<Vec<Ev>>)>,
 }
 
 fn fits_i64(n: i128) -> Result<i64, Unsup> {
@@ -186,7 +188,7 @@ fn fits_i64(n: i128) -> Result<i64, Unsup> {
 
 impl Core {
     pub fn new(plan: Plan) -> Core {
-        Core { plan, keys: Map::default(), batch: Batch::default(), scratch: Vec::new(), ranges: Vec::new(), prepared: None }
+        Core { plan, keys: Map::default(), batch: Batch::default(), scratch: Vec::new(), ranges: Vec::new(), prepared: None, converted: None }
     }
 
     pub fn len(&self) -> usize {

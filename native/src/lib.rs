@@ -71,7 +71,7 @@ impl GroupedCore {
     }
 
     /// The key JSON (`key_bytes`) of `state_key(event)` for every event of the units.
-    fn touched<'py>(&self, py: Python<'py>, units: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
+    fn touched<'py>(&mut self, py: Python<'py>, units: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
         let keys = self.core.touched(units).map_err(raise)?;
         PyList::new(py, keys.iter().map(|k| PyBytes::new(py, k)))
     }

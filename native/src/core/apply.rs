@@ -345,9 +345,13 @@ impl Core {
         Ok(out)
     }
 
-    /// `apply_units` over Python units.
+    /// `apply_units` over Python units (read into `Ev`s by `touched` just before, when it
+    /// was given the same list).
     pub fn apply_batch<'py>(&mut self, py: Python<'py>, units: &Bound<'py, PyAny>) -> Result<BatchOut<'py>, Fail> {
-        let units = units_of(units)?;
+        let units = match self.converted.take() {
+            Some((list, converted)) if list.bind(py).is(units) => converted,
+            _ => units_of(units)?,
+        };
         self.apply_units(py, &units)
     }
 
@@ -370,8 +374,12 @@ impl Core {
         Ok(out)
     }
 
-    /// `touched_of` over Python units.
-    pub fn touched(&self, units: &Bound<'_, PyAny>) -> Result<Vec<Vec<u8>>, Fail> {
-        self.touched_of(&units_of(units)?)
+    /// `touched_of` over Python units; their `Ev`s wait for `apply_batch` of the same
+    /// list (held, so that no other list can take its place).
+    pub fn touched(&mut self, units: &Bound<'_, PyAny>) -> Result<Vec<Vec<u8>>, Fail> {
+        let converted = units_of(units)?;
+        let keys = self.touched_of(&converted)?;
+        self.converted = Some((units.clone().unbind(), converted));
+        Ok(keys)
     }
 }
