@@ -4,7 +4,8 @@
 //! - `value`: column values, read off Python objects; `value_order`
 //! - `statecodec`: `P.state` records (refold.reduce.statecodec)
 //! - `core`: the grouped reduction and its rendering (refold.reduce.grouped,
-//!   refold.runtime.render)
+//!   refold.runtime.render), the reader of a clean `jsonl` batch (refold.runtime.batch)
+//!   and stage 1 of a re-grouping view (refold.runtime.exchange)
 //!
 //! This file is the Python interface: `GroupedCore` and `Unsupported`.
 
