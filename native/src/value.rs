@@ -64,29 +64,13 @@ impl Value {
                 out.push(b']');
             }
             Value::Dict(entries) => {
-                out.push(b'{');
                 if sort && entries.len() > 1 {
                     let mut sorted: Vec<&(Box<str>, Value)> = entries.iter().collect();
                     sorted.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-                    for (i, (name, value)) in sorted.into_iter().enumerate() {
-                        if i > 0 {
-                            out.push(b',');
-                        }
-                        write_str(out, name);
-                        out.push(b':');
-                        value.write(out, sort);
-                    }
+                    write_entries(out, sorted, sort);
                 } else {
-                    for (i, (name, value)) in entries.iter().enumerate() {
-                        if i > 0 {
-                            out.push(b',');
-                        }
-                        write_str(out, name);
-                        out.push(b':');
-                        value.write(out, sort);
-                    }
+                    write_entries(out, entries, sort);
                 }
-                out.push(b'}');
             }
         }
     }
@@ -156,28 +140,25 @@ pub fn write_row(out: &mut Vec<u8>, row: &[(Box<str>, Value)], skip_null: bool) 
     let mut named: Vec<&(Box<str>, Value)> =
         row.iter().filter(|(_, v)| !(skip_null && matches!(v, Value::Null))).collect();
     named.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-    out.push(b'{');
-    for (i, (name, value)) in named.into_iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        write_str(out, name);
-        out.push(b':');
-        value.write(out, true);
-    }
-    out.push(b'}');
+    write_entries(out, named, true);
 }
 
 /// Append a row's JSON in its column order (`orjson.dumps(row)`).
 pub fn write_dict(out: &mut Vec<u8>, row: &[(Box<str>, Value)]) {
+    write_entries(out, row, false);
+}
+
+/// Append `{"name":value,...}` of the entries in the order given (`sort`: nested dicts'
+/// names sorted).
+fn write_entries<'a>(out: &mut Vec<u8>, entries: impl IntoIterator<Item = &'a (Box<str>, Value)>, sort: bool) {
     out.push(b'{');
-    for (i, (name, value)) in row.iter().enumerate() {
+    for (i, (name, value)) in entries.into_iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
         write_str(out, name);
         out.push(b':');
-        value.write(out, false);
+        value.write(out, sort);
     }
     out.push(b'}');
 }
