@@ -207,14 +207,9 @@ fn batch_tuple<'py>(
 #[pyfunction]
 #[pyo3(signature = (value, sort_keys = false))]
 fn _dumps<'py>(py: Python<'py>, value: &Bound<'py, PyAny>, sort_keys: bool) -> PyResult<Bound<'py, PyBytes>> {
+    let value = value::value_of(value, 0).map_err(|why| Unsupported::new_err(why.0))?;
     let mut out = Vec::new();
-    value::write_py(&mut out, value, sort_keys, 0).map_err(|why| Unsupported::new_err(why.0))?;
-    let via_value = value::value_of(value, 0).map_err(|why| Unsupported::new_err(why.0))?;
-    let mut again = Vec::new();
-    via_value.write(&mut again, sort_keys);
-    if again != out {
-        return Err(PyValueError::new_err("the two writers differ"));
-    }
+    value.write(&mut out, sort_keys);
     Ok(PyBytes::new(py, &out))
 }
 

@@ -8,9 +8,7 @@
 
 use std::cmp::Ordering;
 
-use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::Borrowed;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 use crate::json::{write_float, write_int, write_str};
@@ -274,121 +272,6 @@ pub fn value_of(obj: &Bound<'_, PyAny>, depth: usize) -> Result<Value, Unsup> {
             return Err(Unsup(format!("a value of type {name}")));
         }
     })
-}
-
-/// Append `orjson.dumps(obj, option=OPT_SORT_KEYS if sort)` of a Python value, without
-/// making a `Value` of it (the fingerprint's canonical bytes); Unsupported as `value_of`.
-pub fn write_py(out: &mut Vec<u8>, obj: &Bound<'_, PyAny>, sort: bool, depth: usize) -> Result<(), Unsup> {
-    if depth > MAX_DEPTH {
-        return Err(Unsup::new("a value nested too deep"));
-    }
-    match kind(obj) {
-        Kind::None => out.extend_from_slice(b"null"),
-        Kind::Bool(true) => out.extend_from_slice(b"true"),
-        Kind::Bool(false) => out.extend_from_slice(b"false"),
-        Kind::Int(o) => write_int(out, int_of(o)?),
-        Kind::Float(x) => write_float(out, finite(x)?),
-        Kind::Str(o) => write_str(out, str_of(o)?),
-        Kind::List => {
-            let list = unsafe { obj.cast_unchecked::<PyList>() };
-            out.push(b'[');
-            for (i, item) in list.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_py(out, &item, sort, depth + 1)?;
-            }
-            out.push(b']');
-        }
-        Kind::Tuple => {
-            let tuple = unsafe { obj.cast_unchecked::<PyTuple>() };
-            out.push(b'[');
-            for (i, item) in tuple.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_py(out, &item, sort, depth + 1)?;
-            }
-            out.push(b']');
-        }
-        Kind::Dict => {
-            let dict = unsafe { obj.cast_unchecked::<PyDict>() };
-            write_py_dict(out, dict, sort, false, depth)?;
-        }
-        Kind::Other => {
-            let name = obj.get_type().name().map(|n| n.to_string()).unwrap_or_default();
-            return Err(Unsup(format!("a value of type {name}")));
-        }
-    }
-    Ok(())
-}
-
-/// Append a dict's JSON (`skip_null`: without its entries whose value is None, as
-/// `canonical_row` leaves a row's null columns out).
-pub fn write_py_dict(
-    out: &mut Vec<u8>,
-    dict: &Bound<'_, PyDict>,
-    sort: bool,
-    skip_null: bool,
-    depth: usize,
-) -> Result<(), Unsup> {
-    let py = dict.py();
-    // the entries as borrowed references (the dict holds them while this runs), on the
-    // stack for the usual row of a few columns
-    const INLINE: usize = 24;
-    let mut inline: [(&str, *mut ffi::PyObject); INLINE] = [("", std::ptr::null_mut()); INLINE];
-    let mut spilled: Vec<(&str, *mut ffi::PyObject)> = Vec::new();
-    let mut count = 0usize;
-    let mut pos: ffi::Py_ssize_t = 0;
-    let mut name_ptr: *mut ffi::PyObject = std::ptr::null_mut();
-    let mut value_ptr: *mut ffi::PyObject = std::ptr::null_mut();
-    let none = unsafe { ffi::Py_None() };
-    // SAFETY: PyDict_Next hands out borrowed references of a dict this thread holds
-    // (with the GIL), which nothing changes until this returns
-    while unsafe { ffi::PyDict_Next(dict.as_ptr(), &mut pos, &mut name_ptr, &mut value_ptr) } != 0 {
-        if skip_null && value_ptr == none {
-            continue;
-        }
-        let name = unsafe { Borrowed::from_ptr(py, name_ptr) };
-        if !name.is_exact_instance_of::<PyString>() {
-            return Err(Unsup::new("a dict key that is not a str"));
-        }
-        // SAFETY: an exact str; its UTF-8 is kept in the object, which the dict holds
-        let name: &str = unsafe {
-            let mut size: ffi::Py_ssize_t = 0;
-            let data = ffi::PyUnicode_AsUTF8AndSize(name_ptr, &mut size);
-            if data.is_null() {
-                ffi::PyErr_Clear();
-                return Err(Unsup::new("a string with a lone surrogate"));
-            }
-            std::str::from_utf8_unchecked(std::slice::from_raw_parts(data as *const u8, size as usize))
-        };
-        if count < INLINE {
-            inline[count] = (name, value_ptr);
-        } else {
-            if spilled.is_empty() {
-                spilled.extend_from_slice(&inline);
-            }
-            spilled.push((name, value_ptr));
-        }
-        count += 1;
-    }
-    let named: &mut [(&str, *mut ffi::PyObject)] = if count <= INLINE { &mut inline[..count] } else { &mut spilled };
-    if sort {
-        named.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-    }
-    out.push(b'{');
-    for (i, (name, value)) in named.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        write_str(out, name);
-        out.push(b':');
-        let value = unsafe { Borrowed::from_ptr(py, *value) };
-        write_py(out, &value, sort, depth + 1)?;
-    }
-    out.push(b'}');
-    Ok(())
 }
 
 // ------------------------------------------------------------------------------------
