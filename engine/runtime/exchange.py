@@ -181,7 +181,9 @@ class RouteProcessor(ShardProcessor):
 
     def _new_core(self) -> Any:
         """The native core for the message keys' live rows (a count per message key), as
-        `spark.core` allows; the view's own checks stay in Python (`_reduce_natively`)."""
+        `spark.core` allows. For a grouped view it also takes the view's checks and the
+        routing of a batch it reads itself (`_apply_read`); otherwise, and for a Top-N,
+        the view's checks stay in Python (`_reduce_natively`)."""
         if self.pipeline.spark.core == "python" or refold_native is None:
             return None
         core = refold_native.GroupedCore(list(message_key(self.pipeline)), [("rows", "count", "*")], None, False)
