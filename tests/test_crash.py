@@ -30,19 +30,22 @@ pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 COLUMNS = {"total": {"sum": "score"}, "best": {"max": "score"}, "n": {"count": "*"}, "latest": {"last": "score"}}
 
 
-def write_pipeline(tmp: Path, source: str, bootstrap: str, top_n: dict[str, Any] | None = None) -> Path:
-    """The crash tests' pipeline: totals per player; with `top_n`, that Top-N over the
-    source keyed by player (a re-grouping view, in as many shards as partitions)."""
+def write_pipeline(tmp: Path, source: str, bootstrap: str, top_n: dict[str, Any] | None = None,
+                   key: str = "player_name") -> Path:
+    """The crash tests' pipeline: totals per player (or per `key`); with `top_n`, that
+    Top-N. Over the source keyed by player, a Top-N or a view keyed otherwise re-groups,
+    in as many shards as partitions."""
     name = f"c{uuid.uuid4().hex[:10]}"
     path = tmp / f"{name}.yaml"
-    view = {"top_n": top_n} if top_n else {"key": ["player_name"], "columns": COLUMNS}
+    view = {"top_n": top_n} if top_n else {"key": [key], "columns": COLUMNS}
     outputs = {"view": {"topic": f"{name}.view"}} | ({} if top_n else {"delta": {"topic": f"{name}.delta"}})
+    regroups = top_n is not None or key != "player_name"
     path.write_text(
         yaml.safe_dump(
             {
                 "pipeline": name,
                 "kafka": {"bootstrap.servers": bootstrap},
-                "source": {"topic": source} | ({"key": ["player_name"]} if top_n else {}),
+                "source": {"topic": source} | ({"key": ["player_name"]} if regroups else {}),
                 "view": view,
                 "outputs": outputs,
                 "trigger": "200ms",
@@ -130,6 +133,24 @@ def test_a_global_top_n_in_shards_killed_at_each_point_then_restarted(bootstrap_
     assert_exact(pipeline, bootstrap_servers, events)
     assert sorted(load_checkpoints(stage2, settings)) == [0, 1, 2]
     assert load_checkpoints(rank_pipeline(pipeline), settings)[0].batch > 0  # stage 3 ranked it
+
+
+def test_a_regrouping_grouped_view_killed_at_each_point_then_restarted(bootstrap_servers, loaded_source,
+                                                                      tmp_path) -> None:
+    # totals per team over the source keyed by player: stage 1 (the native reader and
+    # router, for the batches it takes) and stage 2 in 3 shards, killed in each stage's
+    # batches, then exact
+    source, events = loaded_source
+    path = write_pipeline(tmp_path, source, bootstrap_servers, key="team")
+    pipeline = load_pipeline(path)
+    settings = {"bootstrap.servers": bootstrap_servers}
+    for crash in ("mid_batch:2", "in_txn:3", "after_commit:4"):
+        code, err = finish(start_engine(path, crash=crash))
+        assert code == -9, f"{crash}: {err[-2000:]}"
+    code, err = finish(start_engine(path))
+    assert code == 0, err[-3000:]
+    assert_exact(pipeline, bootstrap_servers, events)
+    assert sorted(load_checkpoints(view_pipeline(pipeline.model_copy(update={"shards": 3})), settings)) == [0, 1, 2]
 
 
 def test_kill_9_between_two_shards_commits_of_one_batch(bootstrap_servers, loaded_source, tmp_path) -> None:
