@@ -19,7 +19,7 @@ Guarantees of `UnitReader.read`:
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, NamedTuple
@@ -59,6 +59,12 @@ class Outgoing:
     delta_rows: list[dict[str, Any]] = field(default_factory=list)  # for delta materializations
     exchange: dict[int, list[bytes]] = field(default_factory=dict)  # P.repartition partition -> routed units
     exchange_topic: str | None = None  # where `exchange` goes: P.repartition unless set (a stage 2's P.tops)
+
+    def route(self, routed: Iterable[tuple[int, bytes]]) -> None:
+        """Routed records (P.repartition partition, value), after those already here."""
+        exchange = self.exchange
+        for partition, value in routed:
+            exchange.setdefault(partition, []).append(value)
 
     def by_topic(self, pipeline: Pipeline) -> dict[str, int]:
         """How many records go to each output topic and the dead-letter topic."""

@@ -199,9 +199,7 @@ class RouteProcessor(ShardProcessor):
         """Stage 1 of the units the core read (`route_read`): the view's checks, the
         message keys' live rows, the accepted units routed into `out.exchange`."""
         refused, routed, out.state = self.core.route_read()
-        exchange = out.exchange
-        for shard, value in routed:
-            exchange.setdefault(shard, []).append(value)
+        out.route(routed)
         return refused
 
     def _reduce_natively(self, units: Sequence[Unit], out: Outgoing) -> bool:
@@ -229,11 +227,9 @@ class RouteProcessor(ShardProcessor):
         for unit_index, index, reason, _detail in refused:
             self.dead_letters.refuse(out, kept[unit_index], index, Reason(reason))
             refused_units.add(unit_index)
-        exchange = out.exchange
         for unit_index, (unit, keys) in enumerate(checked):
             if unit_index not in refused_units:
-                for shard, value in validator.routed([event for event, _ in unit], keys):
-                    exchange.setdefault(shard, []).append(value)
+                out.route(validator.routed([event for event, _ in unit], keys))
         out.state = state
         return True
 
@@ -245,10 +241,8 @@ class RouteProcessor(ShardProcessor):
         return super()._reduce(units, out)
 
     def _render(self, changes: Sequence[UnitChanges], out: Outgoing) -> None:
-        exchange = out.exchange
         for routed, _event_time in changes:
-            for shard, value in routed:
-                exchange.setdefault(shard, []).append(value)
+            out.route(routed)
         out.state = self.reducer.take_state_changes()
 
 

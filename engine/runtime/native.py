@@ -101,21 +101,18 @@ def reads_natively(pipeline: Pipeline) -> bool:
 
 
 class NativeRead(NamedTuple):
-    """A batch the native core read: its records by partition, the view keys it touches
-    (to load), and the `-C`s held over for the checkpoint."""
+    """A batch the native core read: its records in the order the core counts them, the
+    view keys it touches (to load), and the `-C`s held over for the checkpoint."""
 
-    parts: list[tuple[int, list[InputRecord]]]
+    records: list[InputRecord]
     touched: set[bytes]
     pending: dict[int, PendingRecord]
 
     def refuse(self, refused: Sequence[tuple[tuple[int, ...], int, str, str | None]], dead_letters: DeadLetters,
                out: Outgoing) -> None:
         """Dead letters for the units `apply_read` refused (their records by index)."""
-        if not refused:
-            return
-        flat = [record for _, rows in self.parts for record in rows]
         for indices, index, reason, _detail in refused:
-            dead_letters.refuse(out, [(None, flat[i]) for i in indices], index, Reason(reason))
+            dead_letters.refuse(out, [(None, self.records[i]) for i in indices], index, Reason(reason))
 
 
 def read_batch(core: Any, reader: UnitReader, fresh: Sequence[InputRecord],
@@ -130,11 +127,10 @@ def read_batch(core: Any, reader: UnitReader, fresh: Sequence[InputRecord],
     touched, unpaired, verified = read
     if verified and keys is not None:
         keys.verified = True
-    if unpaired:
-        flat = [record for _, rows in parts for record in rows]
-        for index in unpaired:
-            pending_out[flat[index].partition] = held_over(flat[index])
-    return NativeRead(parts, set(touched), pending_out)
+    records = [record for _, rows in parts for record in rows]
+    for index in unpaired:
+        pending_out[records[index].partition] = held_over(records[index])
+    return NativeRead(records, set(touched), pending_out)
 
 
 __all__ = ["NativeRead", "Unsupported", "core_of", "native_core", "read_batch", "reads_natively", "why_not"]

@@ -97,11 +97,7 @@ impl GroupedCore {
     /// `apply_batch` of the units `read` kept: (rejected, view, delta, state), each
     /// rejection as (its unit's record indices, index, reason, detail).
     fn apply_read<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        let was_enabled = unsafe { pyo3::ffi::PyGC_Disable() };
-        let out = self.core.apply_read(py);
-        if was_enabled == 1 {
-            unsafe { pyo3::ffi::PyGC_Enable() };
-        }
+        let out = collector_paused(|| self.core.apply_read(py));
         let (out, records) = out.map_err(raise)?;
         let rejected = rejections(py, out.rejected, records)?;
         batch_tuple(py, rejected, out.view, out.delta, out.state)
@@ -109,14 +105,7 @@ impl GroupedCore {
 
     /// One batch: (rejected, view records, delta records, state records).
     fn apply_batch<'py>(&mut self, py: Python<'py>, units: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyTuple>> {
-        // the batch's records are tuples of bytes, ints and None, which make no cycles: the
-        // cyclic collector pauses while they are made (it would walk the heap again and
-        // again over a large batch), and resumes as it was
-        let was_enabled = unsafe { pyo3::ffi::PyGC_Disable() };
-        let out = self.core.apply_batch(py, units);
-        if was_enabled == 1 {
-            unsafe { pyo3::ffi::PyGC_Enable() };
-        }
+        let out = collector_paused(|| self.core.apply_batch(py, units));
         let out = out.map_err(raise)?;
         let rejected = out
             .rejected
@@ -148,11 +137,7 @@ impl GroupedCore {
         let Some(router) = self.router.as_ref() else {
             return Err(PyValueError::new_err("route_read before route_with"));
         };
-        let was_enabled = unsafe { pyo3::ffi::PyGC_Disable() };
-        let out = self.core.route_read(py, router);
-        if was_enabled == 1 {
-            unsafe { pyo3::ffi::PyGC_Enable() };
-        }
+        let out = collector_paused(|| self.core.route_read(py, router));
         let (routed, records) = out.map_err(raise)?;
         let rejected = rejections(py, routed.out.rejected, records)?;
         let values = routed
@@ -171,6 +156,19 @@ impl GroupedCore {
     fn __len__(&self) -> usize {
         self.core.len()
     }
+}
+
+/// `f()` with Python's cyclic collector paused, then as it was: a batch's records are
+/// tuples of bytes, ints and None, which make no cycles, and the collector would walk
+/// the heap again and again while a large batch of them is made.
+fn collector_paused<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: called with the GIL held (from a method of a pyclass)
+    let was_enabled = unsafe { pyo3::ffi::PyGC_Disable() };
+    let out = f();
+    if was_enabled == 1 {
+        unsafe { pyo3::ffi::PyGC_Enable() };
+    }
+    out
 }
 
 /// Refused units as (their records' indices, index, reason, detail).
