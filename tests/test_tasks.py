@@ -82,6 +82,47 @@ def test_a_python_worker_killed_in_a_shards_task_is_run_again(bootstrap_servers,
     assert_exact(load_pipeline(path), bootstrap_servers, events)
 
 
+@pytest.mark.parametrize("hosted", [True, False])
+def test_each_shard_stays_in_one_host_whichever_worker_runs_its_task(bootstrap_servers, loaded_source, tmp_path,
+                                                                     hosted) -> None:
+    # local[2]: one executor, two Python workers, 3 shards, 5 batches. Spark gives each
+    # task to either worker; the shard's host (refold.spark.hosts) keeps its processor,
+    # so each shard starts once. With REFOLD_SHARD_HOSTS=0 the workers run the shards
+    # themselves, as before (shards then move between them). Exact either way.
+    source, events = loaded_source
+    path = write_pipeline(tmp_path, source, bootstrap_servers)
+    done = run_engine(path, {} if hosted else {"REFOLD_SHARD_HOSTS": "0"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    starts = [line for line in done.stderr.splitlines() if " started on worker pid " in line]
+    shards = sorted(int(line.split("shard ")[1].split()[0]) for line in starts)
+    if hosted:
+        assert shards == [0, 1, 2], "\n".join(starts)
+    else:
+        assert set(shards) == {0, 1, 2}, "\n".join(starts)
+    assert_exact(load_pipeline(path), bootstrap_servers, events)
+    assert _hosts_without_daemon(deadline=10.0) == []  # a host ends with its executor
+
+
+def _hosts_without_daemon(deadline: float) -> list[str]:
+    """Shard hosts (`python -m refold.spark.hosts SOCKET DAEMON_PID`) whose daemon is gone,
+    still there after `deadline` seconds."""
+    import time
+
+    ends = time.monotonic() + deadline
+    while True:
+        orphans = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"refold.spark.hosts" in argv and len(argv) > 4 and not Path(f"/proc/{argv[4].decode()}").exists():
+                orphans.append(b" ".join(argv).decode())
+        if not orphans or time.monotonic() >= ends:
+            return orphans
+        time.sleep(0.2)
+
+
 def _task_in_a_process(pipeline_json: str, settings: dict[str, Any], records: list[tuple[int, int, bytes, bytes]],
                        run: int, state_dir: str, out: Any) -> None:
     """One attempt of shard 0's task, in a process of its own (as on another executor)."""

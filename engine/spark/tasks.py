@@ -41,12 +41,13 @@ import pickle
 import random
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from refold.config import Pipeline
 from refold.errors import OperationalError, RecordError, RefoldError, UserError
@@ -57,6 +58,8 @@ from refold.runtime.hooks import Hooks
 from refold.runtime.shard import BatchStats, ShardProcessor
 from refold.runtime.shards import KeyCheck, plan_shards
 from refold.runtime.tops import RankProcessor, tops_topic
+from refold.spark import hosts
+from refold.state.store import default_root
 
 log = logging.getLogger(__name__)
 
@@ -132,26 +135,34 @@ class ShardTask:
         return f"ShardTask(pipeline={self.pipeline.pipeline!r}, run={self.run})"
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        if hosts.enabled():  # each shard in its host (refold.spark.hosts), which keeps it warm
+            yield from self._hosted(batches)
+            return
         if self.stage in ("apply", "top"):  # the shards' numbers in, each shard's input read from P.repartition
             for index in [i for batch in batches for i in batch.column("id").to_pylist()]:
                 yield _summary(index, *self._run_shard(index, None))
             return
-        records: list[InputRecord] = []
-        for batch in batches:
-            columns = batch.to_pydict()
-            records.extend(
-                InputRecord(p, o, k, v, ts if ts is not None else 0)
-                for p, o, k, v, ts in zip(
-                    columns["partition"], columns["offset"], columns["key"], columns["value"], columns["ts"],
-                    strict=True,
-                )
-            )
+        records = input_records(batches)
         if not records:
             return
         for index, part in sorted(plan_shards(self.pipeline).split(records).items()):
             summary = _summary(index, *self._run_shard(index, part))
             _bound_memory(self.pipeline.spark.state_cache_keys, self._key(index))
             yield summary
+
+    def _hosted(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """Each shard's part of the task's records, as Arrow, to its host; the hosts' summaries."""
+        attempt = _attempt()
+        state_root = self.pipeline.spark.state_dir or str(default_root())
+        arrived = list(batches)
+        if self.stage in ("apply", "top"):
+            parts: list[tuple[int, pa.Table | None]] = [
+                (i, None) for batch in arrived for i in batch.column("id").to_pylist()]
+        else:
+            parts = split_table(pa.Table.from_batches(arrived) if arrived else None,
+                                plan_shards(self.pipeline).co_partitioned)
+        for index, table in parts:
+            yield hosts.run_hosted(hosts.socket_path(self._key(index), state_root), self, index, table, attempt)
 
     def _run_shard(self, index: int, part: list[InputRecord] | None) -> tuple[
             BatchStats | None, ShardProcessor | None, BaseException | None]:
@@ -249,6 +260,51 @@ class ShardTask:
                 log.warning("shard %d: closing its processor: %s", index, exc)
 
 
+def input_records(batches: Iterable[pa.RecordBatch]) -> list[InputRecord]:
+    """The task's rows (`partition`, `offset`, `key`, `value`, `ts`) as `InputRecord`s."""
+    records: list[InputRecord] = []
+    for batch in batches:
+        columns = batch.to_pydict()
+        records.extend(
+            InputRecord(p, o, k, v, ts if ts is not None else 0)
+            for p, o, k, v, ts in zip(
+                columns["partition"], columns["offset"], columns["key"], columns["value"], columns["ts"],
+                strict=True,
+            )
+        )
+    return records
+
+
+def split_table(table: pa.Table | None, co_partitioned: bool) -> list[tuple[int, pa.Table | None]]:
+    """A task's rows by shard (`ShardPlan.split`, in Arrow): partition p's rows for shard p
+    of a co-partitioned view, all of them for shard 0 of any other."""
+    if table is None or table.num_rows == 0:
+        return []
+    if not co_partitioned:
+        return [(0, table)]
+    partitions = table.column("partition")
+    return [(p, table.filter(pc.equal(partitions, p))) for p in sorted(pc.unique(partitions).to_pylist())]
+
+
+def run_request(task: ShardTask, index: int, table: pa.Table | None, attempt: int) -> pa.RecordBatch:
+    """A shard host's answer to one task (`refold.spark.hosts`): the shard's part
+    reduced and committed here, as the task would have in its worker."""
+    part = None if table is None else input_records(table.to_batches())
+    summary = _summary(index, *task._run_shard(index, part), attempt=attempt)
+    _bound_memory(task.pipeline.spark.state_cache_keys, task._key(index))
+    return summary
+
+
+def close_kept() -> None:
+    """Close every kept processor (a shard host's end)."""
+    for key in list(_RUNNING):
+        kept = _RUNNING.pop(key)
+        try:
+            kept.processor.close()
+        except Exception as exc:
+            log.warning("shard %d: closing its processor: %s", key[2], exc)
+
+
 def _bound_memory(limit: int, current: tuple[str, str, int]) -> None:
     """Keep this worker's reducers to `limit` keys together (`spark.state_cache_keys`):
     the least recently used shards' reducers start empty first (their keys stay in the
@@ -276,7 +332,7 @@ def _bound_memory(limit: int, current: tuple[str, str, int]) -> None:
 
 
 def _summary(index: int, stats: BatchStats | None, processor: ShardProcessor | None,
-             error: BaseException | None) -> pa.RecordBatch:
+             error: BaseException | None, attempt: int | None = None) -> pa.RecordBatch:
     kind = None
     if error is not None:
         kind = next(name for name, cls in ERRORS.items() if isinstance(error, cls))
@@ -303,7 +359,7 @@ def _summary(index: int, stats: BatchStats | None, processor: ShardProcessor | N
                      f"{'native' if processor is not None and processor.core is not None else 'Python'} core"
                      if recovery is not None else None),
         "worker": os.getpid(),
-        "attempt": _attempt(),
+        "attempt": _attempt() if attempt is None else attempt,
         "error_kind": kind,
         "error": str(error) if error is not None else None,
         "error_pickle": _pickled(error),
