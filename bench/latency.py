@@ -7,15 +7,20 @@ One process holds everything, so every time below is read from one monotonic clo
   view (view + delta outputs) with trigger `--trigger`, over a fresh source topic;
 - a producer thread: first one probe event, and nothing more until its view record
   is seen (the engine is up end to end: Spark session, query, first commit); then
-  plain (non-transactional) `+A` events at `--rate` events/s, paced in 20 ms slices,
-  each with a fresh `player_name`, so each event yields exactly one view record
-  (`+A`) under its own Kafka key; the send time of an event is the moment it is
-  handed to the Kafka client. It sends until the measured window (below) is over;
+  plain (non-transactional) `+A` events at `--rate` events/s, paced in 20 ms slices.
+  Event i has `score` i, and `player_name` i mod `--keys` (default 100,000: the key
+  space of the contenders' run whose peak sets the rate), or, with `--keys 0`, a
+  fresh `player_name` each (every event a new key: the bench's workload until the
+  eighteenth session). Either way event i yields exactly one view record that shows
+  the key's new row (`+A` or `+C`) with `latest` = i, since the view's `latest` is
+  the key's last score and a key's events keep their order. The send time of an
+  event is the moment it is handed to the Kafka client. It sends until the measured
+  window (below) is over;
 - a reader thread: a `read_committed` consumer of the view topic (all partitions,
-  from the beginning, fetch.wait.max.ms 10); the receive time of a key is the
-  moment the first view record with that key is polled.
+  from the beginning, fetch.wait.max.ms 10); the receive time of event i is the
+  moment the first `+A`/`+C` view record with `latest` = i is polled.
 
-Latency of an event = receive time of its key - send time. The events of the first
+Latency of an event = its receive time - its send time. The events of the first
 `--warmup` seconds of paced sending (default 10 s: Python workers still cold) are
 left out of the figures, not out of the checks. The measured window is the
 `--seconds` after the warm-up: about rate * seconds events. (Until the sixth session
@@ -29,7 +34,8 @@ count, p50, p90, p99, max (seconds), the trigger, the rate, p99/trigger, and the
 latency at every half percent (for `bench.plots`). The lead runs it at half the peak
 rate that `make bench` measured: the default reads it from docs/bench/contenders.json.
 
-    python -m bench.latency [--rate EVENTS_PER_S] [--seconds 60] [--trigger 1s] [--warmup 10] [--json PATH]
+    python -m bench.latency [--rate EVENTS_PER_S] [--keys 100000] [--seconds 60] [--trigger 1s]
+                            [--warmup 10] [--json PATH]
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
@@ -120,15 +127,19 @@ def duration(text: str) -> float:
     return seconds
 
 
+PROBE = -1  # the probe event's id (its score)
+NEW_ROW = frozenset(("+A", "+C"))  # the view ops that show a key's new row
+
+
 @dataclass
 class Timeline:
-    """Send and receive times (time.monotonic) by Kafka message key."""
+    """Send and receive times (time.monotonic) by event id (the event's score)."""
 
-    sent: dict[bytes, float] = field(default_factory=dict)
-    received: dict[bytes, float] = field(default_factory=dict)
+    sent: dict[int, float] = field(default_factory=dict)
+    received: dict[int, float] = field(default_factory=dict)
     first_seen: float | None = None  # the first view record (the probe's)
     paced_from: float | None = None  # when paced sending began
-    duplicates: int = 0  # view records for a key already seen (there should be none)
+    duplicates: int = 0  # new-row view records of an event already seen (there should be none)
 
     def window_over(self, warmup: float, seconds: float) -> bool:
         """Whether `seconds` have passed after the warm-up."""
@@ -155,19 +166,20 @@ class Worker(threading.Thread):
             self.error = exc
 
 
-def send_paced(settings: dict[str, Any], topic: str, rate: float, timeline: Timeline,
+def send_paced(settings: dict[str, Any], topic: str, rate: float, keys: int, timeline: Timeline,
                done: Callable[[], bool], limit: float) -> int:
-    """One probe event, and once its view record is seen, `rate` events/s, each with a
-    fresh key, until `done()`; record each send time. Fails after `limit` seconds (the
-    engine never showed a view record, or the window never ended)."""
+    """One probe event, and once its view record is seen, `rate` events/s until `done()`:
+    event i with score i, over `keys` keys (0: each a fresh key); record each send time.
+    Fails after `limit` seconds (the engine never showed a view record, or the window
+    never ended)."""
     producer = Producer(producer_config(settings, **{"linger.ms": 1}))
     errors, on_delivery = delivery_failures()
     prefix = uuid.uuid4().hex[:8]
     started = time.monotonic()
     probe = f"lat-{prefix}-probe"
-    probe_key = message_key_bytes(KEY, (probe,))
-    timeline.sent[probe_key] = started
-    producer.produce(topic, append_event(probe, 0, int(time.time() * 1000)), probe_key, on_delivery=on_delivery)
+    timeline.sent[PROBE] = started
+    producer.produce(topic, append_event(probe, PROBE, int(time.time() * 1000)), message_key_bytes(KEY, (probe,)),
+                     on_delivery=on_delivery)
     producer.flush(30)
     while timeline.first_seen is None:
         if time.monotonic() - started >= limit:
@@ -181,11 +193,11 @@ def send_paced(settings: dict[str, Any], topic: str, rate: float, timeline: Time
             raise RuntimeError(f"no end of the measured window after {limit:g}s of sending "
                                f"({len(timeline.received):,} view records seen)")
         while sent < int(rate * elapsed) + 1:
-            key = f"lat-{prefix}-{sent:09d}"
-            value = append_event(key, sent % 1000, int(time.time() * 1000))
+            key = f"lat-{prefix}-{sent % keys if keys else sent:09d}"
+            value = append_event(key, sent, int(time.time() * 1000))
             sent_key = message_key_bytes(KEY, (key,))
             while True:
-                timeline.sent[sent_key] = time.monotonic()  # when the client takes it
+                timeline.sent[sent] = time.monotonic()  # when the client takes it
                 try:
                     producer.produce(topic, value, sent_key, on_delivery=on_delivery)
                     break
@@ -202,7 +214,8 @@ def send_paced(settings: dict[str, Any], topic: str, rate: float, timeline: Time
 
 
 def watch_view(settings: dict[str, Any], topic: str, timeline: Timeline, stop: threading.Event) -> None:
-    """Note when each view key is first seen by a read_committed reader, until `stop`."""
+    """Note when each event's new-row view record (`latest` = its id) is first seen by a
+    read_committed reader, until `stop`."""
     conf = consumer_config(settings, **{"group.id": f"bench-latency-{uuid.uuid4()}", "fetch.wait.max.ms": 10,
                                         "enable.partition.eof": False})
     consumer = Consumer(conf)
@@ -216,11 +229,14 @@ def watch_view(settings: dict[str, Any], topic: str, timeline: Timeline, stop: t
                     if err.code() == KafkaError._PARTITION_EOF:
                         continue
                     raise RuntimeError(f"reading {topic}: {err.str()}")
-                key = msg.key() or b""
-                if key in timeline.received:
+                change = orjson.loads(msg.value() or b"null")
+                if not isinstance(change, dict) or change.get("op") not in NEW_ROW:
+                    continue
+                event = change.get("latest")
+                if event in timeline.received:
                     timeline.duplicates += 1
-                else:
-                    timeline.received[key] = now
+                elif isinstance(event, int):
+                    timeline.received[event] = now
                     if timeline.first_seen is None:
                         timeline.first_seen = now
     finally:
@@ -288,11 +304,13 @@ def measure(args: argparse.Namespace, bootstrap: str, spark: Any, run_id: str) -
     engine = Worker("bench-engine", lambda: run_pipeline(p, bootstrap, until_idle=idle, spark=spark, quiet=True))
     limit = args.start_timeout + args.warmup + args.seconds
     producer = Worker("bench-producer", lambda: send_paced(
-        settings, source, args.rate, timeline, lambda: timeline.window_over(args.warmup, args.seconds), limit))
+        settings, source, args.rate, args.keys, timeline, lambda: timeline.window_over(args.warmup, args.seconds),
+        limit))
     reader.start()
     engine.start()
     producer.start()  # from now on data is always available: the engine cannot go idle early
-    say(f"a probe event to {source}, then {args.rate:,.0f} events/s once its view record is seen, until "
+    over = f"over {args.keys:,} keys" if args.keys else "each a new key"
+    say(f"a probe event to {source}, then {args.rate:,.0f} events/s ({over}) once its view record is seen, until "
         f"{args.seconds:g}s after the warm-up (the first {args.warmup:g}s of paced sending); trigger {args.trigger}")
     producer.join()
     if producer.error is not None:
@@ -331,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=None,
                         help="events/s sent (default: half of Refold's events/s in docs/bench/contenders.json, "
                              "the peak `make bench` measured; 1000 when there is none)")
+    parser.add_argument("--keys", type=int, default=100_000,
+                        help="the events' key space (default 100000, the contenders' run's); 0: each a new key")
     parser.add_argument("--seconds", type=float, default=60.0,
                         help="the measured window after the warm-up, seconds (default 60)")
     parser.add_argument("--trigger", default="1s", help="the pipeline's trigger interval (default 1s)")
@@ -350,8 +370,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--trigger: {exc}")
     if args.rate is None:
         args.rate = half_peak(RESULTS / "contenders.json")
-    if args.rate <= 0 or args.seconds <= 0:
-        parser.error("--rate and --seconds must be positive")
+    if args.rate <= 0 or args.seconds <= 0 or args.keys < 0:
+        parser.error("--rate and --seconds must be positive, --keys at least 0")
 
     from refold.dev.localkafka import ensure_broker
 
@@ -364,9 +384,10 @@ def main(argv: list[str] | None = None) -> int:
         spark.stop()
     result.update(rate=args.rate, seconds=args.seconds, trigger=args.trigger, trigger_s=trigger_s,
                   p99_over_trigger=result["p99_s"] / trigger_s, warmup_s=args.warmup,
-                  partitions=args.partitions, batch=args.batch)
+                  partitions=args.partitions, batch=args.batch, keys=args.keys or None)
     write_json(args.json, {**info, **result})
-    print(f"latency: rate={args.rate:,.0f}/s for {args.seconds:g}s trigger={args.trigger} "
+    print(f"latency: rate={args.rate:,.0f}/s over {f'{args.keys:,} keys' if args.keys else 'new keys'} "
+          f"for {args.seconds:g}s trigger={args.trigger} "
           f"count={result['count']:,} p50={result['p50_s']:.3f}s p90={result['p90_s']:.3f}s "
           f"p99={result['p99_s']:.3f}s max={result['max_s']:.3f}s p99/trigger={result['p99_over_trigger']:.2f} "
           f"(warm-up skipped {result['warmup_skipped']:,}; missing {result['missing']}; "
