@@ -134,6 +134,7 @@ class ShardProcessor:
         self.store: ShardStore | None = None
         self.reducer = self._new_reducer()
         self.core: Any = self._new_core()  # the native core (refold.runtime.native) in the reducer's place
+        self.core_read = False  # the core holds a batch it read (`_read_natively`), not applied yet
         self.core_reads = self.core_reads and reads_natively(pipeline)  # the core reads the records too
         self.held: set[Any] = set()  # the keys the reducer (key tuples) or the core (key JSON) holds as the store does
         self.held_all = False  # the reducer holds the whole store (a backfill needs the whole view)
@@ -365,10 +366,15 @@ class ShardProcessor:
         touched.discard(None)
         return touched
 
+    def _over_cache(self, touched: set[Any]) -> bool:
+        """Whether holding `touched` too passes `spark.state_cache_keys` held keys."""
+        return len(self.held) + len(touched - self.held) > self.pipeline.spark.state_cache_keys
+
     def _load(self, touched: set[Any]) -> None:
         """Load the view keys the batch is about to touch and the reducer does not hold
         from the store (all of it when a materialization backfills from the whole view).
-        Past `spark.state_cache_keys` held keys the reducer starts empty first."""
+        Past `spark.state_cache_keys` held keys the reducer starts empty first (never
+        after the native core read the batch: `_read_natively` sees to it first)."""
         assert self.store is not None
         if self.materializations is not None and self.materializations.backfilling:
             if not self.held_all:
@@ -381,7 +387,7 @@ class ShardProcessor:
         wanted = touched - self.held
         if not wanted:
             return
-        if len(self.held) + len(wanted) > self.pipeline.spark.state_cache_keys:
+        if len(self.held) + len(wanted) > self.pipeline.spark.state_cache_keys and not self.core_read:
             self._forget_reducer()
             wanted = touched
         if self.core is not None:
@@ -433,15 +439,23 @@ class ShardProcessor:
         """The native core reads, reduces and renders the batch (`read_batch`): the held
         `-C`s for the checkpoint; None when it does not take the batch."""
         read = read_batch(self.core, self.reader, fresh, self.checkpoint.pending)
+        if read is not None and self._over_cache(read.touched):
+            # the core keeps what it read, and starting empty is a new core: empty
+            # first, then the new core reads the batch again (once per cache's fill)
+            self._forget_reducer()
+            read = read_batch(self.core, self.reader, fresh, self.checkpoint.pending)
         if read is None:
             return None
         try:
+            self.core_read = True
             self._load(read.touched)
             self.hooks.crash_point("mid_batch", self.checkpoint.batch + 1)
             refused = self._apply_read(out)
         except Unsupported as exc:
             self._fall_back(out, len(out.dlq), exc)
             return None
+        finally:
+            self.core_read = False
         read.refuse(refused, self.dead_letters, out)
         return read.pending
 
