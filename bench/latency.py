@@ -243,11 +243,13 @@ def watch_view(settings: dict[str, Any], topic: str, timeline: Timeline, stop: t
         consumer.close()
 
 
-def wait_for_views(timeline: Timeline, workers: list[Worker], deadline: float) -> None:
-    """Until every sent key was seen, a worker failed, or the deadline passed."""
+def wait_for_views(timeline: Timeline, reader: Worker, engine: Worker, deadline: float) -> None:
+    """Until every sent event was seen, the reader ended or a thread failed, or the
+    deadline passed. (An engine that stopped, idle, is no reason to stop: the reader may
+    still be behind it.)"""
     last_report = time.monotonic()
     while time.monotonic() < deadline and not timeline.all_seen():
-        if any(w.error is not None or not w.is_alive() for w in workers):
+        if reader.error is not None or engine.error is not None or not reader.is_alive():
             return
         if time.monotonic() - last_report >= 10:
             last_report = time.monotonic()
@@ -317,7 +319,7 @@ def measure(args: argparse.Namespace, bootstrap: str, spark: Any, run_id: str) -
         stop.set()
         raise SystemExit(f"latency: {producer.error}")
     say(f"sent {producer.result:,} events; waiting for their view records (at most {args.drain:g}s)")
-    wait_for_views(timeline, [reader, engine], time.monotonic() + args.drain)
+    wait_for_views(timeline, reader, engine, time.monotonic() + args.drain)
     stop.set()
     reader.join(30)
     engine.join(idle + 120)
