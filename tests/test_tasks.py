@@ -104,20 +104,25 @@ def test_each_shard_stays_in_one_host_whichever_worker_runs_its_task(bootstrap_s
 
 
 def _hosts_without_daemon(deadline: float) -> list[str]:
-    """Shard hosts (`python -m refold.spark.hosts SOCKET DAEMON_PID`) whose daemon is gone,
-    still there after `deadline` seconds."""
+    """Shard hosts (processes named `refold-host`) whose parent is no longer an executor's
+    daemon (they are its children while it lives), still there after `deadline` seconds."""
     import time
+
+    def read(path: str) -> bytes:
+        try:
+            return Path(path).read_bytes()
+        except OSError:
+            return b""
 
     ends = time.monotonic() + deadline
     while True:
         orphans = []
         for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except OSError:
+            if read(f"/proc/{pid}/comm").strip() != b"refold-host":
                 continue
-            if b"refold.spark.hosts" in argv and len(argv) > 4 and not Path(f"/proc/{argv[4].decode()}").exists():
-                orphans.append(b" ".join(argv).decode())
+            parent = read(f"/proc/{pid}/stat").rsplit(b")", 1)[-1].split()[1:2]
+            if parent and b"daemon" not in read(f"/proc/{parent[0].decode()}/cmdline"):
+                orphans.append(f"pid {pid}, parent {parent[0].decode()}")
         if not orphans or time.monotonic() >= ends:
             return orphans
         time.sleep(0.2)

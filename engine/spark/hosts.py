@@ -14,15 +14,17 @@ store's stamp first, so a host is a speed-up only, never trusted).
 
 A host is keyed by its executor (the workers' daemon), the pipeline, the writer and
 the shard: `/tmp/refold-hosts-<uid>/<digest>.sock`, in a directory only this user
-can enter (requests are pickles). The first task that finds no host starts one
-(`python -m refold.spark.hosts`), holding `<socket>.spawn`'s flock so that two
-workers never start two. A host serves one request at a time (a shard's tasks come
+can enter (requests are pickles). The first task that finds no host forks one from
+its worker (every module already imported: a host listens within milliseconds),
+holding `<socket>.spawn`'s flock so that two workers never start two; it is named
+`refold-host` (`/proc/<pid>/comm`). A host serves one request at a time (a shard's tasks come
 one after another; a second attempt waits its turn, and skips what the first
 committed). It exits after `KEPT_IDLE_SECONDS` without a request, and at once when
 its executor's daemon is gone (a watchdog thread waits on the daemon's pidfd, which
 the daemon's end and its kill -9 alike make readable), removing its socket and spawn
 file on the way. `refold.spark.daemon` makes the daemon its workers'
-subreaper, so a host whose worker exited stays under the executor's process tree.
+subreaper, and the host is forked through a middle process that exits at once, so
+each host is the daemon's child, under the executor's process tree.
 
 A host that dies mid-batch (a crash, a kill -9) fails the task that waits on it,
 with a plain error, and Spark runs the task again, which starts a new host: as a
@@ -41,8 +43,6 @@ import select
 import signal
 import socket
 import struct
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -55,7 +55,6 @@ if TYPE_CHECKING:
 
     from refold.spark.tasks import ShardTask
 
-START_SECONDS = 120.0  # a new host's imports and its socket, at most
 _LENGTH = struct.Struct(">Q")
 
 
@@ -156,22 +155,51 @@ def _connect(path: Path) -> socket.socket | None:
 
 
 def _start(path: Path) -> socket.socket:
+    """Fork the shard's host from this worker (which has every module imported, as the
+    daemon forked it), through a middle process that exits at once: the host is
+    re-parented to the daemon (its subreaper), never the worker's zombie. The host says
+    on a pipe when it listens; a pipe closed without a word is a host that died."""
     with contextlib.suppress(FileNotFoundError):
         path.unlink()  # a dead host's
-    host = subprocess.Popen(
-        [sys.executable, "-m", "refold.spark.hosts", str(path), str(os.getppid())],
-        stdin=subprocess.DEVNULL, close_fds=True,
-    )
-    deadline = time.monotonic() + START_SECONDS
-    while time.monotonic() < deadline:
-        conn = _connect(path)
-        if conn is not None:
-            return conn
-        if host.poll() is not None:
-            raise RuntimeError(f"the shard host for {path.name} exited with {host.returncode} as it started")
-        time.sleep(0.02)
-    host.kill()
-    raise RuntimeError(f"the shard host for {path.name} did not listen within {START_SECONDS:g}s")
+    daemon = os.getppid()
+    ready_r, ready_w = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        _become_host(path, daemon, ready_w)  # never returns
+    os.close(ready_w)
+    try:
+        os.waitpid(middle, 0)
+        said = os.read(ready_r, 1)
+    finally:
+        os.close(ready_r)
+    conn = _connect(path) if said == b"1" else None
+    if conn is None:
+        raise RuntimeError(f"the shard host for {path.name} ended as it started (its error is in the executor's log)")
+    return conn
+
+
+def _become_host(path: Path, daemon: int, ready: int) -> None:
+    code = 0
+    try:
+        if os.fork() != 0:
+            os._exit(0)  # the middle process
+        os.closerange(3, ready)  # the worker's sockets to Spark, and the rest
+        os.closerange(ready + 1, 1 << 20)
+        _name(b"refold-host")
+        serve(path, daemon, ready)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        os._exit(code)  # never the worker's exit handlers
+
+
+def _name(name: bytes) -> None:
+    """This process's name (`/proc/<pid>/comm`: what ps and the benches' samplers show)."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name), 0, 0, 0)  # PR_SET_NAME
 
 
 def _send(conn: socket.socket, data: bytes) -> None:
@@ -198,16 +226,20 @@ def _exactly(conn: socket.socket, size: int, path: Path) -> bytes:
 # The host ------------------------------------------------------------------------------
 
 
-def serve(path: Path, daemon: int) -> None:
-    """Answer requests on `path` until idle for `KEPT_IDLE_SECONDS` or the daemon is gone."""
+def serve(path: Path, daemon: int, ready: int) -> None:
+    """Answer requests on `path` until idle for `KEPT_IDLE_SECONDS` or the daemon is gone;
+    `ready`: a pipe to say "1" on once listening."""
     from refold.spark.tasks import KEPT_IDLE_SECONDS, close_kept, run_request
 
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the daemon's at its shutdown: the watchdog ends the host
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     _watch(daemon, path)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
     listener.listen(16)
     listener.settimeout(1.0)
+    os.write(ready, b"1")
+    os.close(ready)
     _sweep(path)
     last = time.monotonic()
     try:
@@ -268,14 +300,3 @@ def _watch(daemon: int, path: Path) -> None:
         os._exit(0)
 
     threading.Thread(target=wait, name="refold-host-watchdog", daemon=True).start()
-
-
-def main() -> None:
-    from refold.spark.daemon import unzipped_path
-
-    sys.path[:] = unzipped_path(sys.path)
-    serve(Path(sys.argv[1]), int(sys.argv[2]))
-
-
-if __name__ == "__main__":
-    main()
