@@ -49,8 +49,11 @@ measured in one run on this machine and printed as ratios.
   touches from its store), of `--keys-events` events over the same key space (20 %
   retractions/corrections, `refold.dev.testing.Workload`; with fewer events than keys
   only part of them is touched: `touched_keys`). Reported: both runs' events/s and the
-  peak RSS of each Spark Python worker process (sampled from `/proc` every 0.25 s; a
-  worker lives on from run to run). Ratio: the measured run's events/s at
+  peak RSS of each Spark Python worker process and of each shard host
+  (`refold.spark.hosts`, forked from a worker, named `refold-host`: since the
+  eighteenth session the reducers' keys live there,
+  the workers only relay) (sampled from `/proc` every 0.25 s; a worker lives on from
+  run to run). Ratio: the measured run's events/s at
   `--many-keys` / at 10k keys. `--state-cache-keys` sets `spark.state_cache_keys`
   (keys a shard's reducer keeps in memory, default 200,000 a shard: past 4 x that,
   with 4 shards, the reducers start empty again) for both. `--keys-cluster` runs it
@@ -143,6 +146,14 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+def comm(pid: int) -> str:
+    """The process's name (a shard host forked from a worker is named `refold-host`)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def spark_python(pid: int) -> bool:
     """A Spark Python process: the daemon or a worker it forked (never the JVM, whose
     class path names pyspark's jars)."""
@@ -221,7 +232,8 @@ class Sampler:
                         if pid not in self.roles:
                             stat = proc_stat(pid)
                             parent = proc_stat(stat[0]) if stat is not None else None
-                            self.roles[pid] = "daemon" if parent is not None and parent[1] == "java" else "worker"
+                            self.roles[pid] = ("host" if comm(pid) == "refold-host" else
+                                               "daemon" if parent is not None and parent[1] == "java" else "worker")
                         self.peaks[pid] = max(self.peaks.get(pid, 0), rss_bytes(pid))
             self.samples.append(self.sample())
             self._own_s = time.thread_time()
@@ -242,9 +254,9 @@ class Sampler:
         """The first sample taken at or after `moment` (the last one when none was)."""
         return next((sample for sample in self.samples if sample.at >= moment), self.samples[-1])
 
-    def workers(self) -> list[int]:
-        """Each worker process's peak RSS (bytes), largest first."""
-        return sorted((peak for pid, peak in self.peaks.items() if self.roles.get(pid) == "worker"), reverse=True)
+    def workers(self, role: str = "worker") -> list[int]:
+        """Each worker process's (or, `role="host"`, shard host's) peak RSS (bytes), largest first."""
+        return sorted((peak for pid, peak in self.peaks.items() if self.roles.get(pid) == role), reverse=True)
 
 
 # One Spark application (a process of its own) ----------------------------------------
@@ -283,6 +295,8 @@ def run_point(spec: dict[str, Any]) -> dict[str, Any]:
                 result.update(cpu_split(sampler.samples[0], sampler.at(progress.last_commit), progress.batches))
             if run.get("rss"):
                 peaks = sampler.workers()
+                hosts = sampler.workers("host")
+                result.update(host_peak_rss_bytes=hosts[0] if hosts else None, host_peak_rss_each=hosts)
                 result.update(worker_peak_rss_bytes=peaks[0] if peaks else None, worker_peak_rss_each=peaks,
                               daemon_peak_rss_bytes=max((v for pid, v in sampler.peaks.items()
                                                          if sampler.roles[pid] == "daemon"), default=None))
@@ -629,7 +643,9 @@ def summary(figures: dict[str, Any]) -> None:
             print(f"  {int(count):>10,} keys: load {load['events_per_s']:8,.0f} events/s, measured "
                   f"{measured['events_per_s']:8,.0f} events/s ({measured['touched_keys']:,} keys touched); "
                   "peak RSS of a Python worker: load "
-                  f"{mib(load['worker_peak_rss_bytes'])}, measured {mib(measured['worker_peak_rss_bytes'])}")
+                  f"{mib(load['worker_peak_rss_bytes'])}, measured {mib(measured['worker_peak_rss_bytes'])}; "
+                  f"of a shard host: load {mib(load.get('host_peak_rss_bytes'))}, "
+                  f"measured {mib(measured.get('host_peak_rss_bytes'))}")
             if "executor_peak_rss_each" in load:
                 print("      peak RSS of each executor (JVM + Python): load "
                       f"{', '.join(mib(b) for b in load['executor_peak_rss_each'])}; measured "
