@@ -57,6 +57,9 @@ def upsert_records(rows: Sequence[bytes]) -> list[tuple[bytes, bytes | None]]:
     return out
 
 
+CACHE_KEYS = 2_000  # the grouped pipeline's `spark.state_cache_keys` (its shards hold several times that)
+
+
 def write_pipelines(kinds: Sequence[str], directory: Path, source: str, bootstrap: str, *, batch: int,
                     master: str | None = None, upsert_source: str = "", lakehouse: Sequence[str] = ()) -> list[Path]:
     """One pipeline file per kind (`grouped`, `top_n`, `upsert`) in `directory`; the
@@ -64,7 +67,10 @@ def write_pipelines(kinds: Sequence[str], directory: Path, source: str, bootstra
     `lakehouse` driver (`delta`, `iceberg`) under `directory/lake`, its view and its
     deltas. (A materialization reads view changes in Python: the changelog's grouped
     view stays on the native core, `refold.runtime.native`, where the upsert view, a
-    table source, reduces in Python anyway.)"""
+    table source, reduces in Python anyway.) The grouped pipeline keeps `CACHE_KEYS`
+    keys a shard in memory, far fewer than it has: a shard starts empty and reloads from
+    its store every few batches, through the faults too (the eighteenth session found a
+    batch read natively past that point committing nothing)."""
     paths = []
     lake = directory / "lake"
     lake_kind = "upsert" if "upsert" in kinds else "grouped"
@@ -87,6 +93,8 @@ def write_pipelines(kinds: Sequence[str], directory: Path, source: str, bootstra
             "max_batch_events": batch,
             "spark": {"checkpoint_dir": str(directory / "spark" / name), "state_dir": str(directory / "state")},
         }
+        if kind == "grouped":  # past its key cache every few batches: the shards start empty and reload
+            spec["spark"]["state_cache_keys"] = CACHE_KEYS
         if master is not None:
             spec["spark"]["master"] = master
             spec["spark"]["conf"] = {"spark.executor.cores": "1", "spark.executor.memory": "512m",
