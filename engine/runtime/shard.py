@@ -134,7 +134,6 @@ class ShardProcessor:
         self.store: ShardStore | None = None
         self.reducer = self._new_reducer()
         self.core: Any = self._new_core()  # the native core (refold.runtime.native) in the reducer's place
-        self.core_read = False  # the core holds a batch it read (`_read_natively`), not applied yet
         self.core_reads = self.core_reads and reads_natively(pipeline)  # the core reads the records too
         self.held: set[Any] = set()  # the keys the reducer (key tuples) or the core (key JSON) holds as the store does
         self.held_all = False  # the reducer holds the whole store (a backfill needs the whole view)
@@ -366,15 +365,15 @@ class ShardProcessor:
         touched.discard(None)
         return touched
 
-    def _over_cache(self, touched: set[Any]) -> bool:
-        """Whether holding `touched` too passes `spark.state_cache_keys` held keys."""
-        return len(self.held) + len(touched - self.held) > self.pipeline.spark.state_cache_keys
+    def _over_cache(self, wanted: set[Any]) -> bool:
+        """Whether holding `wanted` (keys not held yet) too passes `spark.state_cache_keys`."""
+        return len(self.held) + len(wanted) > self.pipeline.spark.state_cache_keys
 
-    def _load(self, touched: set[Any]) -> None:
+    def _load(self, touched: set[Any], *, forget: bool = True) -> None:
         """Load the view keys the batch is about to touch and the reducer does not hold
         from the store (all of it when a materialization backfills from the whole view).
-        Past `spark.state_cache_keys` held keys the reducer starts empty first (never
-        after the native core read the batch: `_read_natively` sees to it first)."""
+        Past `spark.state_cache_keys` held keys the reducer starts empty first, unless
+        not `forget` (the native core holds a batch it read: `_read_natively` saw to it)."""
         assert self.store is not None
         if self.materializations is not None and self.materializations.backfilling:
             if not self.held_all:
@@ -387,7 +386,7 @@ class ShardProcessor:
         wanted = touched - self.held
         if not wanted:
             return
-        if len(self.held) + len(wanted) > self.pipeline.spark.state_cache_keys and not self.core_read:
+        if forget and self._over_cache(wanted):
             self._forget_reducer()
             wanted = touched
         if self.core is not None:
@@ -439,7 +438,7 @@ class ShardProcessor:
         """The native core reads, reduces and renders the batch (`read_batch`): the held
         `-C`s for the checkpoint; None when it does not take the batch."""
         read = read_batch(self.core, self.reader, fresh, self.checkpoint.pending)
-        if read is not None and self._over_cache(read.touched):
+        if read is not None and self._over_cache(read.touched - self.held):
             # the core keeps what it read, and starting empty is a new core: empty
             # first, then the new core reads the batch again (once per cache's fill)
             self._forget_reducer()
@@ -447,15 +446,12 @@ class ShardProcessor:
         if read is None:
             return None
         try:
-            self.core_read = True
-            self._load(read.touched)
+            self._load(read.touched, forget=False)
             self.hooks.crash_point("mid_batch", self.checkpoint.batch + 1)
             refused = self._apply_read(out)
         except Unsupported as exc:
             self._fall_back(out, len(out.dlq), exc)
             return None
-        finally:
-            self.core_read = False
         read.refuse(refused, self.dead_letters, out)
         return read.pending
 

@@ -72,7 +72,8 @@ def socket_path(key: tuple[str, str, int], state_root: str) -> Path:
     """The host's socket for this executor (the worker's daemon), shard and state root."""
     folder = Path(tempfile.gettempdir()) / f"refold-hosts-{os.getuid()}"
     folder.mkdir(mode=0o700, exist_ok=True)
-    if folder.stat().st_uid != os.getuid() or folder.stat().st_mode & 0o077:
+    found = folder.stat()
+    if found.st_uid != os.getuid() or found.st_mode & 0o077:
         raise PermissionError(f"{folder} is not this user's alone; shard hosts need it to be")
     name = f"{os.getppid()}\0{key[0]}\0{key[1]}\0{key[2]}\0{os.path.realpath(state_root)}"
     return folder / (hashlib.sha256(name.encode()).hexdigest()[:24] + ".sock")

@@ -146,9 +146,7 @@ class ShardTask:
         if not records:
             return
         for index, part in sorted(plan_shards(self.pipeline).split(records).items()):
-            summary = _summary(index, *self._run_shard(index, part))
-            _bound_memory(self.pipeline.spark.state_cache_keys, self._key(index))
-            yield summary
+            yield self._shard_summary(index, part)
 
     def _hosted(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Each shard's part of the task's records, as Arrow, to its host; the hosts' summaries."""
@@ -163,6 +161,13 @@ class ShardTask:
                                 plan_shards(self.pipeline).co_partitioned)
         for index, table in parts:
             yield hosts.run_hosted(hosts.socket_path(self._key(index), state_root), self, index, table, attempt)
+
+    def _shard_summary(self, index: int, part: list[InputRecord] | None, attempt: int | None = None) -> pa.RecordBatch:
+        """The shard's part run (`_run_shard`), as its summary row; this process's reducers
+        then bounded (`_bound_memory`)."""
+        summary = _summary(index, *self._run_shard(index, part), attempt=attempt)
+        _bound_memory(self.pipeline.spark.state_cache_keys, self._key(index))
+        return summary
 
     def _run_shard(self, index: int, part: list[InputRecord] | None) -> tuple[
             BatchStats | None, ShardProcessor | None, BaseException | None]:
@@ -289,10 +294,7 @@ def split_table(table: pa.Table | None, co_partitioned: bool) -> list[tuple[int,
 def run_request(task: ShardTask, index: int, table: pa.Table | None, attempt: int) -> pa.RecordBatch:
     """A shard host's answer to one task (`refold.spark.hosts`): the shard's part
     reduced and committed here, as the task would have in its worker."""
-    part = None if table is None else input_records(table.to_batches())
-    summary = _summary(index, *task._run_shard(index, part), attempt=attempt)
-    _bound_memory(task.pipeline.spark.state_cache_keys, task._key(index))
-    return summary
+    return task._shard_summary(index, None if table is None else input_records(table.to_batches()), attempt)
 
 
 def close_kept() -> None:
