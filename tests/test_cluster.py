@@ -54,7 +54,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[localspark.Clu
 
 
 def write_pipeline(tmp: Path, source: str, bootstrap: str, cluster: localspark.ClusterInfo,
-                   max_batch_events: int = 1000, regroup: bool = False) -> Path:
+                   max_batch_events: int = 1000, regroup: bool = False, conf: dict[str, str] | None = None) -> Path:
     """The cluster's pipeline: a grouped view per player, or with `regroup` per team in 2 shards."""
     name = f"cluster{uuid.uuid4().hex[:8]}"
     path = tmp / f"{name}.yaml"
@@ -67,7 +67,7 @@ def write_pipeline(tmp: Path, source: str, bootstrap: str, cluster: localspark.C
         "outputs": {"view": {"topic": f"{name}.view"}, "delta": {"topic": f"{name}.delta"}},
         "trigger": "200ms",
         "max_batch_events": max_batch_events,
-        "spark": {"master": cluster.url, "checkpoint_dir": str(tmp / "spark" / name), "conf": dict(EXECUTOR_CONF)},
+        "spark": {"master": cluster.url, "checkpoint_dir": str(tmp / "spark" / name), "conf": {**EXECUTOR_CONF, **(conf or {})}},
     }))  # fmt: skip
     return path
 
@@ -299,6 +299,28 @@ def test_a_regrouping_view_in_shards_survives_its_driver_killed(
     assert code == 0, err[-4000:]
     assert_exact(pipeline, bootstrap_servers, events)
     assert sorted(load_checkpoints(view_pipeline(pipeline), settings)) == [0, 1]  # stage 2: both shards
+
+
+def test_a_regrouping_views_shards_stay_on_their_executors(
+    cluster: localspark.ClusterInfo, bootstrap_servers: str, topic, tmp_path: Path
+) -> None:
+    # stage 2's tasks have no input of Spark's; each prefers executor (shard mod 2)
+    # (refold.spark.placement), so batch after batch a shard runs in the same host, which
+    # starts once. Both executors registered before the first job, as the test asks Spark.
+    source, events = load(bootstrap_servers, topic)
+    path = write_pipeline(tmp_path, source, bootstrap_servers, cluster, max_batch_events=300, regroup=True,
+                          conf={"spark.scheduler.minRegisteredResourcesRatio": "1.0"})
+    log = tmp_path / "engine.log"
+    with running(start_engine(path, log, idle=4)) as proc:
+        code, err = finish(proc, log)
+    assert code == 0, err[-4000:]
+    pipeline = load_pipeline(path)
+    assert_exact(pipeline, bootstrap_servers, events)
+    stage2 = load_checkpoints(view_pipeline(pipeline), {"bootstrap.servers": bootstrap_servers})
+    assert sorted(stage2) == [0, 1] and min(c.batch for c in stage2.values()) >= 5, stage2  # ran often enough to move
+    starts = re.findall(r"stage 2 shard (\d) started on worker pid (\d+)", err)
+    assert sorted(shard for shard, _ in starts) == ["0", "1"], (starts, err[-3000:])
+    assert len({pid for _, pid in starts}) == 2, starts
 
 
 def test_a_spark_worker_killed_mid_run_the_other_takes_over(

@@ -39,6 +39,7 @@ from refold.runtime.hooks import Hooks
 from refold.runtime.processor import BatchStats, together, with_outputs
 from refold.runtime.shards import check_state_partitions, exchanged, plan_shards, stage2_shards
 from refold.runtime.tops import rank_pipeline, ranked_globally, tops_topic
+from refold.spark.placement import run_shards
 from refold.spark.tasks import SUMMARY, ShardTask, reported_error, summary_offsets, summary_stats
 
 log = logging.getLogger(__name__)
@@ -435,12 +436,12 @@ class _Batches:
         task = ShardTask(self.pipeline, self.settings, self.hooks, self.start.run,
                          self.start.checkpoint_partitions, False, stage="apply", close=close)
         shards = stage2_shards(self.pipeline)
-        rows = [row.asDict() for row in spark.range(0, shards, 1, shards).mapInArrow(task, SUMMARY).collect()]
+        rows = run_shards(spark, task, shards)  # each shard on its executor, batch after batch
         trim(self.settings, self.pipeline, summary_offsets(rows))
         if ranked_globally(self.pipeline) and not any(row["error_kind"] for row in rows):  # stage 3
             close = self.start.closer.close(self.start.run, tops=True)
             task = replace(task, stage="top", close=close)
-            ranked = [{**row.asDict(), "stage": 3} for row in spark.range(0, 1, 1, 1).mapInArrow(task, SUMMARY).collect()]
+            ranked = [{**row, "stage": 3} for row in run_shards(spark, task, 1)]
             trim(self.settings, self.pipeline, summary_offsets(ranked), tops_topic(self.pipeline))
             rows += ranked
         return rows
@@ -450,15 +451,18 @@ class _Batches:
         stage 2: `applied`, whose offsets are of P.repartition), and its first error."""
         committed: list[BatchStats] = []
         offsets = dict(self.start.offsets)
+        for stage, reported in ((1, rows), (2, applied)):
+            for row in reported:
+                shard = f"stage {row.get('stage', stage)} shard {row['shard']}" if stage > 1 else f"shard {row['shard']}"
+                if row["recovered"] is not None:  # a new processor of the shard on some worker
+                    log.info("%s started on worker pid %d: state store %s (%s)", shard, row["worker"],
+                             row["recovered"], row["recovery"])
+                if row["attempt"]:
+                    store = {"as_is": "was current", "caught_up": "caught up from P.state",
+                             "restored": "was restored from P.state"}.get(row["recovered"], "was not needed")
+                    log.warning("%s ran again as attempt %d of its task (an earlier attempt failed; "
+                                "nothing is committed twice); its state store %s", shard, row["attempt"], store)
         for row in rows:
-            if row["recovered"] is not None:  # a new processor of the shard on some worker
-                log.info("shard %d started on worker pid %d: state store %s (%s)", row["shard"], row["worker"],
-                         row["recovered"], row["recovery"])
-            if row["attempt"]:
-                store = {"as_is": "was current", "caught_up": "caught up from P.state",
-                         "restored": "was restored from P.state"}.get(row["recovered"], "was not needed")
-                log.warning("shard %d ran again as attempt %d of its task (an earlier attempt failed; "
-                            "nothing is committed twice); its state store %s", row["shard"], row["attempt"], store)
             offsets.update({int(p): o for p, o in orjson.loads(row["offsets"]).items()})
             if row["error_kind"] is None and row["batch"] > 0:
                 committed.append(summary_stats(row))
