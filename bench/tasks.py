@@ -180,6 +180,13 @@ def cpu_snapshot(root: int) -> dict[str, float]:
     return {"python_workers_s": python, "jvm_s": jvm}
 
 
+def machine_busy() -> float:
+    """CPU seconds the machine's cores have spent busy since boot, all processes
+    (`/proc/stat`: everything but idle and iowait)."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, Path("/proc/stat").read_text().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def driver_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -191,6 +198,7 @@ class CpuSample:
     driver_s: float  # this process, less the sampler thread's own CPU
     local: dict[str, float]  # cpu_snapshot(this process)
     cluster: list[dict[str, float]]  # cpu_snapshot of each standalone worker
+    machine_s: float  # machine_busy(): every process, the broker's and this bench's too
 
 
 class Sampler:
@@ -213,7 +221,7 @@ class Sampler:
 
     def sample(self) -> CpuSample:
         return CpuSample(time.monotonic(), driver_cpu() - self._own(), cpu_snapshot(os.getpid()),
-                         [cpu_snapshot(pid) for pid in self.cluster])
+                         [cpu_snapshot(pid) for pid in self.cluster], machine_busy())
 
     def _own(self) -> float:
         return time.thread_time() if threading.current_thread() is self._thread else self._own_s
@@ -328,6 +336,8 @@ def cpu_split(before: CpuSample, after: CpuSample, batches: int) -> dict[str, An
         "cpu_window_s": after.at - before.at, "driver_cpu_s": driver, "jvm_cpu_s": jvm,
         "executor_python_cpu_s": executor_python, "driver_cpu_per_batch_s": driver / max(1, batches),
         "driver_share": driver / (driver + executor_python) if driver + executor_python else None,
+        # the share of the machine's cores busy (any process): near 1, no core was left for more shards
+        "machine_busy_share": (after.machine_s - before.machine_s) / ((after.at - before.at) * (os.cpu_count() or 1)),
     }
     if after.cluster:  # the JVM under this process is the driver's alone: a split with the JVMs too
         executors = executor_python + sum(cluster_jvm)
@@ -619,7 +629,8 @@ def summary(figures: dict[str, Any]) -> None:
             r = regroup[label]
             each = ", ".join(f"{c:.1f}" for c in r.get("cluster_worker_python_cpu_s", []))
             print(f"  {label.replace('_', ' '):<9}: {r['events_per_s']:8,.0f} events/s ({r['seconds']:.1f}s, "
-                  f"{r['batches']} batches); executor Python CPU s on each worker: {each}")
+                  f"{r['batches']} batches); executor Python CPU s on each worker: {each}; "
+                  f"machine busy {r['machine_busy_share']:.0%}")
         print(f"  shards 2 / shards 1: {regroup['ratio']:.2f}x (target ≥ {regroup['target_ratio']:.1f}x) "
               f"{'ok' if regroup['ratio'] >= regroup['target_ratio'] else 'MISSED'}; shards 2 / one shard: "
               f"{regroup['ratio_to_one_shard']:.2f}x")
