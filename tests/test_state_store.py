@@ -176,6 +176,42 @@ def test_a_store_is_taken_as_soon_as_its_holder_lets_go(tmp_path: Path) -> None:
     assert proc.wait(30) == 0
 
 
+KEEPER = """
+    import sys, time
+    from pathlib import Path
+    from refold.state import ShardId, ShardStore, Stamp
+    store = ShardStore.open(ShardId("scores", "0", 0), Path(sys.argv[1]))
+    store.apply([(b'["held"]', b"v")], Stamp(7, 70))
+    print("holding", flush=True)
+    while not store.wanted:
+        time.sleep(0.05)
+    store.close()
+    print("let go", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_holder_that_keeps_its_store_lets_go_when_another_process_waits(tmp_path: Path) -> None:
+    # a shard host keeps its stores open between batches and closes one another process
+    # waits for (`<shard>.want`, `ShardStore.wanted`): the waiter gets it then, not at
+    # its deadline, and the want is gone once it holds the store
+    want = SHARD.directory(tmp_path).with_name("0.want")
+    proc = run_python(KEEPER, str(tmp_path))
+    assert proc.stdout is not None
+    try:
+        assert proc.stdout.readline().strip() == "holding", proc.stderr.read() if proc.stderr else ""
+        assert not want.exists()
+        began = time.monotonic()
+        with ShardStore.open(SHARD, tmp_path, lock_timeout=30) as store:
+            assert time.monotonic() - began < 10
+            assert store.stamp == Stamp(7, 70)
+            assert not want.exists() and not store.wanted
+        assert proc.stdout.readline().strip() == "let go"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_a_store_whose_holder_was_killed_opens_intact(tmp_path: Path) -> None:
     proc = held(tmp_path, 300)
     os.kill(proc.pid, signal.SIGKILL)

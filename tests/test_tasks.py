@@ -87,10 +87,12 @@ def test_each_shard_stays_in_one_host_whichever_worker_runs_its_task(bootstrap_s
                                                                      hosted) -> None:
     # local[2]: one executor, two Python workers, 3 shards, 5 batches. Spark gives each
     # task to either worker; the shard's host (refold.spark.hosts) keeps its processor,
-    # so each shard starts once. With REFOLD_SHARD_HOSTS=0 the workers run the shards
-    # themselves, as before (shards then move between them). Exact either way.
+    # so each shard starts once, and its store open: no store is opened again (which
+    # flushes RocksDB's log as one more file) at each batch. With REFOLD_SHARD_HOSTS=0
+    # the workers run the shards themselves, as before (shards then move between them,
+    # and close their stores after each batch). Exact either way.
     source, events = loaded_source
-    path = write_pipeline(tmp_path, source, bootstrap_servers)
+    path = write_pipeline(tmp_path, source, bootstrap_servers, state_dir=str(tmp_path / "state"))
     done = run_engine(path, {} if hosted else {"REFOLD_SHARD_HOSTS": "0"})
     assert done.returncode == 0, done.stderr[-3000:]
     starts = [line for line in done.stderr.splitlines() if " started on worker pid " in line]
@@ -101,6 +103,13 @@ def test_each_shard_stays_in_one_host_whichever_worker_runs_its_task(bootstrap_s
         assert set(shards) == {0, 1, 2}, "\n".join(starts)
     assert_exact(load_pipeline(path), bootstrap_servers, events)
     assert _hosts_without_daemon(deadline=10.0) == []  # a host ends with its executor
+    stores = sorted((tmp_path / "state").glob("*/*/[0-9]"))
+    files = {store.name: len(list(store.glob("*.sst"))) for store in stores}
+    assert len(files) == 3, stores
+    if hosted:
+        assert max(files.values()) <= 1, files
+    else:
+        assert min(files.values()) >= 2, files  # opened again at every batch
 
 
 def _hosts_without_daemon(deadline: float) -> list[str]:

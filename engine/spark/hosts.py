@@ -26,6 +26,16 @@ file on the way. `refold.spark.daemon` makes the daemon its workers'
 subreaper, and the host is forked through a middle process that exits at once, so
 each host is the daemon's child, under the executor's process tree.
 
+A host also keeps its shards' stores open between batches (nineteenth session). A
+worker closed its shard's store after every batch, so that another worker could take
+it; each open then replayed RocksDB's log and flushed it as one more level-0 file, and
+the compactions that would merge them were cut short by the next close: at a 1 s
+trigger a shard's store had 16 level-0 files after a minute, and the shards' CPU per
+event had doubled (docs/PERFORMANCE.md). A process that waits for a store a host holds
+(another executor's host on the same machine, a tool) says so in `<shard>.want`
+(`ShardStore.wanted`); the host lets go of it within `WANT_POLL_SECONDS` when idle, after
+its current batch otherwise.
+
 A host that dies mid-batch (a crash, a kill -9) fails the task that waits on it,
 with a plain error, and Spark runs the task again, which starts a new host: as a
 worker killed mid-batch did. `REFOLD_SHARD_HOSTS=0` in the executors' environment
@@ -56,6 +66,15 @@ if TYPE_CHECKING:
     from refold.spark.tasks import ShardTask
 
 _LENGTH = struct.Struct(">Q")
+
+
+def hosting() -> bool:
+    """This process is a shard host: it keeps its shards' stores open between batches."""
+    return _HOSTING
+
+
+_HOSTING = False
+WANT_POLL_SECONDS = 0.25  # how soon an idle host lets go of a store another process waits for
 
 
 def enabled() -> bool:
@@ -230,7 +249,10 @@ def _exactly(conn: socket.socket, size: int, path: Path) -> bytes:
 def serve(path: Path, daemon: int, ready: int) -> None:
     """Answer requests on `path` until idle for `KEPT_IDLE_SECONDS` or the daemon is gone;
     `ready`: a pipe to say "1" on once listening."""
-    from refold.spark.tasks import KEPT_IDLE_SECONDS, close_kept, run_request
+    from refold.spark.tasks import KEPT_IDLE_SECONDS, close_kept, release_wanted, run_request
+
+    global _HOSTING
+    _HOSTING = True
 
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the daemon's at its shutdown: the watchdog ends the host
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -238,13 +260,14 @@ def serve(path: Path, daemon: int, ready: int) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
     listener.listen(16)
-    listener.settimeout(1.0)
+    listener.settimeout(WANT_POLL_SECONDS)
     os.write(ready, b"1")
     os.close(ready)
     _sweep(path)
     last = time.monotonic()
     try:
         while time.monotonic() - last < KEPT_IDLE_SECONDS:
+            release_wanted()
             try:
                 conn, _ = listener.accept()
             except TimeoutError:

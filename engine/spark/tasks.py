@@ -187,7 +187,8 @@ class ShardTask:
                             processor.tables.verified = True
                     records = part if part is not None else self._closed(index, processor)
                     stats = processor.process(records)
-                    processor.suspend()
+                    if not hosts.hosting():  # a host keeps the store open (`release_wanted`)
+                        processor.suspend()
                     return stats, processor, None
                 except FencedError:
                     # another attempt of this shard (or a newer run) initialised its writer
@@ -295,6 +296,15 @@ def run_request(task: ShardTask, index: int, table: pa.Table | None, attempt: in
     """A shard host's answer to one task (`refold.spark.hosts`): the shard's part
     reduced and committed here, as the task would have in its worker."""
     return task._shard_summary(index, None if table is None else input_records(table.to_batches()), attempt)
+
+
+def release_wanted() -> None:
+    """A shard host's kept stores that another process waits for, let go (`ShardStore.wanted`):
+    the next task of the shard here takes its store again and checks its stamp."""
+    for kept in _RUNNING.values():
+        store = kept.processor.store
+        if store is not None and store.wanted:
+            kept.processor.suspend()
 
 
 def close_kept() -> None:

@@ -13,7 +13,9 @@ committed checkpoint's stamp (so the store is never ahead of Kafka); and
 `refold.state.shard`, catching up from `P.state`. One process at a time: `open`
 takes the shard's lock file (`<shard>.lock`, an flock the kernel drops when its
 holder dies, even by kill -9) and waits for it up to a deadline; RocksDB's own
-`LOCK` is never contended behind it. The store is a cache of Kafka: a directory
+`LOCK` is never contended behind it. A process that keeps a store open between
+batches (a shard host, `refold.spark.hosts`) lets go of it when another one asks:
+a waiter touches `<shard>.want` while it waits (`wanted`). The store is a cache of Kafka: a directory
 RocksDB cannot open is wiped and rebuilt from `P.state`, never repaired.
 """
 
@@ -208,6 +210,12 @@ class ShardStore:
 
     # Reading ----------------------------------------------------------------------------
 
+    @property
+    def wanted(self) -> bool:
+        """Another process waits for this store (its `<shard>.want` file exists): a holder
+        that keeps it open between batches closes it."""
+        return _want_file(self.directory).exists()
+
     def records_of(self, key_json: bytes) -> list[tuple[bytes, bytes]]:
         """Every record of one view key (`key_json` = `key_bytes(key)`): its summary
         `[key]` and its rows `[key, fp]`, by record key."""
@@ -336,11 +344,19 @@ def _open_rocksdb(directory: Path, options: Options, shard: ShardId, deadline: f
         pause = min(pause * 2, _LOCK_POLL_SECONDS[1])
 
 
+def _want_file(directory: Path) -> Path:
+    return directory.with_name(directory.name + ".want")
+
+
 def _take_lock(directory: Path, shard: ShardId, deadline: float, waited_for: float) -> IO[str]:
-    """The shard's lock file, flocked; its content names the holder (for messages)."""
+    """The shard's lock file, flocked; its content names the holder (for messages).
+    While it waits, `<shard>.want` says so to a holder that keeps the store open
+    (touched again at every try: another waiter that got the lock removed it)."""
     path = directory.with_name(directory.name + ".lock")
+    want = _want_file(directory)
     handle = open(path, "a+")  # noqa: SIM115 (held until the store closes)
     pause = _LOCK_POLL_SECONDS[0]
+    waiting = False
     try:
         while True:
             try:
@@ -349,6 +365,8 @@ def _take_lock(directory: Path, shard: ShardId, deadline: float, waited_for: flo
             except OSError as exc:
                 if exc.errno not in (errno.EAGAIN, errno.EACCES):
                     raise
+            want.touch()
+            waiting = True
             if time.monotonic() >= deadline:
                 handle.seek(0)
                 raise StoreLocked(directory, shard, waited_for, handle.read().strip())
@@ -362,5 +380,9 @@ def _take_lock(directory: Path, shard: ShardId, deadline: float, waited_for: flo
         with contextlib.suppress(OSError):
             handle.close()
         raise
+    finally:
+        if waiting:
+            with contextlib.suppress(OSError):
+                want.unlink(missing_ok=True)
     return handle
 
