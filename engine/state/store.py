@@ -15,8 +15,9 @@ takes the shard's lock file (`<shard>.lock`, an flock the kernel drops when its
 holder dies, even by kill -9) and waits for it up to a deadline; RocksDB's own
 `LOCK` is never contended behind it. A process that keeps a store open between
 batches (a shard host, `refold.spark.hosts`) lets go of it when another one asks:
-a waiter touches `<shard>.want` while it waits (`wanted`). The store is a cache of Kafka: a directory
-RocksDB cannot open is wiped and rebuilt from `P.state`, never repaired.
+a waiter touches `<shard>.want` while it waits (`wanted`). The store is a cache of
+Kafka: a directory RocksDB cannot open is wiped and rebuilt from `P.state`, never
+repaired.
 """
 
 from __future__ import annotations
