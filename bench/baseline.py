@@ -27,7 +27,7 @@ from refold.errors import RefoldError
 from refold.kafka.io import ensure_topics, partitions_of
 from refold.recovery.records import Checkpoint
 from refold.reduce import make_reducer
-from refold.runtime.batch import InputRecord, Unit
+from refold.runtime.batch import InputRecord
 from refold.runtime.batch import Outgoing as _Outgoing
 from refold.runtime.processor import BatchProcessor, ShardProcessor
 from refold.spark.job import (
@@ -81,7 +81,7 @@ class SparkSinkShard(ShardProcessor):
         )
         self.reducer = make_reducer(self.pipeline.view)
 
-    def _load(self, units: Sequence[Unit]) -> None:  # the reducer holds every key already
+    def _load(self, touched: set[Any], *, forget: bool = True) -> None:  # the reducer holds every key already
         pass
 
     def _stamp(self, state: Sequence[tuple[bytes, bytes | None]], checkpoint: Checkpoint) -> None:  # no store
