@@ -679,7 +679,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-keys", type=int, default=30_000)
     parser.add_argument("--workers-events", type=int, default=600_000)
     parser.add_argument("--workers-keys", type=int, default=15_000)
-    parser.add_argument("--regroup-events", type=int, default=300_000)
+    # 9 batches of 100k: at 300k (3 batches) the last batch's stage 2 runs alone, a third
+    # of the run without stage 2 beside stage 1 (nineteenth session)
+    parser.add_argument("--regroup-events", type=int, default=800_000)
     parser.add_argument("--regroup-teams", type=int, default=2_000, help="the regroup part's view keys")
     parser.add_argument("--worker-memory", default="1g", help="what each standalone worker offers")
     parser.add_argument("--executor-memory", default="768m")
