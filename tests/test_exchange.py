@@ -18,7 +18,7 @@ from refold.cli.produce import produce
 from refold.config import Pipeline, load_pipeline, parse_pipeline
 from refold.dev.testing import Workload, generate
 from refold.errors import ConfigError, OperationalError
-from refold.kafka.io import ensure_topics, read_to_end
+from refold.kafka.io import ensure_topics, open_transactions, read_to_end
 from refold.model.changelog import Op
 from refold.ops.status import later_stages, print_status
 from refold.ops.verify import by_key, read_view_changes, verify
@@ -125,6 +125,17 @@ def _batches(records: list[InputRecord], cuts: list[int]) -> list[list[InputReco
     return [batch for batch in batches if batch]
 
 
+def _view_changes(pipeline: Pipeline, settings_: dict[str, Any]) -> Any:
+    """The committed view changelog, once the last commits' markers are written: a
+    transaction's markers follow `commit_transaction`'s return, and a read right after it
+    saw an empty view topic (CI, beside a chaos run). The dead letters and the
+    repartition topic are read after it, so they are waited for too."""
+    assert pipeline.outputs.view is not None
+    topics = [pipeline.outputs.view.topic, pipeline.dlq_topic, pipeline.repartition_topic]
+    assert not open_transactions(settings_, topics, timeout=30)
+    return read_view_changes(pipeline, settings_)
+
+
 def _expected(pipeline: Pipeline, batches: list[list[InputRecord]]) -> Any:
     """The reference's changelog over the batches: each batch's partitions merged by tag."""
     units = []
@@ -166,7 +177,7 @@ def test_a_regrouping_view_in_shards_equals_the_reference_per_key(
         processor.close()
 
     expected = _expected(pipeline, batches)
-    assert by_key(read_view_changes(pipeline, settings_)) == by_key(expected.changes)
+    assert by_key(_view_changes(pipeline, settings_)) == by_key(expected.changes)
     letters = [decode_dead_letter(m.value()) for m in read_to_end(settings_, pipeline.dlq_topic)]
     assert len(letters) == len({(letter.partition, letter.offset) for letter in letters})  # each once
     if "where" not in VIEWS[view]:  # (the engine's reader refuses an unpaired -C before the filter sees it)
@@ -197,7 +208,7 @@ def test_stage_two_catches_up_at_start_with_what_stage_one_left(bootstrap_server
         processor.process(records)
     finally:
         processor.close()
-    assert read_view_changes(pipeline, settings_) == []
+    assert _view_changes(pipeline, settings_) == []
     # `refold status`: stage 2's lag is the routed units it has not applied (closes are not lag)
     routed = sum(1 for m in read_to_end(settings_, pipeline.repartition_topic) if m.value()[:1] == b"[")
     [stage] = later_stages(pipeline, settings_)
@@ -207,7 +218,7 @@ def test_stage_two_catches_up_at_start_with_what_stage_one_left(bootstrap_server
     monkeypatch.undo()
     BatchProcessor(pipeline, settings_).close()  # the next start closes and reduces it
     expected = _expected(pipeline, [records])
-    assert by_key(read_view_changes(pipeline, settings_)) == by_key(expected.changes)
+    assert by_key(_view_changes(pipeline, settings_)) == by_key(expected.changes)
     assert [sum(row.lag for row in stage.rows) for stage in later_stages(pipeline, settings_)] == [0]
 
 
@@ -234,7 +245,7 @@ def test_a_value_the_native_cores_do_not_take_falls_back_to_python_in_both_stage
     finally:
         processor.close()
     expected = _expected(pipeline, [records])
-    assert by_key(read_view_changes(pipeline, settings_)) == by_key(expected.changes)
+    assert by_key(_view_changes(pipeline, settings_)) == by_key(expected.changes)
     letters = [decode_dead_letter(m.value()) for m in read_to_end(settings_, pipeline.dlq_topic)]
     assert sorted(letter.reason for letter in letters) == sorted(reason for _, reason in expected.rejected)
 
@@ -257,12 +268,12 @@ def test_a_global_top_n_ranks_at_the_next_start_what_stage_two_left(bootstrap_se
         processor.ranker = ranker
     finally:
         processor.close()
-    assert by_key(read_view_changes(pipeline, settings_)) == by_key(_expected(pipeline, batches[:1]).changes)
+    assert by_key(_view_changes(pipeline, settings_)) == by_key(_expected(pipeline, batches[:1]).changes)
     assert _expected(pipeline, batches).changes != _expected(pipeline, batches[:1]).changes  # (the test can fail)
     assert [stage.name for stage in later_stages(pipeline, settings_)] == ["stage 2", "stage 3"]
     assert sum(row.lag for row in later_stages(pipeline, settings_)[1].rows) > 0  # local-top changes not ranked
     BatchProcessor(pipeline, settings_).close()  # the next start closes P.tops and ranks it
-    assert by_key(read_view_changes(pipeline, settings_)) == by_key(_expected(pipeline, batches).changes)
+    assert by_key(_view_changes(pipeline, settings_)) == by_key(_expected(pipeline, batches).changes)
     assert [sum(row.lag for row in stage.rows) for stage in later_stages(pipeline, settings_)] == [0, 0]
     assert verify(pipeline, settings_).anomalies == []
 
@@ -366,7 +377,7 @@ def test_the_engine_runs_a_regrouping_view_in_shards_exactly_once_across_a_resta
     admin.close()
     assert all(0 < low <= applied[m].offsets[m] for m, low in enumerate(lows)), (lows, applied)
     # every shard's view keys are its own: each view key's records come from one stage-2 shard
-    teams = {c.key for c in read_view_changes(pipeline, settings_)}
+    teams = {c.key for c in _view_changes(pipeline, settings_)}
     assert len({shard_of(orjson.dumps(list(team)), 3) for team in teams}) >= 2
 
 
