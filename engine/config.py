@@ -256,9 +256,19 @@ class _AvroOutput(_Model):
 
 
 class ViewOutput(_AvroOutput):
+    """The view's changelog topic, its form and value format (as for every output: JSON
+    objects, or Avro records of `schema`). `partitioning`: which partition a view record goes
+    to. `shard` (a new pipeline's default): shard s writes partition s, so each
+    partition has one writer and a `-C` is immediately followed by its `+C`; the topic
+    gets a partition per shard. `key`: murmur2 of the record key (the Java client's
+    default partitioner), where a `-C` and its `+C` may have another shard's records
+    between them (the pipelines that committed before `partitioning` existed). Left
+    out, it is settled at the first start and kept (`refold.recovery.layout`)."""
+
     topic: str
     form: Literal["changelog", "retract", "upsert"] = "changelog"
     emit: Literal["per_event", "per_batch"] = "per_event"
+    partitioning: Literal["shard", "key"] | None = None
 
 
 class DeltaOutput(_AvroOutput):

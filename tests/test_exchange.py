@@ -6,6 +6,7 @@ from __future__ import annotations
 import heapq
 import random
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -21,7 +22,7 @@ from refold.errors import ConfigError, OperationalError
 from refold.kafka.io import ensure_topics, open_transactions, read_to_end
 from refold.model.changelog import Op
 from refold.ops.status import later_stages, print_status
-from refold.ops.verify import by_key, read_view_changes, verify
+from refold.ops.verify import by_key, output_key, read_view_changes, verify
 from refold.recovery.records import decode_dead_letter
 from refold.recovery.restore import load_checkpoints
 from refold.reduce import SourceEvent
@@ -30,7 +31,8 @@ from refold.reference import merge_partitions, reference_changelog
 from refold.runtime.batch import InputRecord, Outgoing
 from refold.runtime.exchange import ExchangeReader, merge_keys, shard_of, view_pipeline
 from refold.runtime.processor import BatchProcessor
-from refold.runtime.tops import rank_pipeline
+from refold.runtime.shards import stage2_shards
+from refold.runtime.tops import rank_pipeline, ranked_globally
 from refold.spark.job import engine_topics, run_pipeline
 
 PARTITIONS = 3
@@ -136,6 +138,34 @@ def _view_changes(pipeline: Pipeline, settings_: dict[str, Any]) -> Any:
     return read_view_changes(pipeline, settings_)
 
 
+def check_one_writer_per_view_partition(pipeline: Pipeline, settings_: dict[str, Any],
+                                        writer_of: Callable[[dict[str, Any]], int]) -> None:
+    """The view topic partitioned by shard: each record in the partition of the shard
+    that wrote it (`writer_of` its row), so a partition has one writer, and each `-C`
+    right before its `+C` there (DESIGN.md §1)."""
+    assert pipeline.outputs.view is not None and pipeline.outputs.view.partitioning == "shard"
+    partitions: dict[int, list[tuple[str, tuple[Any, ...]]]] = {}
+    for msg in read_to_end(settings_, pipeline.outputs.view.topic):
+        row = orjson.loads(msg.value())
+        assert msg.partition() == writer_of(row), (msg.partition(), row)
+        partitions.setdefault(msg.partition(), []).append((row["op"], output_key(pipeline, row)))
+    assert partitions, "no view records"
+    for records in partitions.values():
+        for (op, key), (next_op, next_key) in zip(records, [*records[1:], ("end", ())], strict=True):
+            if op == "-C":
+                assert (next_op, next_key) == ("+C", key)
+
+
+def stage2_writer(pipeline: Pipeline) -> Callable[[dict[str, Any]], int]:
+    """The shard that writes a view row of a re-grouping view in shards: stage 3 for a
+    global Top-N in more than one shard, else the stage-2 shard of its routing key."""
+    if ranked_globally(pipeline):
+        return lambda row: 0
+    top_n = pipeline.view.top_n
+    columns = top_n.partition_by if top_n is not None else pipeline.view.key
+    return lambda row: shard_of(key_bytes(tuple(row[c] for c in columns)), stage2_shards(pipeline))
+
+
 def _expected(pipeline: Pipeline, batches: list[list[InputRecord]]) -> Any:
     """The reference's changelog over the batches: each batch's partitions merged by tag."""
     units = []
@@ -185,6 +215,7 @@ def test_a_regrouping_view_in_shards_equals_the_reference_per_key(
     assert all(letter.topic == source for letter in letters)
     report = verify(pipeline, settings_)
     assert report.anomalies == [], report.anomalies
+    check_one_writer_per_view_partition(processor.pipeline, settings_, stage2_writer(processor.pipeline))
     # stage 2's checkpoints cover P.repartition; stage 1's the source
     assert set(load_checkpoints(view_pipeline(pipeline), settings_)) == set(range(shards))
     assert {p for c in load_checkpoints(pipeline, settings_).values() for p in c.offsets} == set(range(PARTITIONS))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from refold.codecs import (
     schema_dir,
     with_system_fields,
 )
+from refold.codecs.schemas import schema_path
 from refold.errors import (
     ConfigError,
     DecodeError,
@@ -444,6 +446,22 @@ def test_checkpoint_round_trip_and_deterministic_bytes() -> None:
     # Any Avro reader can read it with the schema file.
     record = fastavro.schemaless_reader(io.BytesIO(data), load_schema("checkpoint"))
     assert isinstance(record, dict) and record["offsets"][0] == {"partition": 0, "offset": 17}
+
+
+@pytest.mark.parametrize("missing", [(), ("view_partitioning",), ("view_partitioning", "run"),
+                                     ("view_partitioning", "run", "shard")])
+def test_checkpoints_written_before_a_field_existed_read_with_its_default(missing: tuple[str, ...]) -> None:
+    """Each field added since the first checkpoints: a record written without it reads as
+    its schema default (a shard that wrote the view by key, run 0, shard 0)."""
+    written = replace(CHECKPOINT, shard=3, run=17, view_partitioning="shard")
+    raw = orjson.loads(schema_path("checkpoint").read_bytes())
+    raw["fields"] = [f for f in raw["fields"] if f["name"] not in missing]
+    old = fastavro.parse_schema(raw, named_schemas={})
+    record = {**fastavro.schemaless_reader(io.BytesIO(encode_checkpoint(written)), load_schema("checkpoint"))}
+    stream = io.BytesIO()
+    fastavro.schemaless_writer(stream, old, {k: v for k, v in record.items() if k not in missing})
+    defaults = {"view_partitioning": "key", "run": 0, "shard": 0}
+    assert decode_checkpoint(stream.getvalue()) == replace(written, **{f: defaults[f] for f in missing})
 
 
 def test_empty_checkpoint_round_trip() -> None:

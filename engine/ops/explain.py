@@ -57,7 +57,10 @@ def explain(pipeline: Pipeline) -> str:
                      f"{keys}; the view groups by {grouping})")
     lines.append(f"# reduces in: {core_of(pipeline)}")
     if pipeline.outputs.view is not None:
-        lines.append(f"# view output: {pipeline.outputs.view.topic} ({pipeline.outputs.view.form})")
+        output = pipeline.outputs.view
+        partitioned = {"key": "partitioned by key (murmur2)", "shard": "a partition per writing shard"}.get(
+            output.partitioning or "", "a partition per writing shard (unless earlier runs wrote it by key)")
+        lines.append(f"# view output: {output.topic} ({output.form}, {partitioned})")
     if pipeline.outputs.delta is not None:
         lines.append(f"# delta output: {pipeline.outputs.delta.topic}")
     lines.append(f"# dead letters: {pipeline.dlq_topic}; state: {pipeline.state_topic}; "

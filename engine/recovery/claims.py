@@ -17,7 +17,12 @@ from typing import Any
 from refold import environment
 from refold.config import Pipeline
 from refold.kafka.transactions import FencedError, TransactionalWriter
-from refold.recovery.records import Checkpoint, encode_checkpoint, first_checkpoint
+from refold.recovery.records import (
+    Checkpoint,
+    encode_checkpoint,
+    first_checkpoint,
+    view_partitioning,
+)
 from refold.recovery.restore import load_checkpoints
 from refold.runtime.shards import checkpoint_key
 
@@ -65,7 +70,8 @@ def _claim(pipeline: Pipeline, settings: dict[str, Any], writer: TransactionalWr
     again, read the shard's checkpoint again (it may have committed a batch meanwhile)
     and claim again, so the newer run wins; the older task then finds the claim and stops."""
     for attempt in range(CLAIM_ATTEMPTS):
-        claim = replace(checkpoint or first_checkpoint(pipeline, index), run=run)
+        claim = replace(checkpoint or first_checkpoint(pipeline, index), run=run,
+                        view_partitioning=view_partitioning(pipeline))
         try:
             writer.begin()
             writer.send(pipeline.checkpoints_topic, checkpoint_key(pipeline.writer, index), encode_checkpoint(claim),

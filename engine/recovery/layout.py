@@ -1,4 +1,5 @@
-"""How a re-grouping view's state is laid out, settled at start (`shards`, DESIGN.md §3).
+"""How a view's state and view topic are laid out, settled at start (`shards`, DESIGN.md
+§3; `outputs.view.partitioning`).
 
 A view whose key lacks a message-key column either merges every source partition in
 one task (`shards: merged`) or re-groups in `shards: M` (`refold.runtime.exchange`):
@@ -14,6 +15,12 @@ state for good, so a run must keep the layout its pipeline's earlier runs commit
 What the earlier runs were is read from `P.checkpoints`: a stage-2 checkpoint
 (`<writer>.view/<m>`, every shard claimed at each start) means shards, their count M;
 none, and a committed batch of the writer, means merged.
+
+The view topic is laid out the same way, once: partitioned by shard (shard s writes
+partition s, so a partition has one writer and a `-C` lies right before its `+C`; a new
+pipeline's default) or by key (murmur2, as the pipelines that committed before the
+setting existed did, where another shard's record batch can fall between a `-C` and its
+`+C`). Each checkpoint says which (`Checkpoint.view_partitioning`).
 """
 
 from __future__ import annotations
@@ -34,13 +41,20 @@ from refold.runtime.tops import rank_pipeline, ranked_globally, tops_state_topic
 log = logging.getLogger(__name__)
 
 
-def settle_shards(pipeline: Pipeline, settings: Mapping[str, Any], partitions: int) -> Pipeline:
+def settle_layout(pipeline: Pipeline, settings: Mapping[str, Any], partitions: int) -> Pipeline:
+    """The pipeline with `shards` and `outputs.view.partitioning` as this run runs them
+    (`settle_shards`, `settle_view_partitioning`), from one read of `P.checkpoints`.
+    `partitions`: the source's."""
+    committed = _committed(pipeline, settings)
+    return settle_view_partitioning(settle_shards(pipeline, committed, partitions), committed, partitions)
+
+
+def settle_shards(pipeline: Pipeline, committed: dict[str, dict[int, Checkpoint]], partitions: int) -> Pipeline:
     """The pipeline with `shards` as this run runs it: an int M or "merged" for a view
-    that re-groups partitions (unchanged for a co-partitioned one). `partitions`: the
-    source's. Raises UserError when the pipeline asks for a layout its state is not in."""
+    that re-groups partitions (unchanged for a co-partitioned one). Raises UserError
+    when the pipeline asks for a layout its state is not in."""
     if co_partitioned(pipeline):
         return pipeline
-    committed = _committed(pipeline, settings)
     earlier = _earlier_layout(pipeline, committed)
     asked = pipeline.shards
     if asked is None:
@@ -67,6 +81,63 @@ def settle_shards(pipeline: Pipeline, settings: Mapping[str, Any], partitions: i
             "the view from the source"
         )
     return pipeline
+
+
+def settle_view_partitioning(pipeline: Pipeline, committed: dict[str, dict[int, Checkpoint]],
+                             partitions: int) -> Pipeline:
+    """The pipeline with `outputs.view.partitioning` settled: what its earlier runs
+    committed ("key" for checkpoints from before the setting), else what it asks, else
+    "shard". Raises UserError when it asks for the other one: moving a key's records to
+    another partition would split its changelog (and leave a compacted topic two rows)."""
+    view = pipeline.outputs.view
+    if view is None:
+        return pipeline
+    done = {c.view_partitioning for stage in committed.values() for c in stage.values() if c.batch > 0}
+    earlier = "key" if "key" in done else "shard" if done else None
+    asked = view.partitioning
+    if earlier is not None and asked is not None and asked != earlier:
+        raise UserError(
+            f"outputs.view.partitioning: pipeline {pipeline.pipeline!r} (writer {pipeline.writer!r}) committed "
+            f"its view partitioned by {_PARTITIONED[earlier]}; this run asks for {_PARTITIONED[asked]}. Refold "
+            f"does not move a key's records between partitions: set `partitioning: {earlier}` (or leave it out), "
+            "or run under a new `writer` (and a new view topic) to rebuild the view from the source"
+        )
+    settled = earlier or asked or "shard"
+    if settled == "key" and view_writers(pipeline, partitions) > 1:
+        log.warning("pipeline %s writes its view by key (murmur2), as its earlier runs did: a -C and its +C may "
+                    "have another shard's records between them in a partition (README, `partitioning`)",
+                    pipeline.pipeline)
+    outputs = pipeline.outputs.model_copy(update={"view": view.model_copy(update={"partitioning": settled})})
+    return pipeline.model_copy(update={"outputs": outputs})
+
+
+_PARTITIONED = {"shard": "shard (partitioning: shard)", "key": "key, murmur2 (partitioning: key)"}
+
+
+def view_writers(pipeline: Pipeline, partitions: int) -> int:
+    """How many shards write the view (shard s to partition s when it is partitioned by
+    shard): a global Top-N's stage 3, or a merged view, is one; stage 2's M shards; a
+    co-partitioned view's one per source partition (`partitions`: the source's)."""
+    if ranked_globally(pipeline):
+        return 1
+    if exchanged(pipeline):
+        return stage2_shards(pipeline)
+    return partitions if co_partitioned(pipeline) else 1
+
+
+def check_view_partitions(pipeline: Pipeline, settings: Mapping[str, Any], partitions: int) -> None:
+    """UserError unless a view partitioned by shard has a partition for each of its
+    writing shards (`view_writers`)."""
+    view = pipeline.outputs.view
+    if view is None or view.partitioning != "shard":
+        return
+    writers, have = view_writers(pipeline, partitions), len(partitions_of(settings, view.topic))
+    if have < writers:
+        raise UserError(
+            f"outputs.view: {view.topic} has {have} partition(s), and pipeline {pipeline.pipeline!r} writes its "
+            f"view from {writers} shards, each to a partition of its own (partitioning: shard): add partitions "
+            f"to {view.topic} (kafka-topics --alter --partitions {writers}), or name a new view topic"
+        )
 
 
 def exchange_topics(pipeline: Pipeline, partitions: int) -> list[TopicSpec]:

@@ -55,6 +55,7 @@ class Checkpoint:
     driver_checkpoints: dict[str, bytes]  # opaque, by materialization driver
     shard: int = 0  # the shard of the writer that committed it (P-<writer>-<shard>)
     run: int = 0  # the engine run that committed it (its driver's start, epoch ms)
+    view_partitioning: str = "key"  # how the shard partitions its view records: "shard" or "key"
 
 
 def first_checkpoint(pipeline: Pipeline, shard: int) -> Checkpoint:
@@ -72,7 +73,15 @@ def first_checkpoint(pipeline: Pipeline, shard: int) -> Checkpoint:
         committed_at=0,
         driver_checkpoints={},
         shard=shard,
+        view_partitioning=view_partitioning(pipeline),
     )
+
+
+def view_partitioning(pipeline: Pipeline) -> str:
+    """How the pipeline's shards partition its view records (`outputs.view.partitioning`,
+    as settled at start): "shard" (shard s writes partition s) or "key" (murmur2)."""
+    view = pipeline.outputs.view
+    return view.partitioning if view is not None and view.partitioning is not None else "shard"
 
 
 def combined(checkpoints: Sequence[Checkpoint]) -> Checkpoint | None:
@@ -154,7 +163,8 @@ def _checkpoint_schema_without(*names: str) -> dict[str, Any]:
     return parsed
 
 
-_OLDER_CHECKPOINTS = (("run",), ("run", "shard"))  # fields added since: before runs, before shards
+# fields added since: before view partitioning, before runs, before shards
+_OLDER_CHECKPOINTS = (("view_partitioning",), ("view_partitioning", "run"), ("view_partitioning", "run", "shard"))
 
 
 @functools.cache
@@ -201,13 +211,15 @@ def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
             "driver_checkpoints": dict(sorted(checkpoint.driver_checkpoints.items())),
             "shard": checkpoint.shard,
             "run": checkpoint.run,
+            "view_partitioning": checkpoint.view_partitioning,
         },
     )
 
 
 def decode_checkpoint(data: bytes) -> Checkpoint:
     """Raises InternalError for bytes that are not a checkpoint record. A record
-    written before shards (no `shard`) reads as shard 0, one before runs as run 0."""
+    written before shards (no `shard`) reads as shard 0, one before runs as run 0, one
+    before view partitioning as "key" (its shards wrote the view by murmur2)."""
     try:
         r = _read(_checkpoint_schema(), data, "checkpoint")
     except InternalError as exc:
@@ -235,6 +247,7 @@ def decode_checkpoint(data: bytes) -> Checkpoint:
         driver_checkpoints=r["driver_checkpoints"],
         shard=r["shard"],
         run=r["run"],
+        view_partitioning=r["view_partitioning"],
     )
 
 

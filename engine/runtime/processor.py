@@ -35,7 +35,7 @@ from refold.config import Pipeline
 from refold.connectors.runtime import Executor
 from refold.kafka.io import ensure_topics, partitions_of
 from refold.kafka.transactions import FencedError
-from refold.recovery.layout import exchange_topics, settle_shards
+from refold.recovery.layout import check_view_partitions, exchange_topics, settle_layout
 from refold.runtime.batch import InputRecord
 from refold.runtime.exchange import ApplyProcessor, Closer, RouteProcessor, read_closed
 from refold.runtime.hooks import NO_HOOKS, Hooks
@@ -71,9 +71,10 @@ class BatchProcessor:
         hooks: Hooks = NO_HOOKS,
     ) -> None:
         source = partitions_of(settings, pipeline.source.topic)
-        pipeline = settle_shards(pipeline, settings, len(source))  # `shards` as the engine settles it
+        pipeline = settle_layout(pipeline, settings, len(source))  # `shards` etc. as the engine settles them
         if exchanged(pipeline):
             ensure_topics(settings, exchange_topics(pipeline, max(pipeline.partitions, len(source))))
+        check_view_partitions(pipeline, settings, len(source))
         self.pipeline = pipeline
         self.settings = settings
         self.executor = executor

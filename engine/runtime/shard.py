@@ -59,6 +59,7 @@ from refold.recovery.records import (
     encode_checkpoint,
     encode_dead_letter,
     first_checkpoint,
+    view_partitioning,
 )
 from refold.recovery.restore import load_checkpoints
 from refold.reduce import Rejected, make_reducer
@@ -477,7 +478,9 @@ class ShardProcessor:
         writer, pipeline = self.writer, self.pipeline
         writer.begin()
         if pipeline.outputs.view is not None:
-            writer.send_all(pipeline.outputs.view.topic, [(key, value) for key, value, _ts in out.view])
+            # partitioned by shard, a view partition has this shard alone as its writer (a -C right before its +C)
+            writer.send_all(pipeline.outputs.view.topic, [(key, value) for key, value, _ts in out.view],
+                            partition=self.shard if view_partitioning(pipeline) == "shard" else None)
         if pipeline.outputs.delta is not None:
             writer.send_all(pipeline.outputs.delta.topic, out.delta)
         for letter in out.dlq:

@@ -31,7 +31,12 @@ from refold.errors import RefoldError, UserError
 from refold.kafka.io import TopicSpec, ensure_topics, partitions_of
 from refold.ops.monitor import Monitor
 from refold.recovery.claims import claim_shards
-from refold.recovery.layout import exchange_topics, settle_shards
+from refold.recovery.layout import (
+    check_view_partitions,
+    exchange_topics,
+    settle_layout,
+    view_writers,
+)
 from refold.recovery.records import combined
 from refold.recovery.restore import reconcile_spark_checkpoint
 from refold.runtime.exchange import Closer, trim, view_pipeline
@@ -58,9 +63,12 @@ def engine_topics(pipeline: Pipeline, partitions: int) -> list[TopicSpec]:
     specs += exchange_topics(pipeline, partitions)  # a re-grouping view in shards
     view = pipeline.outputs.view
     if view is not None:
-        # A Top-N leaderboard is small and its places change together: one partition
-        # keeps its changelog in one total order, as RFC-015 shows it.
-        view_partitions = 1 if pipeline.view.is_top_n else partitions
+        # Partitioned by shard, each writing shard has a partition of its own. A Top-N
+        # leaderboard is small and its places change together: one partition per writer
+        # (one for a global Top-N) keeps each leaderboard's changelog in one total order,
+        # as RFC-015 shows it.
+        writers = view_writers(pipeline, partitions) if view.partitioning != "key" else 1
+        view_partitions = writers if pipeline.view.is_top_n else max(partitions, writers)
         specs.append(TopicSpec(view.topic, view_partitions, compacted=view.form == "upsert"))
     if pipeline.outputs.delta is not None:
         specs.append(TopicSpec(pipeline.outputs.delta.topic, partitions))
@@ -178,8 +186,9 @@ def run_pipeline(
         partitions = partitions_of(settings, topic)
     except UserError as exc:
         raise UserError(f"source.topic: {exc}") from exc
-    pipeline = settle_shards(pipeline, settings, len(partitions))
+    pipeline = settle_layout(pipeline, settings, len(partitions))
     ensure_topics(settings, engine_topics(pipeline, max(pipeline.partitions, len(partitions))))
+    check_view_partitions(pipeline, settings, len(partitions))
     own_spark = spark is None
     spark, start = _start_engine(pipeline, settings, partitions, spark)
     progress = Progress(pipeline, quiet)
