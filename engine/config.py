@@ -31,7 +31,6 @@ from refold.errors import ConfigError
 from refold.kafka.connection import KafkaConnection
 
 AGGREGATIONS = ("sum", "count", "avg", "min", "max", "first", "last", "last_write_wins", "set")
-INVERTIBLE = frozenset({"sum", "count", "avg"})
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
@@ -46,10 +45,6 @@ class ColumnSpec(_Model):
 
     agg: Literal["sum", "count", "avg", "min", "max", "first", "last", "last_write_wins", "set"]
     column: str
-
-    @property
-    def invertible(self) -> bool:
-        return self.agg in INVERTIBLE
 
 
 class TopNSpec(_Model):
@@ -256,14 +251,7 @@ class _AvroOutput(_Model):
 
 
 class ViewOutput(_AvroOutput):
-    """The view's changelog topic, its form and value format (as for every output: JSON
-    objects, or Avro records of `schema`). `partitioning`: which partition a view record goes
-    to. `shard` (a new pipeline's default): shard s writes partition s, so each
-    partition has one writer and a `-C` is immediately followed by its `+C`; the topic
-    gets a partition per shard. `key`: murmur2 of the record key (the Java client's
-    default partitioner), where a `-C` and its `+C` may have another shard's records
-    between them (the pipelines that committed before `partitioning` existed). Left
-    out, it is settled at the first start and kept (`refold.recovery.layout`)."""
+    """`partitioning`: `shard` (a new pipeline's) or `key` (murmur2): README, View partitions."""
 
     topic: str
     form: Literal["changelog", "retract", "upsert"] = "changelog"
@@ -330,11 +318,9 @@ class SparkSpec(_Model):
     def _conf(cls, value: dict[str, str]) -> dict[str, str]:
         for key in value:
             if key.rsplit(".", 1)[-1] in _SPLITTING_OPTIONS:
-                raise ValueError(
-                    f"{key}: Refold runs one task per source partition (a shard's transaction, state and "
-                    "checkpoint follow the partition); an option that splits partitions into several tasks "
-                    "would run one shard twice at once"
-                )
+                raise ValueError(f"{key}: Refold runs one task per source partition (a shard's transaction, "
+                                 "state and checkpoint follow the partition); an option that splits "
+                                 "partitions into several tasks would run one shard twice at once")
         return value
 
 

@@ -25,17 +25,21 @@ def _replay(steps: list[tuple[bool, Any]], key: Any) -> None:
     held = Sorted(key=key)
     model: dict[Any, Any] = {}  # item -> item, as distinct items (1 and 1.0 are one item)
     for add, item in steps:
+        order = key or (lambda x: x)
         if add and item not in model:
-            held.add(item)
+            at = held.add(item)
             model[item] = item
+            assert order(held[at]) == order(item)  # where it went
         elif not add:
             if item in model:
-                held.remove(model.pop(item))
+                before = list(held)
+                at = held.remove(model.pop(item))
+                assert order(before[at]) == order(item) and [order(x) for x in held] == [
+                    order(x) for x in before[:at] + before[at + 1 :]]  # where it was
             else:
                 with pytest.raises(ValueError):
                     held.remove(item)
         want = sorted(model.values(), key=key)
-        order = key or (lambda x: x)
         assert [order(x) for x in held] == [order(x) for x in want]
         assert len(held) == len(want) and bool(held) == bool(want)
         if want:

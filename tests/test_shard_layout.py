@@ -151,6 +151,7 @@ def test_a_view_topic_with_too_few_partitions_for_its_shards_is_refused(bootstra
     pipeline = _pipeline(settings_, source, f"lay{uuid.uuid4().hex[:8]}", shards=3)
     assert pipeline.outputs.view is not None
     ensure_topics(settings_, [TopicSpec(pipeline.outputs.view.topic, 2)])  # made before, by hand
+    ensure_topics(settings_, engine_topics(pipeline, 3))  # the others, as the engine makes them
     with pytest.raises(UserError, match=rf"{pipeline.outputs.view.topic} has 2 partition\(s\), and pipeline "
                                         r".* writes its view from 3 shards"):
         BatchProcessor(pipeline, settings_)

@@ -74,7 +74,6 @@ class BatchProcessor:
         pipeline = settle_layout(pipeline, settings, len(source))  # `shards` etc. as the engine settles them
         if exchanged(pipeline):
             ensure_topics(settings, exchange_topics(pipeline, max(pipeline.partitions, len(source))))
-        check_view_partitions(pipeline, settings, len(source))
         self.pipeline = pipeline
         self.settings = settings
         self.executor = executor
@@ -90,6 +89,7 @@ class BatchProcessor:
         self._state_partitions = self._checkpoint_partitions = 0  # read once every shard is fenced
         try:
             self._start([shard.index for shard in self.plan.shards(source)])
+            check_view_partitions(pipeline, settings, len(source))  # (after the fences: an ACL's refusal first)
             if exchanged(pipeline):
                 self._start_appliers()
         except BaseException:
