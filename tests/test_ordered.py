@@ -32,9 +32,9 @@ def _replay(steps: list[tuple[bool, Any]], key: Any) -> None:
             assert order(held[at]) == order(item)  # where it went
         elif not add:
             if item in model:
-                before = list(held)
-                at = held.remove(model.pop(item))
-                assert order(before[at]) == order(item) and [order(x) for x in held] == [
+                before, gone = list(held), model.pop(item)
+                at = held.remove(gone)
+                assert order(before[at]) == order(gone) and [order(x) for x in held] == [
                     order(x) for x in before[:at] + before[at + 1 :]]  # where it was
             else:
                 with pytest.raises(ValueError):

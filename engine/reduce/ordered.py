@@ -15,7 +15,7 @@ depend on which one is in use (`tests/test_ordered.py`).
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -37,37 +37,41 @@ class Sorted:
     def _large(self, items: Iterable[Any]) -> SortedList:
         return SortedList(items) if self._key is None else SortedKeyList(items, key=self._key)
 
-    def add(self, item: Any) -> None:
+    def add(self, item: Any) -> int:
+        """Add `item` (not held yet); returns its index among the items."""
         items = self._items
         if not isinstance(items, list):
+            at = items.bisect_left(item)
             items.add(item)
-            return
-        if self._key is None:
-            insort(items, item)
-        else:
-            insort(items, item, key=self._key)
+            return int(at)
+        key = self._key
+        at = bisect_right(items, item) if key is None else bisect_right(items, key(item), key=key)
+        items.insert(at, item)
         if len(items) > LIMIT:
             self._items = self._large(items)
+        return at
 
-    def remove(self, item: Any) -> None:
-        """Remove `item`; ValueError when it is not held (as sortedcontainers does)."""
+    def remove(self, item: Any) -> int:
+        """Remove `item`; returns the index it had. ValueError when it is not held (as
+        sortedcontainers does)."""
         items = self._items
         if not isinstance(items, list):
-            items.remove(item)
-            return
+            at = items.index(item)
+            del items[at]
+            return int(at)
         key = self._key
         if key is None:
             at = bisect_left(items, item)
             if at < len(items) and items[at] == item:
                 del items[at]
-                return
+                return at
         else:
             wanted = key(item)
             at = bisect_left(items, wanted, key=key)
             while at < len(items) and key(items[at]) == wanted:
                 if items[at] == item:
                     del items[at]
-                    return
+                    return at
                 at += 1
         raise ValueError(f"{item!r} is not held")
 

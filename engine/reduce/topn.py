@@ -42,12 +42,13 @@ class _Desc:
 class _Group:
     """One `partition_by` group: its live rows, ranked, and its current output."""
 
-    __slots__ = ("ranked", "rows", "top")
+    __slots__ = ("fps", "ranked", "rows", "top")
 
     def __init__(self) -> None:
         self.ranked = Sorted()  # (sort key, tag, fp)
         self.rows: dict[bytes, tuple[dict[str, Any], list[Tag]]] = {}  # fp -> (row, live tags ascending)
         self.top: list[dict[str, Any]] = []  # the output rows at places 1..
+        self.fps: list[bytes] = []  # the fingerprints of their rows
 
 
 class TopNReducer:
@@ -72,9 +73,11 @@ class TopNReducer:
             value = row.get(column)
             if value is None:
                 parts.append((1, 0))  # nulls last in either direction
-            else:
-                order = value_order(value)
-                parts.append((0, order if direction == "asc" else _Desc(order)))
+            elif direction == "asc":
+                parts.append((0, value_order(value)))
+            else:  # `value_order` reversed: its kinds from last to first, a number by its negation
+                kind, order = value_order(value)
+                parts.append((0, (-kind, -order if kind == 0 else _Desc(order))))
         return tuple(parts)
 
     def apply(self, unit: Sequence[SourceEvent]) -> list[ViewChange]:
@@ -95,34 +98,48 @@ class TopNReducer:
             if have < 0:
                 raise Rejected(Reason.NOT_LIVE, index)
             pending[(group, fp)] = have
+        n = self.n
         touched: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+        moved: dict[tuple[Any, ...], int] = {}  # group -> the first rank a change of the unit moved (0-based)
         for event, group, fp in prepared:
             state = self.groups.get(group)
             if state is None:
                 state = self.groups[group] = _Group()
             if group not in touched:
                 touched[group] = state.top
+                moved[group] = n
             if event.op.adds:
                 row, tags = state.rows.setdefault(fp, (event.row, []))
                 tags.append(event.tag)
                 tags.sort()
-                state.ranked.add((self._sort_key(row), event.tag, fp))
+                at = state.ranked.add((self._sort_key(row), event.tag, fp))
             else:
                 row, tags = state.rows[fp]
                 tag = tags.pop()  # the latest copy goes
                 if not tags:
                     del state.rows[fp]
-                state.ranked.remove((self._sort_key(row), tag, fp))
+                at = state.ranked.remove((self._sort_key(row), tag, fp))
+            if at < moved[group]:
+                moved[group] = at
             self._dirty.add((group, fp))
         changes: list[ViewChange] = []
         for group, old_top in touched.items():
+            # the ranks before the first one a change moved hold what they held: their places stand
+            start = moved[group]
+            if start >= n:
+                continue
             state = self.groups[group]
-            new_top = state.top = self._top(group, state)
+            old_fps = state.fps
+            self._retop(group, state, start)
+            new_top, new_fps = state.top, state.fps
             if not state.rows:
                 del self.groups[group]
-            for place in range(1, max(len(old_top), len(new_top)) + 1):
-                old = old_top[place - 1] if place <= len(old_top) else None
-                new = new_top[place - 1] if place <= len(new_top) else None
+            for place in range(start + 1, max(len(old_top), len(new_top)) + 1):
+                at = place - 1
+                if at < len(old_fps) and at < len(new_fps) and old_fps[at] == new_fps[at]:
+                    continue  # the same row at the same place: the same output row
+                old = old_top[at] if at < len(old_top) else None
+                new = new_top[at] if at < len(new_top) else None
                 changes.extend(diff_changes(old, new, (*group, place), self.key_names))
         if len(touched) > 1:
             order = {id(c): i for i, c in enumerate(changes)}
@@ -133,10 +150,16 @@ class TopNReducer:
         """The event's `partition_by` group; Rejected (at `index` of its unit) when it is unusable."""
         return checked_key(event.row, self.partition_by, "partition", self.order_columns, index)
 
-    def _top(self, group: tuple[Any, ...], state: _Group) -> list[dict[str, Any]]:
-        """The group's output rows at places 1..n, from its ranking."""
-        return [self._output(group, place, state.rows[fp][0])
-                for place, (_k, _t, fp) in enumerate(state.ranked[: self.n], start=1)]
+    def _retop(self, group: tuple[Any, ...], state: _Group, start: int) -> None:
+        """The group's output rows at places start+1..n again, from its ranking; a place
+        that holds the same row as before keeps its output row."""
+        old_top, old_fps = state.top, state.fps
+        top, fps = old_top[:start], old_fps[:start]
+        for at, (_k, _t, fp) in enumerate(state.ranked[start : self.n], start=start):
+            same = at < len(old_fps) and old_fps[at] == fp
+            top.append(old_top[at] if same else self._output(group, at + 1, state.rows[fp][0]))
+            fps.append(fp)
+        state.top, state.fps = top, fps
 
     def _output(self, group: tuple[Any, ...], place: int, row: dict[str, Any]) -> dict[str, Any]:
         """The output row at `place`: the group's columns, `place`, then the row's other
@@ -199,7 +222,8 @@ class TopNReducer:
                 state.ranked.add((sort_key, tag, fp))
         for group in restored:
             state = self.groups[group]
-            state.top = self._top(group, state)
+            state.top, state.fps = [], []
+            self._retop(group, state, 0)
 
     def view(self) -> dict[tuple[Any, ...], dict[str, Any]]:
         return {(*group, row["place"]): dict(row) for group, state in self.groups.items() for row in state.top}
