@@ -11,8 +11,10 @@ from confluent_kafka import Producer
 
 from refold.config import parse_pipeline
 from refold.kafka.io import producer_config, read_to_end
-from refold.ops.verify import read_view_changes
+from refold.ops.verify import Report, _check_partitions, read_view_changes
+from refold.reduce.values import key_bytes
 from refold.reference import fold_changelog
+from refold.runtime.exchange import shard_of
 
 pytestmark = pytest.mark.kafka
 
@@ -57,3 +59,35 @@ def test_view_changes_keep_each_correction_pair_together(kafka_config, topic) ->
     folded = fold_changelog(changes)
     assert sorted(folded) == [("k0",), ("k1",)]
     assert all(row["total"] == 300 for row in folded.values())
+
+
+def _partitioned(partitioning: str, **extra: object):
+    return parse_pipeline({
+        "pipeline": "verify-partitions", "source": {"topic": "s", "format": "jsonl", "key": ["player"]},
+        "view": {"key": ["team"], "columns": {"n": {"count": "*"}}}, **extra,
+        "outputs": {"view": {"topic": "v", "partitioning": partitioning}},
+    })
+
+
+@pytest.mark.parametrize("where", ["right", "wrong", "split"])
+def test_the_verifier_finds_a_view_key_outside_its_writers_partition(where: str) -> None:
+    """Partitioned by shard: a re-grouping view's key in its stage-2 shard's partition, a
+    co-partitioned view's in its source partition; by key: in one partition, any."""
+    regrouped = _partitioned("shard", shards=3)
+    home = shard_of(key_bytes(("red",)), 3)
+    elsewhere = (home + 1) % 3
+    placed = {("red",): {"right": {home}, "wrong": {elsewhere}, "split": {home, elsewhere}}[where]}
+    report = Report()
+    _check_partitions(report, regrouped, {}, placed)
+    assert len(report.anomalies) == (0 if where == "right" else 1), report.anomalies
+
+    co_partitioned = _partitioned("shard").model_copy(update={"source": regrouped.source.model_copy(
+        update={"key": ["team"]})})
+    report = Report()
+    _check_partitions(report, co_partitioned, {("red",): 2}, {("red",): {2 if where == "right" else 1}})
+    assert len(report.anomalies) == (0 if where == "right" else 1), report.anomalies
+
+    by_key = _partitioned("key", shards=3)
+    report = Report()
+    _check_partitions(report, by_key, {}, {("red",): {1, 2} if where == "split" else {1}})
+    assert len(report.anomalies) == (1 if where == "split" else 0), report.anomalies

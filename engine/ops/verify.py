@@ -21,10 +21,12 @@ from refold.codecs.base import BadRecord
 from refold.codecs.upsert import upsert_decoder
 from refold.config import Pipeline
 from refold.errors import RecordError
-from refold.kafka.io import read_to_end
+from refold.kafka.io import partitions_of, read_to_end
 from refold.model.changelog import Op
 from refold.model.forms import RETRACT_FORM
+from refold.recovery.layout import settle_layout
 from refold.reduce import SourceEvent, ViewChange
+from refold.reduce.values import key_bytes
 from refold.reference import (
     TableRecord,
     fold_changelog,
@@ -34,8 +36,10 @@ from refold.reference import (
     reference_table,
 )
 from refold.runtime.batch import InputRecord
-from refold.runtime.shards import co_partitioned, message_key
+from refold.runtime.exchange import shard_of
+from refold.runtime.shards import co_partitioned, exchanged, message_key, stage2_shards, view_key
 from refold.runtime.tables import is_table, table_item
+from refold.runtime.tops import ranked_globally
 
 
 @dataclass
@@ -107,9 +111,11 @@ def output_key(pipeline: Pipeline, row: Mapping[str, Any]) -> tuple[Any, ...]:
     return tuple(row[c] for c in pipeline.view.key)
 
 
-def read_view_changes(pipeline: Pipeline, settings: Mapping[str, Any]) -> list[ViewChange]:
+def read_view_changes(pipeline: Pipeline, settings: Mapping[str, Any],
+                      placed: dict[tuple[Any, ...], set[int]] | None = None) -> list[ViewChange]:
     """The committed view changelog (form `changelog` or `retract`) as ViewChanges,
-    partition after partition, each in offset order.
+    partition after partition, each in offset order; `placed`, when given, gets the
+    partitions each output key's records lie in.
 
     Not in the order the reader returns them: it interleaves partitions wherever a
     fetch ends, which can put another partition's record between a `-C` and its `+C`
@@ -119,7 +125,10 @@ def read_view_changes(pipeline: Pipeline, settings: Mapping[str, Any]) -> list[V
     for msg in read_to_end(settings, pipeline.outputs.view.topic):
         record = orjson.loads(msg.value() or b"null")
         op = Op.parse(record.pop("op"))
-        partitions.setdefault(msg.partition() or 0, []).append(ViewChange(op, output_key(pipeline, record), record))
+        change = ViewChange(op, output_key(pipeline, record), record)
+        partitions.setdefault(msg.partition() or 0, []).append(change)
+        if placed is not None:
+            placed.setdefault(change.key, set()).add(msg.partition() or 0)
     return [change for partition in sorted(partitions) for change in partitions[partition]]
 
 
@@ -175,21 +184,32 @@ def verify(pipeline: Pipeline, settings: Mapping[str, Any], *, exact_order: bool
     always is.
     """
     report = Report()
+    grouping = view_key(pipeline.view)
+    homes: dict[tuple[Any, ...], int] = {}  # a view group -> the source partition of its rows
     if is_table(pipeline):
         records, report.dead_letters = read_table_source(pipeline, settings)
         report.events = sum(len(v) for v in records.values())  # records here: each means 0-2 events
         expected = reference_table(pipeline.view, records)
+        for partition, items in records.items():
+            homes.update((_group_of(row, grouping), partition) for _k, _kind, row, before, _t in items
+                         for row in (row, before) if row is not None)
         del records
     else:
         partitions, report.dead_letters = read_source(pipeline, settings)
         report.events = sum(len(v) for v in partitions.values())
         expected = reference_changelog(pipeline.view, merge_partitions(partitions))
+        for partition, events in partitions.items():
+            homes.update((_group_of(event.row, grouping), partition) for event in events)
         del partitions  # the input is no longer needed: free it before the outputs are read
     report.dead_letters += len(expected.rejected)
     spec = pipeline.outputs.view
     if spec is not None and spec.form in ("changelog", "retract"):
-        actual = read_view_changes(pipeline, settings)
+        placed: dict[tuple[Any, ...], set[int]] = {}
+        actual = read_view_changes(pipeline, settings, placed)
         report.view_records = len(actual)
+        source_partitions = len(partitions_of(settings, pipeline.source.topic))
+        _check_partitions(report, settle_layout(pipeline, settings, source_partitions), homes, placed)
+        del homes
         want = expected.changes
         if spec.form == "retract":
             want = [ViewChange(RETRACT_FORM[c.op], c.key, c.row) for c in want]
@@ -247,6 +267,33 @@ def _compare_tables(report: Report, pipeline: Pipeline, want: Mapping[Any, Any])
             report.table_rows += len(deltas)
             _compare_views(report, want, fold_deltas(pipeline.view, deltas),
                            f"{entry.materialization} table {entry.delta}, folded")
+
+
+def _group_of(row: Mapping[str, Any], grouping: tuple[str, ...]) -> tuple[Any, ...]:
+    return tuple(row.get(column) for column in grouping)
+
+
+def _check_partitions(report: Report, pipeline: Pipeline, homes: Mapping[tuple[Any, ...], int],
+                      placed: Mapping[tuple[Any, ...], set[int]]) -> None:
+    """Each output key's records lie in one partition of the view topic; partitioned by
+    shard (the pipeline as settled), in the partition of the one shard that writes them:
+    a co-partitioned view's group's source partition (`homes`), a re-grouping view's
+    stage-2 shard, else 0 (a merged view, a global Top-N's stage 3)."""
+    assert pipeline.outputs.view is not None
+    by_shard, top_n = pipeline.outputs.view.partitioning == "shard", pipeline.view.is_top_n
+    for key, partitions in placed.items():
+        group = key[:-1] if top_n else key  # a Top-N's output key ends with the place
+        if not by_shard:
+            want = partitions if len(partitions) == 1 else None
+        elif ranked_globally(pipeline):
+            want = {0}
+        elif exchanged(pipeline):
+            want = {shard_of(key_bytes(group), stage2_shards(pipeline))}
+        else:
+            want = {homes.get(group, -1) if co_partitioned(pipeline) else 0}
+        if partitions != want:
+            report.add(f"view key {key!r}: records in partitions {sorted(partitions)}, expected "
+                       f"{'one' if want is None else sorted(want)} (the partition of the shard that writes it)")
 
 
 def _fold_retract(changes: list[ViewChange]) -> dict[tuple[Any, ...], dict[str, Any]]:
