@@ -25,6 +25,7 @@ from refold.kafka.io import partitions_of, read_to_end
 from refold.model.changelog import Op
 from refold.model.forms import RETRACT_FORM
 from refold.recovery.layout import settle_layout
+from refold.recovery.records import view_partitioning
 from refold.reduce import SourceEvent, ViewChange
 from refold.reduce.values import key_bytes
 from refold.reference import (
@@ -184,31 +185,39 @@ def verify(pipeline: Pipeline, settings: Mapping[str, Any], *, exact_order: bool
     always is.
     """
     report = Report()
+    spec = pipeline.outputs.view
+    changelog = spec is not None and spec.form in ("changelog", "retract")
+    # the pipeline's layout as the engine settled it (`shards`, the view's partitioning)
+    settled = settle_layout(pipeline, settings, len(partitions_of(settings, pipeline.source.topic))) \
+        if changelog else pipeline
     grouping = view_key(pipeline.view)
-    homes: dict[tuple[Any, ...], int] = {}  # a view group -> the source partition of its rows
+    # a view group -> the source partition of its rows: the shard that writes a co-partitioned view's group
+    by_shard = changelog and co_partitioned(settled) and view_partitioning(settled) == "shard"
+    homes: dict[tuple[Any, ...], int] | None = {} if by_shard else None
     if is_table(pipeline):
         records, report.dead_letters = read_table_source(pipeline, settings)
         report.events = sum(len(v) for v in records.values())  # records here: each means 0-2 events
         expected = reference_table(pipeline.view, records)
-        for partition, items in records.items():
-            homes.update((_group_of(row, grouping), partition) for _k, _kind, row, before, _t in items
-                         for row in (row, before) if row is not None)
+        if homes is not None:
+            for partition, items in records.items():
+                homes.update((_group_of(row, grouping), partition) for _k, _kind, row, before, _t in items
+                             for row in (row, before) if row is not None)
         del records
     else:
         partitions, report.dead_letters = read_source(pipeline, settings)
         report.events = sum(len(v) for v in partitions.values())
         expected = reference_changelog(pipeline.view, merge_partitions(partitions))
-        for partition, events in partitions.items():
-            homes.update((_group_of(event.row, grouping), partition) for event in events)
+        if homes is not None:
+            for partition, events in partitions.items():
+                homes.update((_group_of(event.row, grouping), partition) for event in events)
         del partitions  # the input is no longer needed: free it before the outputs are read
     report.dead_letters += len(expected.rejected)
-    spec = pipeline.outputs.view
-    if spec is not None and spec.form in ("changelog", "retract"):
+    if changelog:
+        assert spec is not None
         placed: dict[tuple[Any, ...], set[int]] = {}
         actual = read_view_changes(pipeline, settings, placed)
         report.view_records = len(actual)
-        source_partitions = len(partitions_of(settings, pipeline.source.topic))
-        _check_partitions(report, settle_layout(pipeline, settings, source_partitions), homes, placed)
+        _check_partitions(report, settled, homes or {}, placed)
         del homes
         want = expected.changes
         if spec.form == "retract":
@@ -279,8 +288,7 @@ def _check_partitions(report: Report, pipeline: Pipeline, homes: Mapping[tuple[A
     shard (the pipeline as settled), in the partition of the one shard that writes them:
     a co-partitioned view's group's source partition (`homes`), a re-grouping view's
     stage-2 shard, else 0 (a merged view, a global Top-N's stage 3)."""
-    assert pipeline.outputs.view is not None
-    by_shard, top_n = pipeline.outputs.view.partitioning == "shard", pipeline.view.is_top_n
+    by_shard, top_n = view_partitioning(pipeline) == "shard", pipeline.view.is_top_n
     for key, partitions in placed.items():
         group = key[:-1] if top_n else key  # a Top-N's output key ends with the place
         if not by_shard:

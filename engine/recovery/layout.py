@@ -32,7 +32,7 @@ from typing import Any
 from refold.config import Pipeline
 from refold.errors import UserError
 from refold.kafka.io import TopicSpec, partitions_of
-from refold.recovery.records import Checkpoint
+from refold.recovery.records import Checkpoint, view_partitioning
 from refold.recovery.restore import load_writers
 from refold.runtime.exchange import view_pipeline
 from refold.runtime.shards import co_partitioned, exchanged, stage2_shards
@@ -129,7 +129,7 @@ def check_view_partitions(pipeline: Pipeline, settings: Mapping[str, Any], parti
     """UserError unless a view partitioned by shard has a partition for each of its
     writing shards (`view_writers`)."""
     view = pipeline.outputs.view
-    if view is None or view.partitioning != "shard":
+    if view is None or view_partitioning(pipeline) != "shard":
         return
     writers, have = view_writers(pipeline, partitions), len(partitions_of(settings, view.topic))
     if have < writers:

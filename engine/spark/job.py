@@ -37,7 +37,7 @@ from refold.recovery.layout import (
     settle_layout,
     view_writers,
 )
-from refold.recovery.records import combined
+from refold.recovery.records import combined, view_partitioning
 from refold.recovery.restore import reconcile_spark_checkpoint
 from refold.runtime.exchange import Closer, trim, view_pipeline
 from refold.runtime.hooks import Hooks
@@ -67,7 +67,7 @@ def engine_topics(pipeline: Pipeline, partitions: int) -> list[TopicSpec]:
         # leaderboard is small and its places change together: one partition per writer
         # (one for a global Top-N) keeps each leaderboard's changelog in one total order,
         # as RFC-015 shows it.
-        writers = view_writers(pipeline, partitions) if view.partitioning != "key" else 1
+        writers = view_writers(pipeline, partitions) if view_partitioning(pipeline) == "shard" else 1
         view_partitions = writers if pipeline.view.is_top_n else max(partitions, writers)
         specs.append(TopicSpec(view.topic, view_partitions, compacted=view.form == "upsert"))
     if pipeline.outputs.delta is not None:
