@@ -65,7 +65,7 @@ from refold.reduce.grouped import GroupedReducer
 from refold.reduce.values import key_bytes
 from refold.reduce.where import filter_units
 from refold.runtime.batch import InputRecord, Outgoing, Unit, Units
-from refold.runtime.native import Unsupported, refold_native
+from refold.runtime.native import NativeRead, Unsupported, refold_native
 from refold.runtime.render import UnitChanges
 from refold.runtime.shard import ShardProcessor
 from refold.runtime.shards import message_key, stage2_shards
@@ -383,15 +383,23 @@ def _merged(segment: Mapping[int, list[tuple[list[Any], Unit]]]) -> list[Unit]:
 class ApplyProcessor(ShardProcessor):
     """Stage 2's shard m (see the module's docstring): the view's shard over
     `P.repartition` partition m, made with `view_pipeline(pipeline)`. Its units were
-    checked and filtered by stage 1."""
-
-    core_reads = False  # its records are routed units (`ExchangeReader`), not the source's
+    checked and filtered by stage 1. A grouped view's native core reads its routed
+    records itself (`read_routed`, native/src/core/routed.rs) when they are all what
+    stage 1 and the driver write; otherwise `ExchangeReader` reads them."""
 
     def __init__(self, pipeline: Pipeline, settings: dict[str, Any], shard: int = 0, *args: Any,
                  **kwargs: Any) -> None:
         super().__init__(view_pipeline(pipeline), settings, shard, *args, **kwargs)
         self.reader = ExchangeReader()
         self.row_filter = None
+        # its records are routed units, JSON whatever the source's format
+        self.core_reads = self.core is not None and hasattr(self.core, "read_routed")
+
+    def _core_read(self, fresh: Sequence[InputRecord]) -> NativeRead | None:
+        """`ExchangeReader.read` in the native core: its units wait there for `_apply_read`."""
+        records = sorted(fresh, key=lambda r: r.offset)
+        touched = self.core.read_routed(records)
+        return None if touched is None else NativeRead(records, set(touched), {})
 
     # A global Top-N's stage 2 (refold.runtime.tops): its rows ranked, its local-top changes to P.tops
     def _new_reducer(self) -> Any:

@@ -8,25 +8,23 @@ sessions. It is independent of Spark: the records of its partitions in each
 micro-batch (partition, offset, key, value, timestamp) are handed to it (a Spark task,
 `refold.spark.tasks`, or `refold.runtime.processor.BatchProcessor`; tests too).
 
-Start (`_start`): take the store's lock (a second attempt of the shard on this
-machine waits here until the first is done), initialise the writer (fences every
-older attempt, settles its open transaction), read the shard's committed checkpoint,
-bring the store to it (`refold.state.bring_to`: as is, caught up or restored from
-`P.state` partition = shard).
+Start (`_start`): take the store's lock (a second attempt of the shard on this machine
+waits here until the first is done), initialise the writer (fences every older attempt,
+settles its open transaction), read the shard's committed checkpoint, bring the store to
+it (`refold.state.bring_to`: as is, caught up or restored from `P.state` partition = shard).
 
 The reducer holds only the keys the shard's batches touched (up to
 `spark.state_cache_keys`; then it starts empty again; `refold.spark.tasks` bounds a
 worker's reducers together): before a batch it loads the keys it is about to touch
-from the store. Every batch commits, in one Kafka
-transaction of the shard: the view changelog, the delta updates, the dead letters,
-the state changelog (`P.state`, partition = shard), the shard's checkpoint
-(`P.checkpoints`, key `<writer>/<shard>`) and the consumer group's offsets of its
-partitions. After the commit, and only then, the store takes the same state changes
-with the checkpoint's stamp in one write batch: the store is never ahead of Kafka.
-Records at offsets the last checkpoint already covers are dropped first, so a
-replayed batch writes nothing. When a transaction fails or times out, the shard
-throws its reducer away, starts again and runs the batch again (three times at most);
-a fence stops it (`FencedError`).
+from the store. Every batch commits, in one Kafka transaction of the shard: the view
+changelog, the delta updates, the dead letters, the state changelog (`P.state`,
+partition = shard), the shard's checkpoint (`P.checkpoints`, key `<writer>/<shard>`)
+and the consumer group's offsets of its partitions. After the commit, and only then,
+the store takes the same state changes with the checkpoint's stamp in one write batch:
+the store is never ahead of Kafka. Records at offsets the last checkpoint already
+covers are dropped first, so a replayed batch writes nothing. When a transaction fails
+or times out, the shard throws its reducer away, starts again and runs the batch again
+(three times at most); a fence stops it (`FencedError`).
 
 `suspend()` lets go of the store's lock between a Spark task and the next (any
 Python worker of an executor may run the shard's next task); `resume()` takes it
@@ -68,7 +66,7 @@ from refold.reduce.where import condition_of, filter_units
 from refold.runtime.batch import BatchStats, DeadLetters, InputRecord, Outgoing, Unit, UnitReader
 from refold.runtime.collector import collector_paused
 from refold.runtime.hooks import NO_HOOKS, Hooks
-from refold.runtime.native import Unsupported, native_core, read_batch, reads_natively
+from refold.runtime.native import NativeRead, Unsupported, native_core, read_batch, reads_natively
 from refold.runtime.render import Renderer, UnitChanges
 from refold.runtime.shards import KeyCheck, checkpoint_key, shard_writer
 from refold.runtime.tables import LastRows, TableReader, is_table, reduce_table_rows, touched_by
@@ -88,12 +86,11 @@ class ShardProcessor:
     `keys` checks the message keys of a co-partitioned view (shared by a run's
     shards); `checkpoint_partition` is where the shard's checkpoint records go;
     `state_root` where its store lives (`spark.state_dir`, else `<Refold home>/state`);
-    `run` the engine run its checkpoints name;
-    `start=False` leaves `lock()`, `fence()` then `restore()` to the caller (the
-    `BatchProcessor` fences every shard before any restores). `fence`, `restore` and
+    `run` the engine run its checkpoints name; `start=False` leaves `lock()`, `fence()`
+    then `restore()` to the caller (the `BatchProcessor` fences every shard before any restores). `fence`, `restore` and
     `_commit` are the seams the benchmarks replace."""
 
-    core_reads = True  # the native core may read the source's records itself (stages 2 and 3 read other records: no)
+    core_reads = True  # the native core may read the batch's records itself (`_core_read`)
 
     def __init__(
         self,
@@ -438,12 +435,12 @@ class ShardProcessor:
     def _read_natively(self, fresh: Sequence[InputRecord], out: Outgoing) -> dict[int, PendingRecord] | None:
         """The native core reads, reduces and renders the batch (`read_batch`): the held
         `-C`s for the checkpoint; None when it does not take the batch."""
-        read = read_batch(self.core, self.reader, fresh, self.checkpoint.pending)
+        read = self._core_read(fresh)
         if read is not None and self._over_cache(read.touched - self.held):
             # the core keeps what it read, and starting empty is a new core: empty
             # first, then the new core reads the batch again (once per cache's fill)
             self._forget_reducer()
-            read = read_batch(self.core, self.reader, fresh, self.checkpoint.pending)
+            read = self._core_read(fresh)
         if read is None:
             return None
         try:
@@ -455,6 +452,10 @@ class ShardProcessor:
             return None
         read.refuse(refused, self.dead_letters, out)
         return read.pending
+
+    def _core_read(self, fresh: Sequence[InputRecord]) -> NativeRead | None:
+        """The native core reads the batch (its units wait in it for `_apply_read`)."""
+        return read_batch(self.core, self.reader, fresh, self.checkpoint.pending)
 
     def _apply_read(self, out: Outgoing) -> list[Any]:
         """The units the core read, applied: its records into `out`, the refused units back."""

@@ -17,6 +17,8 @@
 //! - `render`: the view, delta and state records (`Renderer.view`, `Renderer.deltas`,
 //!   `take_state_changes`)
 //! - `restore`: `GroupedReducer.restore` from `P.state` records
+//! - `route`, `routed`: stage 1 of a re-grouping view (`RouteValidator`) and stage 2's
+//!   reader of what it routed (`ExchangeReader`)
 //!
 //! This module holds what they share: the refusals and failures, view keys as JSON,
 //! and `Core` itself with `GroupedReducer.view()`.
@@ -27,6 +29,7 @@ mod read;
 mod render;
 mod restore;
 mod route;
+mod routed;
 mod state;
 
 use pyo3::prelude::*;

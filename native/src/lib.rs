@@ -115,6 +115,14 @@ impl GroupedCore {
         batch_tuple(py, rejected, out.view, out.delta, out.state)
     }
 
+    /// `ExchangeReader.read` of stage 2's `P.repartition` records, in offset order (see
+    /// core/routed.rs): the view keys they touch, the units kept for `apply_read`; None
+    /// when a record is not a routed unit or a close.
+    fn read_routed<'py>(&mut self, py: Python<'py>, records: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyList>>> {
+        let Some(touched) = self.core.read_routed(records).map_err(raise)? else { return Ok(None) };
+        Ok(Some(PyList::new(py, touched.iter().map(|k| PyBytes::new(py, k)))?))
+    }
+
     /// Make this core (rows per message key) stage 1 of a re-grouping grouped view: its
     /// key and columns, and the number of stage-2 shards (see core/route.rs).
     fn route_with(

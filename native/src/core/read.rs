@@ -42,17 +42,17 @@ impl ReadOut {
 }
 
 /// One input record's fields (`InputRecord`: partition, offset, key, value, timestamp).
-struct Record<'a> {
+pub(super) struct Record<'a> {
     partition: i64,
     offset: i64,
     key: Option<&'a [u8]>,
-    value: &'a [u8],
+    pub(super) value: &'a [u8],
     timestamp: i64,
 }
 
 /// An `InputRecord`'s fields; None when one is not what the engine hands over (a null
 /// value included: Python dead-letters it).
-fn record_of<'a>(record: &'a Bound<'_, PyAny>) -> Option<Record<'a>> {
+pub(super) fn record_of<'a>(record: &'a Bound<'_, PyAny>) -> Option<Record<'a>> {
     let tuple = record.cast::<PyTuple>().ok()?;
     if tuple.len() != 5 {
         return None;
@@ -204,25 +204,32 @@ impl Core {
 /// `heapq.merge(*streams, key=lambda unit: unit[0][0].tag)`: again and again the stream
 /// whose next unit has the least first tag (tags differ: each has its partition and
 /// offset).
-fn merge(mut streams: Vec<Vec<Vec<Ev>>>) -> Vec<Vec<Ev>> {
+fn merge(streams: Vec<Vec<Vec<Ev>>>) -> Vec<Vec<Ev>> {
+    merge_by(streams.into_iter().map(|units| units.into_iter().map(|unit| (unit[0].tag, unit)).collect()).collect())
+}
+
+/// `heapq.merge(*streams, key=...)` of units given with their keys: again and again the
+/// stream whose next unit has the least key, the earlier stream on a tie (each stream's
+/// keys only grow).
+pub(super) fn merge_by(mut streams: Vec<Vec<(Tag, Vec<Ev>)>>) -> Vec<Vec<Ev>> {
     if streams.len() == 1 {
-        return streams.pop().unwrap();
+        return streams.pop().unwrap().into_iter().map(|(_, unit)| unit).collect();
     }
     let total = streams.iter().map(Vec::len).sum();
     let mut out = Vec::with_capacity(total);
     let mut next = vec![0usize; streams.len()];
     let mut heads: BinaryHeap<Reverse<(Tag, usize)>> = BinaryHeap::with_capacity(streams.len());
     for (s, stream) in streams.iter().enumerate() {
-        if let Some(unit) = stream.first() {
-            heads.push(Reverse((unit[0].tag, s)));
+        if let Some((key, _)) = stream.first() {
+            heads.push(Reverse((*key, s)));
         }
     }
     while let Some(Reverse((_, s))) = heads.pop() {
         let at = next[s];
-        out.push(std::mem::take(&mut streams[s][at]));
+        out.push(std::mem::take(&mut streams[s][at].1));
         next[s] = at + 1;
-        if let Some(unit) = streams[s].get(at + 1) {
-            heads.push(Reverse((unit[0].tag, s)));
+        if let Some((key, _)) = streams[s].get(at + 1) {
+            heads.push(Reverse((*key, s)));
         }
     }
     out
