@@ -58,12 +58,28 @@ def _pipeline(shards: int) -> Any:
     })
 
 
-def _processor(shards: int, native_reads: bool, root: Path, shard: int = 0) -> DryRoute:
-    processor = DryRoute(_pipeline(shards), {"bootstrap.servers": "127.0.0.1:9"}, shard, state_root=root, start=False)
+def _processor(shards: int, native_reads: bool, root: Path, shard: int = 0, kind: type = DryRoute) -> Any:
+    """A stage's shard (`kind`: DryRoute or DryApply), its native core reading or not."""
+    processor = kind(_pipeline(shards), {"bootstrap.servers": "127.0.0.1:9"}, shard, state_root=root, start=False)
     processor.lock()
     assert processor.core is not None and processor.core_reads
     processor.core_reads = native_reads
     return processor
+
+
+def _process_spied(processor: Any, records: list[InputRecord]) -> list[str]:
+    """`processor._process_once(records)`, and the names of the core's methods it called."""
+    calls: list[str] = []
+    if processor.core is not None:
+        processor.core = _Spy(processor.core, calls)
+    processor._process_once(records)
+    if isinstance(processor.core, _Spy):
+        processor.core = processor.core._core
+    return calls
+
+
+HYPOTHESIS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                          HealthCheck.function_scoped_fixture]}
 
 
 def _records(data: st.DataObject, start: list[int], partitions: int) -> list[InputRecord]:
@@ -103,8 +119,7 @@ def _records(data: st.DataObject, start: list[int], partitions: int) -> list[Inp
     return records
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                                                  HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, **HYPOTHESIS)
 @given(data=st.data())
 def test_stage_one_routes_natively_as_in_python(tmp_path_factory: Any, data: st.DataObject) -> None:
     shards = data.draw(st.sampled_from([1, 3]))
@@ -118,12 +133,7 @@ def test_stage_one_routes_natively_as_in_python(tmp_path_factory: Any, data: st.
             if not batch:
                 continue
             python._process_once(batch)
-            calls: list[str] = []
-            if native.core is not None:
-                native.core = _Spy(native.core, calls)
-            native._process_once(batch)
-            if isinstance(native.core, _Spy):
-                native.core = native.core._core
+            calls = _process_spied(native, batch)
             event("routed natively" if "route_read" in calls else "declined")
             want, got = python.sent, native.sent
             event("python" if native.core is None else "native core")
@@ -147,10 +157,8 @@ def test_a_clean_batch_routes_in_the_native_core(tmp_path: Path) -> None:
         {"op": "+C", "player": "p0", "team": "t2", "score": 5, "event_time": 2},
         {"op": "-R", "player": "p0", "team": "t9", "score": 1, "event_time": 4},  # not live: refused
     ])]
-    calls: list[str] = []
-    native.core = _Spy(native.core, calls)
     try:
-        native._process_once(batch)
+        calls = _process_spied(native, batch)
     finally:
         native.close()
     assert "route_read" in calls  # the batch went through the native reader and router
@@ -170,24 +178,15 @@ class _Spy:
         return getattr(self._core, name)
 
 
-def _stage2(shards: int, shard: int, native_reads: bool, root: Path) -> DryApply:
-    processor = DryApply(_pipeline(shards), {"bootstrap.servers": "127.0.0.1:9"}, shard, state_root=root, start=False)
-    processor.lock()
-    assert processor.core is not None and processor.core_reads
-    processor.core_reads = native_reads
-    return processor
-
-
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                                                  HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, **HYPOTHESIS)
 @given(data=st.data())
 def test_stage_two_reads_natively_as_in_python(tmp_path_factory: Any, data: st.DataObject) -> None:
     shards = data.draw(st.sampled_from([1, 3]))
     partitions = data.draw(st.integers(1, 3))
     shard = data.draw(st.integers(0, shards - 1))
     routes = [_processor(shards, False, tmp_path_factory.mktemp("route"), p) for p in range(partitions)]
-    python = _stage2(shards, shard, False, tmp_path_factory.mktemp("python"))
-    native = _stage2(shards, shard, True, tmp_path_factory.mktemp("native"))
+    python = _processor(shards, False, tmp_path_factory.mktemp("python"), shard, DryApply)
+    native = _processor(shards, True, tmp_path_factory.mktemp("native"), shard, DryApply)
     offsets, routed, closes = [0] * partitions, [], 0
     try:
         for _ in range(data.draw(st.integers(1, 4))):
@@ -211,12 +210,7 @@ def test_stage_two_reads_natively_as_in_python(tmp_path_factory: Any, data: st.D
                 records.reverse()  # any order: the reader takes them by offset
                 routed = []
                 python._process_once(records)
-                calls: list[str] = []
-                if native.core is not None:
-                    native.core = _Spy(native.core, calls)
-                native._process_once(records)
-                if isinstance(native.core, _Spy):
-                    native.core = native.core._core
+                calls = _process_spied(native, records)
                 event("read natively" if "read_routed" in calls and "apply_read" in calls else "declined")
                 want, got = python.sent, native.sent
                 assert got.view == want.view
@@ -233,17 +227,15 @@ def test_stage_two_reads_natively_as_in_python(tmp_path_factory: Any, data: st.D
 
 def test_a_clean_segment_is_read_in_the_native_core(tmp_path: Path) -> None:
     """Two source partitions' routed units, merged by merge key, through the native reader."""
-    native = _stage2(1, 0, True, tmp_path)
+    native = _processor(1, True, tmp_path, 0, DryApply)
     values = [
         b'[[5,1,0],[[5,1,0,0,{"player":"p1","team":"t1","score":2}]]]',
         b'[[3,0,0],[[3,0,0,0,{"player":"p0","team":"t1","score":4}]]]',
         b'[[3,0,0],[[1,0,1,0,{"player":"p2","team":"t1","score":7}]]]',  # its partition's greatest first tag
         close_value(1, 1),
     ]
-    calls: list[str] = []
-    native.core = _Spy(native.core, calls)
     try:
-        native._process_once([InputRecord(0, o, None, v, 1) for o, v in enumerate(values)])
+        calls = _process_spied(native, [InputRecord(0, o, None, v, 1) for o, v in enumerate(values)])
     finally:
         native.close()
     assert "read_routed" in calls and "apply_read" in calls
