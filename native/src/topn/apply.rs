@@ -1,0 +1,179 @@
+//! A batch in: `TopNReducer.apply` per unit — the unit's checks, which refuse it before
+//! it changes anything (`view_key`, the live-copy count), its copies added to and
+//! taken from their groups' rankings, then each touched group's places from the first
+//! rank the unit moved (`_retop`) against the places before — and the unit's view
+//! records (`diff_changes`, `Renderer.view`).
+
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+
+use super::rank::{sort_key, Entry};
+use super::render::Change;
+use super::{Group, Live, Out, TopN};
+use crate::core::{fingerprint, live_fingerprint, reject, BatchOut, Ev, Fail, Fp, NOT_LIVE};
+use crate::value::Unsup;
+
+/// An event checked: its op, its group's JSON, its row's fingerprint.
+struct Checked<'a> {
+    adds: bool,
+    key: Vec<u8>,
+    fp: Fp,
+    event: &'a Ev,
+}
+
+/// A touched group: its JSON and the first rank the unit moved in it (0-based).
+struct Moved {
+    key: Vec<u8>,
+    first: usize,
+}
+
+impl TopN {
+    /// The unit's events checked (`view_key`, fingerprints: for a removal, the one the
+    /// group holds the row under), then every removal matched to a live copy, counting
+    /// the unit's own earlier events; Rejected at the first that fails.
+    fn checked<'a>(&mut self, events: &'a [Ev]) -> Result<Vec<Checked<'a>>, Fail> {
+        let mut prepared = Vec::with_capacity(events.len());
+        for (index, event) in events.iter().enumerate() {
+            let key = self.plan.keys.checked_key(&event.row, index)?;
+            let adds = event.op == 0 || event.op == 3;
+            let mut fp = fingerprint(&mut self.scratch, &event.row);
+            if !adds {
+                if let Some(group) = self.groups.get(key.as_slice()) {
+                    fp = live_fingerprint(&mut self.scratch, &event.row, fp, |fp| group.rows.contains_key(fp));
+                }
+            }
+            prepared.push(Checked { adds, key, fp, event });
+        }
+        let mut pending: Vec<(&[u8], Fp, i64)> = Vec::new();
+        for (index, c) in prepared.iter().enumerate() {
+            let at = pending.iter().position(|(k, f, _)| *k == c.key.as_slice() && *f == c.fp);
+            let have = match at {
+                Some(at) => pending[at].2,
+                None => self
+                    .groups
+                    .get(c.key.as_slice())
+                    .and_then(|g| g.rows.get(&c.fp))
+                    .map_or(0, |live| live.tags.len() as i64),
+            };
+            let now = have + if c.adds { 1 } else { -1 };
+            if now < 0 {
+                return Err(reject(NOT_LIVE, index, None));
+            }
+            match at {
+                Some(at) => pending[at].2 = now,
+                None => pending.push((&c.key, c.fp, now)),
+            }
+        }
+        Ok(prepared)
+    }
+
+    /// One copy of the event's row in (an add) or out (the latest copy, by tag) of its
+    /// group; the rank it took or had.
+    fn step(&mut self, c: &Checked<'_>) -> Result<usize, Fail> {
+        let plan = &self.plan;
+        let group = self.groups.entry_ref(c.key.as_slice()).or_insert_with(|| Group::new(&c.key));
+        self.dirty.insert((c.key.clone(), c.fp));
+        if c.adds {
+            let live = match group.rows.entry(c.fp) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => e.insert(Live {
+                    key: sort_key(&plan.order_columns, &c.event.row)?,
+                    row: Arc::new(c.event.row.clone()),
+                    tags: Vec::new(),
+                }),
+            };
+            let tag = c.event.tag;
+            let at = live.tags.partition_point(|t| *t <= tag);
+            live.tags.insert(at, tag);
+            let entry = Entry { key: live.key.clone(), tag, fp: c.fp };
+            Ok(group.ranked.add(&plan.desc, entry)?)
+        } else {
+            let live = group.rows.get_mut(&c.fp).expect("a live row (checked)");
+            let tag = live.tags.pop().expect("a live copy (checked)");
+            let entry = Entry { key: live.key.clone(), tag, fp: c.fp };
+            if live.tags.is_empty() {
+                group.rows.remove(&c.fp);
+            }
+            Ok(group.ranked.remove(&plan.desc, &entry)?)
+        }
+    }
+
+    /// `TopNReducer.apply(unit)`: its view changes, in order (by output key when it
+    /// touched more than one group); the event time of its first event.
+    fn apply_unit(&mut self, events: &[Ev], changes: &mut Vec<Change>) -> Result<i64, Fail> {
+        let prepared = self.checked(events)?;
+        let mut touched: Vec<Moved> = Vec::new();
+        for c in &prepared {
+            let at = self.step(c)?;
+            match touched.iter_mut().find(|m| m.key == c.key) {
+                Some(moved) => moved.first = moved.first.min(at),
+                None => touched.push(Moved { key: c.key.clone(), first: at }),
+            }
+        }
+        for moved in &touched {
+            if moved.first < self.plan.n {
+                self.settle(&moved.key, moved.first, changes)?;
+            }
+        }
+        if touched.len() > 1 {
+            changes.sort_by_cached_key(Change::order); // stable: a key's changes keep their order
+        }
+        Ok(events[0].tag.0)
+    }
+
+    /// After a unit: the group's places from `start` on again (`_retop`), each place
+    /// whose row changed as its view changes; a group left with no rows ends.
+    fn settle(&mut self, key: &[u8], start: usize, changes: &mut Vec<Change>) -> Result<(), Fail> {
+        let plan = &self.plan;
+        let hashbrown::hash_map::EntryRef::Occupied(held) = self.groups.entry_ref(key) else {
+            unreachable!("a touched group is held")
+        };
+        let group = held.get();
+        let (old_top, old_fps) = (&group.top, &group.fps);
+        let fps = group.ranked.fps(start, plan.n);
+        let mut top: Vec<Out> = old_top[..start.min(old_top.len())].to_vec();
+        for (i, fp) in fps.iter().enumerate() {
+            let at = start + i;
+            let same = at < old_fps.len() && old_fps[at] == *fp;
+            let row = if same { old_top[at].row.clone() } else { group.rows[fp].row.clone() };
+            top.push(Out { place: at as i64 + 1, row });
+        }
+        let mut new_fps = old_fps[..start.min(old_fps.len())].to_vec();
+        new_fps.extend_from_slice(&fps);
+        for at in start..old_top.len().max(top.len()) {
+            if at < old_fps.len() && at < new_fps.len() && old_fps[at] == new_fps[at] {
+                continue; // the same row at the same place: the same output row
+            }
+            plan.diff(&mut self.scratch, &group.parts, key, old_top.get(at), top.get(at), changes);
+        }
+        if group.rows.is_empty() {
+            held.remove();
+        } else {
+            let group = held.into_mut();
+            group.top = top;
+            group.fps = new_fps;
+        }
+        Ok(())
+    }
+
+    /// One batch's units, in order: the refused ones by their index in `units`, and the
+    /// view and state records (a Top-N has no deltas).
+    pub(super) fn apply_units<'py>(&mut self, py: Python<'py>, units: &[Vec<Ev>]) -> Result<BatchOut<'py>, Fail> {
+        let mut out = BatchOut { rejected: Vec::new(), view: Vec::new(), delta: Vec::new(), state: Vec::new() };
+        let mut changes: Vec<Change> = Vec::with_capacity(4);
+        for (unit_index, events) in units.iter().enumerate() {
+            if events.is_empty() {
+                return Err(Fail::Unsup(Unsup::new("an empty unit")));
+            }
+            changes.clear();
+            match self.apply_unit(events, &mut changes) {
+                Ok(ts) => self.plan.records(py, ts, &mut changes, &mut out.view)?,
+                Err(Fail::Reject(rejected)) => out.rejected.push((unit_index, rejected)),
+                Err(other) => return Err(other),
+            }
+        }
+        out.state = self.take_state_changes(py)?;
+        Ok(out)
+    }
+}
