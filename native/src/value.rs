@@ -401,21 +401,6 @@ impl PartialEq for Scalar {
 
 impl Eq for Scalar {}
 
-/// Append `{"name":value,...}` of named values in the order given: `orjson.dumps` of a
-/// dict built in that order (an output row put together from several places).
-pub fn write_named(out: &mut Vec<u8>, entries: &[(&str, &Value)]) {
-    out.push(b'{');
-    for (i, (name, value)) in entries.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        write_str(out, name);
-        out.push(b':');
-        value.write(out, false);
-    }
-    out.push(b'}');
-}
-
 /// Append the canonical bytes (`canonical_row`) of named values: null ones left out,
 /// names sorted, nested dicts' names too — what `same_row` compares.
 pub fn write_canonical(out: &mut Vec<u8>, entries: &[(&str, &Value)]) {

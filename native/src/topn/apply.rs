@@ -11,28 +11,21 @@ use pyo3::prelude::*;
 use super::rank::{sort_key, Entry};
 use super::render::Change;
 use super::{Group, Live, Out, TopN};
-use crate::core::{fingerprint, live_fingerprint, reject, BatchOut, Ev, Fail, Fp, NOT_LIVE};
+use crate::core::{fingerprint, live_fingerprint, reject, BatchOut, Ev, Fail, Fp, KeyBytes, NOT_LIVE};
 use crate::value::Unsup;
 
 /// An event checked: its op, its group's JSON, its row's fingerprint.
-struct Checked<'a> {
+struct Checked {
     adds: bool,
     key: Vec<u8>,
     fp: Fp,
-    event: &'a Ev,
-}
-
-/// A touched group: its JSON and the first rank the unit moved in it (0-based).
-struct Moved {
-    key: Vec<u8>,
-    first: usize,
 }
 
 impl TopN {
     /// The unit's events checked (`view_key`, fingerprints: for a removal, the one the
     /// group holds the row under), then every removal matched to a live copy, counting
     /// the unit's own earlier events; Rejected at the first that fails.
-    fn checked<'a>(&mut self, events: &'a [Ev]) -> Result<Vec<Checked<'a>>, Fail> {
+    fn checked(&mut self, events: &[Ev]) -> Result<Vec<Checked>, Fail> {
         let mut prepared = Vec::with_capacity(events.len());
         for (index, event) in events.iter().enumerate() {
             let key = self.plan.keys.checked_key(&event.row, index)?;
@@ -43,7 +36,7 @@ impl TopN {
                     fp = live_fingerprint(&mut self.scratch, &event.row, fp, |fp| group.rows.contains_key(fp));
                 }
             }
-            prepared.push(Checked { adds, key, fp, event });
+            prepared.push(Checked { adds, key, fp });
         }
         let mut pending: Vec<(&[u8], Fp, i64)> = Vec::new();
         for (index, c) in prepared.iter().enumerate() {
@@ -68,22 +61,22 @@ impl TopN {
         Ok(prepared)
     }
 
-    /// One copy of the event's row in (an add) or out (the latest copy, by tag) of its
+    /// One copy of the event's row in (an add: a row new to the group is moved out of
+    /// the event, which is not read again) or out (the latest copy, by tag) of its
     /// group; the rank it took or had.
-    fn step(&mut self, c: &Checked<'_>) -> Result<usize, Fail> {
+    fn step(&mut self, c: &Checked, event: &mut Ev) -> Result<usize, Fail> {
         let plan = &self.plan;
         let group = self.groups.entry_ref(c.key.as_slice()).or_insert_with(|| Group::new(&c.key));
-        self.dirty.insert((c.key.clone(), c.fp));
+        self.dirty.insert((KeyBytes::from(c.key.as_slice()), c.fp));
+        let tag = event.tag;
         if c.adds {
             let live = match group.rows.entry(c.fp) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                std::collections::hash_map::Entry::Vacant(e) => e.insert(Live {
-                    key: sort_key(&plan.order_columns, &c.event.row)?,
-                    row: Arc::new(c.event.row.clone()),
-                    tags: Vec::new(),
-                }),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    let row = std::mem::take(&mut event.row);
+                    e.insert(Live { key: sort_key(&plan.order_columns, &row)?, row: Arc::new(row), tags: Vec::new() })
+                }
             };
-            let tag = c.event.tag;
             let at = live.tags.partition_point(|t| *t <= tag);
             live.tags.insert(at, tag);
             let entry = Entry { key: live.key.clone(), tag, fp: c.fp };
@@ -101,30 +94,33 @@ impl TopN {
 
     /// `TopNReducer.apply(unit)`: its view changes, in order (by output key when it
     /// touched more than one group); the event time of its first event.
-    fn apply_unit(&mut self, events: &[Ev], changes: &mut Vec<Change>) -> Result<i64, Fail> {
+    fn apply_unit(&mut self, events: &mut [Ev], changes: &mut Vec<Change>) -> Result<i64, Fail> {
+        let ts = events[0].tag.0;
         let prepared = self.checked(events)?;
-        let mut touched: Vec<Moved> = Vec::new();
-        for c in &prepared {
-            let at = self.step(c)?;
-            match touched.iter_mut().find(|m| m.key == c.key) {
-                Some(moved) => moved.first = moved.first.min(at),
-                None => touched.push(Moved { key: c.key.clone(), first: at }),
+        // the groups touched, in the order first touched: (an event of it, the first rank moved)
+        let mut touched: Vec<(usize, usize)> = Vec::with_capacity(2);
+        for (i, (c, event)) in prepared.iter().zip(events.iter_mut()).enumerate() {
+            let at = self.step(c, event)?;
+            match touched.iter_mut().find(|(e, _)| prepared[*e].key == c.key) {
+                Some((_, first)) => *first = (*first).min(at),
+                None => touched.push((i, at)),
             }
         }
-        for moved in &touched {
-            if moved.first < self.plan.n {
-                self.settle(&moved.key, moved.first, changes)?;
+        for (g, &(e, first)) in touched.iter().enumerate() {
+            if first < self.plan.n {
+                self.settle(&prepared[e].key, g as u32, first, changes)?;
             }
         }
         if touched.len() > 1 {
-            changes.sort_by_cached_key(Change::order); // stable: a key's changes keep their order
+            // stable: a key's changes keep their order
+            changes.sort_by_cached_key(|change| change.order(&prepared[touched[change.group as usize].0].key));
         }
-        Ok(events[0].tag.0)
+        Ok(ts)
     }
 
     /// After a unit: the group's places from `start` on again (`_retop`), each place
     /// whose row changed as its view changes; a group left with no rows ends.
-    fn settle(&mut self, key: &[u8], start: usize, changes: &mut Vec<Change>) -> Result<(), Fail> {
+    fn settle(&mut self, key: &[u8], g: u32, start: usize, changes: &mut Vec<Change>) -> Result<(), Fail> {
         let plan = &self.plan;
         let hashbrown::hash_map::EntryRef::Occupied(held) = self.groups.entry_ref(key) else {
             unreachable!("a touched group is held")
@@ -145,7 +141,7 @@ impl TopN {
             if at < old_fps.len() && at < new_fps.len() && old_fps[at] == new_fps[at] {
                 continue; // the same row at the same place: the same output row
             }
-            plan.diff(&mut self.scratch, &group.parts, key, old_top.get(at), top.get(at), changes);
+            plan.diff(&mut self.scratch, &group.parts, g, old_top.get(at), top.get(at), changes);
         }
         if group.rows.is_empty() {
             held.remove();
@@ -159,10 +155,10 @@ impl TopN {
 
     /// One batch's units, in order: the refused ones by their index in `units`, and the
     /// view and state records (a Top-N has no deltas).
-    pub(super) fn apply_units<'py>(&mut self, py: Python<'py>, units: &[Vec<Ev>]) -> Result<BatchOut<'py>, Fail> {
+    pub(super) fn apply_units<'py>(&mut self, py: Python<'py>, units: &mut [Vec<Ev>]) -> Result<BatchOut<'py>, Fail> {
         let mut out = BatchOut { rejected: Vec::new(), view: Vec::new(), delta: Vec::new(), state: Vec::new() };
         let mut changes: Vec<Change> = Vec::with_capacity(4);
-        for (unit_index, events) in units.iter().enumerate() {
+        for (unit_index, events) in units.iter_mut().enumerate() {
             if events.is_empty() {
                 return Err(Fail::Unsup(Unsup::new("an empty unit")));
             }

@@ -49,6 +49,8 @@ pub struct TopPlan {
     /// the leading entries of message keys and output rows: `partition_by` then
     /// `place`, a name set again keeping its first place and taking the later value
     head: Vec<(String, Head)>,
+    /// where `op` is in the head, if it is (`partition_by` names it)
+    head_op: Option<usize>,
     /// `top_n.columns` less the head's names, or None: every row column but those
     columns: Option<Vec<String>>,
     form: Option<Form>,
@@ -92,12 +94,14 @@ impl TopPlan {
             }
         }
         let columns = columns.map(|cs| cs.into_iter().filter(|c| !head.iter().any(|(n, _)| n == c)).collect());
+        let head_op = head.iter().position(|(n, _)| n == "op");
         Ok(TopPlan {
             n,
             keys: KeyColumns::new(py, "partition", &partition_by, &order_columns)?,
             order_columns,
             desc,
             head,
+            head_op,
             columns,
             form,
         })
@@ -140,7 +144,7 @@ pub struct TopN {
     plan: TopPlan,
     groups: Map<KeyBytes, Group>,
     /// `_dirty`: (group key JSON, fingerprint) of the rows changed since the last batch
-    dirty: FxHashSet<(Vec<u8>, Fp)>,
+    dirty: FxHashSet<(KeyBytes, Fp)>,
     scratch: Vec<u8>,
     /// the units `read` made, until `apply_read`
     prepared: Option<Vec<Vec<Ev>>>,
@@ -176,11 +180,11 @@ impl TopN {
 
     /// One batch of Python units: (refusals, view records, no delta records, state records).
     pub fn apply_batch<'py>(&mut self, py: Python<'py>, units: &Bound<'py, PyAny>) -> Result<BatchOut<'py>, Fail> {
-        let units = match self.converted.take() {
+        let mut units = match self.converted.take() {
             Some((list, converted)) if list.bind(py).is(units) => converted,
             _ => units_of(units)?,
         };
-        self.apply_units(py, &units)
+        self.apply_units(py, &mut units)
     }
 
     /// `read_units` of a clean `jsonl` batch, kept for `apply_read`; its groups in `touched`.
@@ -195,8 +199,8 @@ impl TopN {
 
     /// `apply_units` over what `read` kept; each refusal names its unit's records.
     pub fn apply_read<'py>(&mut self, py: Python<'py>) -> Result<(BatchOut<'py>, Vec<Vec<u32>>), Fail> {
-        let units = self.prepared.take().unwrap_or_default();
-        let out = self.apply_units(py, &units)?;
+        let mut units = self.prepared.take().unwrap_or_default();
+        let out = self.apply_units(py, &mut units)?;
         let records = refused_records(&units, &out.rejected);
         Ok((out, records))
     }

@@ -9,6 +9,7 @@
 //! held is `Unsupported`: Python's two forms would rank it differently).
 
 use std::cmp::Ordering;
+use std::sync::Arc;
 
 use crate::core::Fp;
 use crate::statecodec::Tag;
@@ -16,7 +17,8 @@ use crate::value::{row_get, Scalar, Unsup, Value};
 
 /// A row's rank by `order_by`: one value per order column, None for a null (or absent)
 /// value, which ranks last in either direction.
-pub(super) type SortKey = Box<[Option<Scalar>]>;
+/// (Shared by the row and each of its copies' entries.)
+pub(super) type SortKey = Arc<[Option<Scalar>]>;
 
 /// `_sort_key(row)`.
 pub(super) fn sort_key(columns: &[String], row: &[(Box<str>, Value)]) -> Result<SortKey, Unsup> {

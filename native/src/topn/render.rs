@@ -9,14 +9,15 @@ use pyo3::types::{PyBytes, PyTuple};
 
 use super::{Head, Out, TopN, TopPlan};
 use crate::core::{Fail, Form};
-use crate::json::write_int;
+use crate::json::{write_int, write_str};
 use crate::statecodec::{self, LIVE_ROW};
-use crate::value::{row_get, write_canonical, write_dict, write_named, Row, Value};
+use crate::value::{row_get, write_canonical, write_dict, Row, Value};
 
-/// One view change of a unit, written: its output key's `key_bytes` (the order of a
-/// unit's changes across groups), whether it adds, its message key and value.
+/// One view change of a unit, written: its group (by its place among the groups the
+/// unit touched) and place (for the order of a unit's changes across groups), whether
+/// it adds, its message key and value.
 pub(super) struct Change {
-    group: Vec<u8>,
+    pub(super) group: u32,
     place: i64,
     adds: bool,
     key: Vec<u8>,
@@ -25,9 +26,9 @@ pub(super) struct Change {
 
 impl Change {
     /// `key_bytes((*group, place))`: the group's JSON list with the place appended.
-    pub(super) fn order(&self) -> Vec<u8> {
-        let mut out = self.group[..self.group.len() - 1].to_vec();
-        if self.group.len() > 2 {
+    pub(super) fn order(&self, group: &[u8]) -> Vec<u8> {
+        let mut out = group[..group.len() - 1].to_vec();
+        if group.len() > 2 {
             out.push(b',');
         }
         write_int(&mut out, self.place);
@@ -48,23 +49,72 @@ impl TopPlan {
                 Head::Place => place,
             }));
         }
-        match &self.columns {
-            Some(columns) => {
-                for column in columns {
-                    if let Some(value) = row_get(row, column) {
-                        out.push((column, value));
-                    }
-                }
+        out.extend(self.tail(row));
+        out
+    }
+
+    /// The row's columns an output row carries after its head, in order.
+    fn tail<'a>(&'a self, row: &'a Row) -> impl Iterator<Item = (&'a str, &'a Value)> + 'a {
+        let named = self.columns.iter().flatten().filter_map(move |c| row_get(row, c).map(|v| (c.as_str(), v)));
+        let all = row.iter().filter(|(name, _)| !self.head.iter().any(|(n, _)| **n == **name)).map(|(n, v)| (&**n, v));
+        let (named, all) = if self.columns.is_some() { (Some(named), None) } else { (None, Some(all)) };
+        named.into_iter().flatten().chain(all.into_iter().flatten())
+    }
+
+    /// Append `JsonRows.encode(_output(group, place, row), op)`: with an op code,
+    /// `{"op": code, **row}` — an output column named `op` keeps the first place with its
+    /// own value; without, the bare row.
+    fn write_out(&self, out: &mut Vec<u8>, code: Option<&[u8]>, parts: &[Value], place: i64, row: &Row) {
+        out.push(b'{');
+        let mut first = true;
+        let mut sep = |out: &mut Vec<u8>| {
+            if !first {
+                out.push(b',');
             }
-            None => {
-                for (name, value) in row {
-                    if !self.head.iter().any(|(n, _)| **n == **name) {
-                        out.push((name, value));
+            first = false;
+        };
+        let skip_op = code.is_some();
+        if let Some(code) = code {
+            sep(out);
+            out.extend_from_slice(b"\"op\":");
+            match self.head_op {
+                Some(at) => self.write_head(out, self.head[at].1, parts, place),
+                None => match self.tail(row).find(|(name, _)| *name == "op") {
+                    Some((_, value)) => value.write(out, false),
+                    None => {
+                        out.push(b'"');
+                        out.extend_from_slice(code);
+                        out.push(b'"');
                     }
-                }
+                },
             }
         }
-        out
+        for (name, src) in &self.head {
+            if skip_op && name == "op" {
+                continue;
+            }
+            sep(out);
+            write_str(out, name);
+            out.push(b':');
+            self.write_head(out, *src, parts, place);
+        }
+        for (name, value) in self.tail(row) {
+            if skip_op && name == "op" {
+                continue;
+            }
+            sep(out);
+            write_str(out, name);
+            out.push(b':');
+            value.write(out, false);
+        }
+        out.push(b'}');
+    }
+
+    fn write_head(&self, out: &mut Vec<u8>, src: Head, parts: &[Value], place: i64) {
+        match src {
+            Head::Part(i) => parts[i].write(out, false),
+            Head::Place => write_int(out, place),
+        }
     }
 
     /// `diff_changes(old, new, (*group, place), key_names)` for one place, written.
@@ -72,54 +122,69 @@ impl TopPlan {
         &self,
         scratch: &mut Vec<u8>,
         parts: &[Value],
-        group: &[u8],
+        group: u32,
         old: Option<&Out>,
         new: Option<&Out>,
         changes: &mut Vec<Change>,
     ) {
         let Some(form) = self.form else { return }; // no view output: nothing to write
-        let (place, ops): (i64, Vec<(&[u8], &Out)>) = match (old, new) {
+        let (place, ops): (i64, [Option<(&[u8], &Out)>; 2]) = match (old, new) {
             (None, None) => return,
-            (None, Some(new)) => (new.place, vec![(b"+A", new)]),
-            (Some(old), None) => (old.place, vec![(b"-R", old)]),
+            (None, Some(new)) => (new.place, [Some((b"+A", new)), None]),
+            (Some(old), None) => (old.place, [Some((b"-R", old)), None]),
             (Some(old), Some(new)) => {
-                if self.same_row(scratch, parts, old, new) {
+                if self.same_row(scratch, old, new) {
                     return;
                 }
-                (old.place, vec![(b"-C", old), (b"+C", new)])
+                (old.place, [Some((b"-C", old)), Some((b"+C", new))])
             }
         };
-        let place_value = Value::Int(place);
-        let no_row: Row = Vec::new();
-        let head: Vec<(&str, &Value)> = self.entries(parts, &place_value, &no_row);
         let mut key = Vec::with_capacity(32);
-        write_named(&mut key, &head);
-        for (op, out) in ops {
+        let no_row: Row = Vec::new();
+        self.write_out(&mut key, None, parts, place, &no_row);
+        for (op, out) in ops.into_iter().flatten() {
             let adds = op[0] == b'+';
-            let entries = self.entries(parts, &place_value, &out.row);
-            let value = match form {
+            let code: Option<&[u8]> = match form {
                 Form::Upsert if op == b"-C" => continue, // its +C overwrites the key
-                Form::Upsert if op == b"-R" => None,
-                Form::Upsert => {
-                    let mut value = Vec::with_capacity(64);
-                    write_named(&mut value, &entries);
-                    Some(value)
+                Form::Upsert if op == b"-R" => {
+                    changes.push(Change { group, place, adds, key: key.clone(), value: None });
+                    continue;
                 }
-                Form::Changelog => Some(with_op(op, &entries)),
+                Form::Upsert => None,
+                Form::Changelog => Some(op),
                 // RETRACT_FORM: -C → -R, +C → +A
-                Form::Retract => Some(with_op(if adds { b"+A" } else { b"-R" }, &entries)),
+                Form::Retract => Some(if adds { b"+A" } else { b"-R" }),
             };
-            changes.push(Change { group: group.to_vec(), place, adds, key: key.clone(), value });
+            let mut value = Vec::with_capacity(64);
+            self.write_out(&mut value, code, parts, place, &out.row);
+            changes.push(Change { group, place, adds, key: key.clone(), value: Some(value) });
         }
     }
 
-    /// `same_row` of two output rows at one place of one group (their heads are equal).
-    fn same_row(&self, scratch: &mut Vec<u8>, parts: &[Value], a: &Out, b: &Out) -> bool {
-        let place = Value::Int(a.place);
+    /// `same_row` of two output rows at one place of one group: their heads are equal,
+    /// so their canonical bytes are equal when their tails' are.
+    fn same_row(&self, scratch: &mut Vec<u8>, a: &Out, b: &Out) -> bool {
+        if std::sync::Arc::ptr_eq(&a.row, &b.row) {
+            return true;
+        }
+        // most rows have the same columns in the same order: then the canonical bytes are
+        // equal when each column is null in both or equal (`canon_eq`) in both
+        let (mut x, mut y) = (self.tail(&a.row), self.tail(&b.row));
+        loop {
+            match (x.next(), y.next()) {
+                (None, None) => return true,
+                (Some((n, v)), Some((m, w))) if n == m => {
+                    if !v.canon_eq(w) {
+                        return false;
+                    }
+                }
+                _ => break, // other columns, or in another order: compare their canonical bytes
+            }
+        }
         scratch.clear();
-        write_canonical(scratch, &self.entries(parts, &place, &a.row));
+        write_canonical(scratch, &self.tail(&a.row).collect::<Vec<_>>());
         let split = scratch.len();
-        write_canonical(scratch, &self.entries(parts, &place, &b.row));
+        write_canonical(scratch, &self.tail(&b.row).collect::<Vec<_>>());
         scratch[..split] == scratch[split..]
     }
 
@@ -150,19 +215,6 @@ impl TopPlan {
     }
 }
 
-/// `JsonRows.encode(row, op)`: `{"op": code, **row}` — a row column named `op` keeps
-/// the first place and its own value.
-fn with_op(code: &[u8], entries: &[(&str, &Value)]) -> Vec<u8> {
-    let code = Value::Str(std::str::from_utf8(code).unwrap_or("").into());
-    let own = entries.iter().find(|(name, _)| *name == "op").map(|(_, v)| *v);
-    let mut all: Vec<(&str, &Value)> = Vec::with_capacity(entries.len() + 1);
-    all.push(("op", own.unwrap_or(&code)));
-    all.extend(entries.iter().filter(|(name, _)| *name != "op"));
-    let mut out = Vec::with_capacity(64);
-    write_named(&mut out, &all);
-    out
-}
-
 impl TopN {
     /// `take_state_changes`: per row the batch changed, its `LIVE_ROW` record (the first
     /// copy's row, the live copies' tags) or a tombstone, in record-key order.
@@ -170,14 +222,15 @@ impl TopN {
         let mut records: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::with_capacity(self.dirty.len());
         let mut json = Vec::with_capacity(64);
         for (kj, fp) in std::mem::take(&mut self.dirty) {
+            let kj = kj.as_slice();
             let mut record_key = Vec::with_capacity(kj.len() + 38);
-            statecodec::row_key(&mut record_key, &kj, &fp);
-            let live = self.groups.get(kj.as_slice()).and_then(|g| g.rows.get(&fp));
+            statecodec::row_key(&mut record_key, kj, &fp);
+            let live = self.groups.get(kj).and_then(|g| g.rows.get(&fp));
             let value = live.map(|live| {
                 json.clear();
                 write_dict(&mut json, &live.row);
                 let mut value = Vec::with_capacity(json.len() + kj.len() + 16);
-                statecodec::state_value(&mut value, LIVE_ROW, &kj, live.tags.len() as i64, Some(&json), &live.tags);
+                statecodec::state_value(&mut value, LIVE_ROW, kj, live.tags.len() as i64, Some(&json), &live.tags);
                 value
             });
             records.push((record_key, value));
