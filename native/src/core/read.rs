@@ -136,12 +136,15 @@ fn key_matches(columns: &[String], key: Option<&[u8]>, row: &[(Box<str>, Value)]
     Some(true)
 }
 
+/// A clean batch read: its units in merge order, and what else `read` tells the shard.
+pub(crate) type ReadUnits = (Vec<Vec<Ev>>, ReadOut);
+
 /// `UnitReader.read` of a batch given as `[(partition, [InputRecord, ...]), ...]`,
 /// partitions in order, each one's records in offset order (its held-over `-C` first);
 /// `check`: the message-key columns of a co-partitioned view. The units in merge order
 /// and what else was read (its `touched` left for the core to fill: the view's keys);
 /// None when the batch is not clean (see the module).
-pub(crate) fn read_units(parts: &Bound<'_, PyAny>, check: Option<&[String]>) -> Result<Option<(Vec<Vec<Ev>>, ReadOut)>, Fail> {
+pub(crate) fn read_units(parts: &Bound<'_, PyAny>, check: Option<&[String]>) -> Result<Option<ReadUnits>, Fail> {
     let mut streams: Vec<Vec<Vec<Ev>>> = Vec::new();
     let mut pending = Vec::new();
     let mut verified = false;

@@ -128,7 +128,9 @@ impl TopPlan {
         changes: &mut Vec<Change>,
     ) {
         let Some(form) = self.form else { return }; // no view output: nothing to write
-        let (place, ops): (i64, [Option<(&[u8], &Out)>; 2]) = match (old, new) {
+        // the place, and its one or two (op code, output row) records
+        type Records<'a> = [Option<(&'a [u8], &'a Out)>; 2];
+        let (place, ops): (i64, Records<'_>) = match (old, new) {
             (None, None) => return,
             (None, Some(new)) => (new.place, [Some((b"+A", new)), None]),
             (Some(old), None) => (old.place, [Some((b"-R", old)), None]),
