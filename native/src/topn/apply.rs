@@ -122,33 +122,35 @@ impl TopN {
     /// whose row changed as its view changes; a group left with no rows ends.
     fn settle(&mut self, key: &[u8], g: u32, start: usize, changes: &mut Vec<Change>) -> Result<(), Fail> {
         let plan = &self.plan;
-        let hashbrown::hash_map::EntryRef::Occupied(held) = self.groups.entry_ref(key) else {
+        let hashbrown::hash_map::EntryRef::Occupied(mut held) = self.groups.entry_ref(key) else {
             unreachable!("a touched group is held")
         };
-        let group = held.get();
-        let (old_top, old_fps) = (&group.top, &group.fps);
-        let fps = group.ranked.fps(start, plan.n);
-        let mut top: Vec<Out> = old_top[..start.min(old_top.len())].to_vec();
-        for (i, fp) in fps.iter().enumerate() {
-            let at = start + i;
-            let same = at < old_fps.len() && old_fps[at] == *fp;
-            let row = if same { old_top[at].row.clone() } else { group.rows[fp].row.clone() };
-            top.push(Out { place: at as i64 + 1, row });
-        }
-        let mut new_fps = old_fps[..start.min(old_fps.len())].to_vec();
-        new_fps.extend_from_slice(&fps);
-        for at in start..old_top.len().max(top.len()) {
-            if at < old_fps.len() && at < new_fps.len() && old_fps[at] == new_fps[at] {
+        let Group { parts, ranked, rows, top, fps } = held.get_mut();
+        let mut at = start;
+        for fp in ranked.fps_from(start).take(plan.n - start) {
+            if at < fps.len() && fps[at] == fp {
+                at += 1;
                 continue; // the same row at the same place: the same output row
             }
-            plan.diff(&mut self.scratch, &group.parts, g, old_top.get(at), top.get(at), changes);
+            let new = Out { place: at as i64 + 1, row: rows[&fp].row.clone() };
+            let old = if at < top.len() {
+                fps[at] = fp;
+                Some(std::mem::replace(&mut top[at], new.clone()))
+            } else {
+                fps.push(fp);
+                top.push(new.clone());
+                None
+            };
+            plan.diff(&mut self.scratch, &mut self.written, parts, g, old.as_ref(), Some(&new), changes);
+            at += 1;
         }
-        if group.rows.is_empty() {
+        for old in &top[at.min(top.len())..] {
+            plan.diff(&mut self.scratch, &mut self.written, parts, g, Some(old), None, changes);
+        }
+        top.truncate(at);
+        fps.truncate(at);
+        if rows.is_empty() {
             held.remove();
-        } else {
-            let group = held.into_mut();
-            group.top = top;
-            group.fps = new_fps;
         }
         Ok(())
     }
@@ -163,8 +165,9 @@ impl TopN {
                 return Err(Fail::Unsup(Unsup::new("an empty unit")));
             }
             changes.clear();
+            self.written.clear();
             match self.apply_unit(events, &mut changes) {
-                Ok(ts) => self.plan.records(py, ts, &mut changes, &mut out.view)?,
+                Ok(ts) => self.plan.records(py, ts, &mut changes, &self.written, &mut out.view)?,
                 Err(Fail::Reject(rejected)) => out.rejected.push((unit_index, rejected)),
                 Err(other) => return Err(other),
             }

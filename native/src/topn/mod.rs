@@ -146,6 +146,8 @@ pub struct TopN {
     /// `_dirty`: (group key JSON, fingerprint) of the rows changed since the last batch
     dirty: FxHashSet<(KeyBytes, Fp)>,
     scratch: Vec<u8>,
+    /// a unit's view records, written side by side (`render::Change` says where)
+    written: Vec<u8>,
     /// the units `read` made, until `apply_read`
     prepared: Option<Vec<Vec<Ev>>>,
     /// the Python units `touched` read (the list, held), until `apply_batch` of that list
@@ -159,6 +161,7 @@ impl TopN {
             groups: Map::default(),
             dirty: FxHashSet::default(),
             scratch: Vec::new(),
+            written: Vec::new(),
             prepared: None,
             converted: None,
         }

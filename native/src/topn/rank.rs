@@ -111,8 +111,18 @@ impl Ranked {
         Ok(before + at)
     }
 
-    /// The fingerprints at ranks `start..end` (fewer when fewer are held).
-    pub(super) fn fps(&self, start: usize, end: usize) -> Vec<Fp> {
-        self.chunks.iter().flatten().skip(start).take(end.saturating_sub(start)).map(|e| e.fp).collect()
+    /// The fingerprints from rank `start` on.
+    pub(super) fn fps_from(&self, start: usize) -> impl Iterator<Item = Fp> + '_ {
+        let mut skip = start;
+        let mut chunks = self.chunks.iter();
+        let mut first: &[Entry] = &[];
+        for chunk in chunks.by_ref() {
+            if skip < chunk.len() {
+                first = &chunk[skip..];
+                break;
+            }
+            skip -= chunk.len();
+        }
+        first.iter().chain(chunks.flatten()).map(|e| e.fp)
     }
 }

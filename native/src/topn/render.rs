@@ -15,13 +15,13 @@ use crate::value::{row_get, write_canonical, write_dict, Row, Value};
 
 /// One view change of a unit, written: its group (by its place among the groups the
 /// unit touched) and place (for the order of a unit's changes across groups), whether
-/// it adds, its message key and value.
+/// it adds, where its message key and value are in the unit's written bytes.
 pub(super) struct Change {
     pub(super) group: u32,
     place: i64,
     adds: bool,
-    key: Vec<u8>,
-    value: Option<Vec<u8>>,
+    key: (usize, usize),
+    value: Option<(usize, usize)>,
 }
 
 impl Change {
@@ -117,10 +117,13 @@ impl TopPlan {
         }
     }
 
-    /// `diff_changes(old, new, (*group, place), key_names)` for one place, written.
+    /// `diff_changes(old, new, (*group, place), key_names)` for one place, written at
+    /// the end of `written`.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn diff(
         &self,
         scratch: &mut Vec<u8>,
+        written: &mut Vec<u8>,
         parts: &[Value],
         group: u32,
         old: Option<&Out>,
@@ -141,15 +144,16 @@ impl TopPlan {
                 (old.place, [Some((b"-C", old)), Some((b"+C", new))])
             }
         };
-        let mut key = Vec::with_capacity(32);
         let no_row: Row = Vec::new();
-        self.write_out(&mut key, None, parts, place, &no_row);
+        let start = written.len();
+        self.write_out(written, None, parts, place, &no_row);
+        let key = (start, written.len());
         for (op, out) in ops.into_iter().flatten() {
             let adds = op[0] == b'+';
             let code: Option<&[u8]> = match form {
                 Form::Upsert if op == b"-C" => continue, // its +C overwrites the key
                 Form::Upsert if op == b"-R" => {
-                    changes.push(Change { group, place, adds, key: key.clone(), value: None });
+                    changes.push(Change { group, place, adds, key, value: None });
                     continue;
                 }
                 Form::Upsert => None,
@@ -157,9 +161,9 @@ impl TopPlan {
                 // RETRACT_FORM: -C → -R, +C → +A
                 Form::Retract => Some(if adds { b"+A" } else { b"-R" }),
             };
-            let mut value = Vec::with_capacity(64);
-            self.write_out(&mut value, code, parts, place, &out.row);
-            changes.push(Change { group, place, adds, key: key.clone(), value: Some(value) });
+            let start = written.len();
+            self.write_out(written, code, parts, place, &out.row);
+            changes.push(Change { group, place, adds, key, value: Some((start, written.len())) });
         }
     }
 
@@ -197,6 +201,7 @@ impl TopPlan {
         py: Python<'py>,
         ts: i64,
         changes: &mut [Change],
+        written: &[u8],
         view: &mut Vec<Bound<'py, PyAny>>,
     ) -> PyResult<()> {
         if changes.is_empty() {
@@ -207,11 +212,12 @@ impl TopPlan {
         }
         let ts = ts.into_pyobject(py)?.into_any();
         for change in changes.iter() {
-            let value = match &change.value {
-                Some(value) => PyBytes::new(py, value).into_any(),
+            let value = match change.value {
+                Some((start, end)) => PyBytes::new(py, &written[start..end]).into_any(),
                 None => py.None().into_bound(py),
             };
-            view.push(PyTuple::new(py, [PyBytes::new(py, &change.key).into_any(), value, ts.clone()])?.into_any());
+            let key = PyBytes::new(py, &written[change.key.0..change.key.1]).into_any();
+            view.push(PyTuple::new(py, [key, value, ts.clone()])?.into_any());
         }
         Ok(())
     }
@@ -221,30 +227,33 @@ impl TopN {
     /// `take_state_changes`: per row the batch changed, its `LIVE_ROW` record (the first
     /// copy's row, the live copies' tags) or a tombstone, in record-key order.
     pub(super) fn take_state_changes<'py>(&mut self, py: Python<'py>) -> Result<Vec<Bound<'py, PyAny>>, Fail> {
-        let mut records: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::with_capacity(self.dirty.len());
+        // every record's key and value written side by side, then ordered by key
+        let mut written: Vec<u8> = Vec::with_capacity(self.dirty.len() * 128);
+        type Span = (usize, usize);
+        let mut records: Vec<(Span, Option<Span>)> = Vec::with_capacity(self.dirty.len());
         let mut json = Vec::with_capacity(64);
         for (kj, fp) in std::mem::take(&mut self.dirty) {
             let kj = kj.as_slice();
-            let mut record_key = Vec::with_capacity(kj.len() + 38);
-            statecodec::row_key(&mut record_key, kj, &fp);
-            let live = self.groups.get(kj).and_then(|g| g.rows.get(&fp));
-            let value = live.map(|live| {
+            let start = written.len();
+            statecodec::row_key(&mut written, kj, &fp);
+            let key = (start, written.len());
+            let value = self.groups.get(kj).and_then(|g| g.rows.get(&fp)).map(|live| {
                 json.clear();
                 write_dict(&mut json, &live.row);
-                let mut value = Vec::with_capacity(json.len() + kj.len() + 16);
-                statecodec::state_value(&mut value, LIVE_ROW, kj, live.tags.len() as i64, Some(&json), &live.tags);
-                value
+                let start = written.len();
+                statecodec::state_value(&mut written, LIVE_ROW, kj, live.tags.len() as i64, Some(&json), &live.tags);
+                (start, written.len())
             });
-            records.push((record_key, value));
+            records.push((key, value));
         }
-        records.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        records.sort_unstable_by(|a, b| written[a.0 .0..a.0 .1].cmp(&written[b.0 .0..b.0 .1]));
         let mut out = Vec::with_capacity(records.len());
         for (key, value) in records {
             let value = match value {
-                Some(value) => PyBytes::new(py, &value).into_any(),
+                Some((start, end)) => PyBytes::new(py, &written[start..end]).into_any(),
                 None => py.None().into_bound(py),
             };
-            out.push(PyTuple::new(py, [PyBytes::new(py, &key).into_any(), value])?.into_any());
+            out.push(PyTuple::new(py, [PyBytes::new(py, &written[key.0..key.1]).into_any(), value])?.into_any());
         }
         Ok(out)
     }

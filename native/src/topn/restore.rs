@@ -10,7 +10,7 @@ use rustc_hash::FxHashSet;
 
 use super::rank::{sort_key, Entry};
 use super::{Group, Live, TopN};
-use crate::core::{key_json, Fail, KeyBytes, KeyPart, RestoreFail};
+use crate::core::{key_json, Fail, Fp, KeyBytes, KeyPart, RestoreFail};
 use crate::statecodec::{self, LIVE_ROW};
 use crate::value::{Unsup, Value};
 
@@ -53,7 +53,7 @@ impl TopN {
         }
         for kj in restored {
             let group = self.groups.get_mut(kj.as_slice()).expect("restored above");
-            let fps = group.ranked.fps(0, self.plan.n);
+            let fps: Vec<Fp> = group.ranked.fps_from(0).take(self.plan.n).collect();
             group.top = fps
                 .iter()
                 .enumerate()
