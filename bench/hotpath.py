@@ -135,11 +135,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the reduction cores to run, one after the other (spark.core: python, native)")
     parser.add_argument("--view", choices=("grouped", "top_n"), default="grouped",
                         help="grouped: the bench's view (sum, count, max, last per player); top_n: each player's "
-                             "best 3 scores (always the Python reducer)")
+                             "best 3 scores")
     args = parser.parse_args(argv)
     cores = [core.strip() for core in args.core.split(",") if core.strip()]
-    if args.view == "top_n":
-        cores = ["python"]
 
     from refold.dev.localkafka import ensure_broker
 

@@ -20,6 +20,7 @@ from refold.errors import ConfigError
 from refold.kafka.io import ensure_topics
 from refold.recovery.records import Checkpoint
 from refold.runtime.batch import InputRecord, Outgoing
+from refold.runtime.exchange import view_pipeline
 from refold.runtime.native import core_of, native_core, why_not
 from refold.runtime.processor import BatchProcessor
 from refold.runtime.shard import ShardProcessor
@@ -55,12 +56,16 @@ class RecordingProcessor(BatchProcessor):
     shard_type = Recording
 
 
-def _pipeline(settings: dict[str, Any], source: str, core: str) -> Pipeline:
+def _pipeline(settings: dict[str, Any], source: str, core: str, view: dict[str, Any] = VIEW,
+              form: str = "changelog") -> Pipeline:
     name = f"nc{core[0]}{uuid.uuid4().hex[:8]}"
+    outputs: dict[str, Any] = {"view": {"topic": f"{name}.view", "form": form}}
+    if "top_n" not in view:
+        outputs["delta"] = {"topic": f"{name}.delta"}
     pipeline = parse_pipeline({
         "pipeline": name, "kafka": settings, "source": {"topic": source},
-        "view": VIEW,
-        "outputs": {"view": {"topic": f"{name}.view"}, "delta": {"topic": f"{name}.delta"}},
+        "view": view,
+        "outputs": outputs,
         "spark": {"core": core},
     })
     ensure_topics(settings, engine_topics(pipeline, PARTITIONS))
@@ -121,8 +126,10 @@ def _batches(seed: int) -> list[list[InputRecord]]:
     return batches
 
 
-def _run(pipeline: Pipeline, settings: dict[str, Any], batches: list[list[InputRecord]]) -> dict[int, list[Any]]:
-    """Every batch through a processor, then a restarted one for the last; what each shard sent per batch."""
+def _run(pipeline: Pipeline, settings: dict[str, Any], batches: list[list[InputRecord]],
+         cores: set[str] | None = None) -> dict[int, list[Any]]:
+    """Every batch through a processor, then a restarted one for the last; what each shard
+    sent per batch. `cores`: gets the names of the cores the shards ended with."""
     sent: dict[int, list[Any]] = {}
     processor = RecordingProcessor(pipeline, settings)
     try:
@@ -135,6 +142,8 @@ def _run(pipeline: Pipeline, settings: dict[str, Any], batches: list[list[InputR
     try:
         restarted.process(batches[-1])
         _collect(restarted, sent)
+        if cores is not None:
+            cores |= {type(shard.core).__name__ for shard in (*processor.shards.values(), *restarted.shards.values())}
     finally:
         restarted.close()
     return sent
@@ -167,6 +176,28 @@ def test_native_shards_commit_what_python_shards_commit(bootstrap_servers, topic
     assert any(batch[4] for shard in python.values() for batch in shard)  # and had dead letters
 
 
+@pytest.mark.parametrize("form", ["changelog", "upsert"])
+def test_native_top_n_shards_commit_what_python_shards_commit(bootstrap_servers, topic, form) -> None:
+    # each player's best two scores (ties by team, nulls last), the rows the view's
+    # `where` holds: the same batches, a float score included (a Top-N core ranks it)
+    settings = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=PARTITIONS)
+    batches = _batches(13)
+    view = {"top_n": {"n": 2, "order_by": {"score": "desc", "team": "asc"}, "partition_by": ["player"]},
+            "where": VIEW["where"]}
+    python = _run(_pipeline(settings, source, "python", view, form), settings, batches)
+    native_pipeline = _pipeline(settings, source, "native", view, form)
+    cores: set[str] = set()
+    native = _run(native_pipeline, settings, batches, cores)
+    assert cores == {"TopNCore"}  # no shard fell back to Python
+    assert sorted(native) == sorted(python) == list(range(PARTITIONS))
+    for shard in python:
+        assert [b[0] for b in native[shard]] == [b[0] for b in python[shard]] == [1, 2, 3, 4]
+        for ours, theirs in zip(native[shard], python[shard], strict=True):
+            assert ours == theirs, f"shard {shard}, batch {theirs[0]}"
+    assert sum(len(batch[1]) for shard in python.values() for batch in shard) > 200
+
+
 def test_the_float_batch_falls_back_and_a_new_processor_runs_native_again(bootstrap_servers, topic) -> None:
     settings = {"bootstrap.servers": bootstrap_servers}
     source = topic(partitions=PARTITIONS)
@@ -196,15 +227,24 @@ def test_spark_core_native_refuses_a_view_it_cannot_run(bootstrap_servers, topic
     assert core_of(grouped.model_copy(update={"spark": grouped.spark.model_copy(update={"core": "python"})})) == (
         "Python (spark.core: python)")
     top_n = {"top_n": {"n": 3, "partition_by": ["team"], "order_by": {"score": "desc"}}}
+    pipeline = parse_pipeline({"pipeline": "x", "kafka": settings, "source": {"topic": "s"}, "view": top_n,
+                               "outputs": {"view": {"topic": "x.view"}}, "spark": {"core": "native"}})
+    assert why_not(pipeline) is None  # a Top-N view runs in its own core (TopNCore)
+    assert type(native_core(pipeline)).__name__ == "TopNCore"
+    # a global Top-N in shards: stage 2 ranks each shard's rows and stage 3 the shards' tops, in Python
+    ranked = {"top_n": {"n": 3, "order_by": {"score": "desc"}}}
+    refusal = "a global Top-N in shards ranks its shards' rows in Python (refold.runtime.tops)"
     for core, expect in (("native", ConfigError), ("auto", None)):
-        pipeline = parse_pipeline({"pipeline": "x", "kafka": settings, "source": {"topic": "s"}, "view": top_n,
-                                   "outputs": {"view": {"topic": "x.view"}}, "spark": {"core": core}})
-        assert why_not(pipeline) == "Top-N views reduce in Python"
-        assert core_of(pipeline) == "Python (Top-N views reduce in Python)"  # `refold explain`
+        pipeline = parse_pipeline({"pipeline": "x", "kafka": settings, "source": {"topic": "s", "key": ["player"]},
+                                   "view": ranked, "shards": 2, "outputs": {"view": {"topic": "x.view"}},
+                                   "spark": {"core": core}})
+        assert why_not(pipeline) == refusal
+        assert core_of(pipeline) == f"Python ({refusal})"  # `refold explain`
+        assert why_not(view_pipeline(pipeline)) == refusal  # stage 2's shards (ApplyProcessor)
         if expect is None:
             assert native_core(pipeline) is None
         else:
-            with pytest.raises(expect, match=re.escape("spark.core: native, but Top-N views reduce in Python")):
+            with pytest.raises(expect, match=re.escape(f"spark.core: native, but {refusal}")):
                 native_core(pipeline)
 
 
@@ -243,7 +283,8 @@ def _clean_batches(seed: int, players: int) -> list[list[InputRecord]]:
     return batches
 
 
-def test_a_native_read_past_the_key_cache_commits_every_change(bootstrap_servers, topic) -> None:
+@pytest.mark.parametrize("kind", ["grouped", "top_n"])
+def test_a_native_read_past_the_key_cache_commits_every_change(bootstrap_servers, topic, kind) -> None:
     # A batch the core read itself that takes the shard past `spark.state_cache_keys`:
     # the shard starts empty (a new core) and the new core reads the batch again. (The
     # seventeenth session's reader emptied the core after it read: that batch's view,
@@ -252,19 +293,26 @@ def test_a_native_read_past_the_key_cache_commits_every_change(bootstrap_servers
     source = topic(partitions=PARTITIONS)
     batches = _clean_batches(5, players=120)
     view = {key: value for key, value in VIEW.items() if key != "where"}
+    if kind == "top_n":
+        view = {"top_n": {"n": 3, "order_by": {"score": "asc"}, "partition_by": ["player"], "columns": ["score"]}}
     sent = {}
     for core, cache in (("python", 200_000), ("native", 40)):
         name = f"nk{core[0]}{uuid.uuid4().hex[:8]}"
+        outputs = {"view": {"topic": f"{name}.view"}, "delta": {"topic": f"{name}.delta"}}
+        if kind == "top_n":
+            del outputs["delta"]
         pipeline = parse_pipeline({
             "pipeline": name, "kafka": settings, "source": {"topic": source}, "view": view,
-            "outputs": {"view": {"topic": f"{name}.view"}, "delta": {"topic": f"{name}.delta"}},
-            "spark": {"core": core, "state_cache_keys": cache},
+            "outputs": outputs, "spark": {"core": core, "state_cache_keys": cache},
         })
         ensure_topics(settings, engine_topics(pipeline, PARTITIONS))
-        sent[core] = _run(pipeline, settings, batches)
+        cores: set[str] = set()
+        sent[core] = _run(pipeline, settings, batches, cores)
+        assert cores == {"NoneType" if core == "python" else type(native_core(pipeline)).__name__}
     assert sorted(sent["native"]) == sorted(sent["python"]) == list(range(PARTITIONS))
     for shard, batches_sent in sent["python"].items():
         assert [b[0] for b in batches_sent] == [1, 2, 3, 4]
         for ours, theirs in zip(sent["native"][shard], batches_sent, strict=True):
             assert ours == theirs, f"shard {shard}, batch {theirs[0]}"
-    assert sum(len(b[1]) for shard in sent["native"].values() for b in shard) >= 1000  # every event: a view record
+    # grouped: every event a view record; Top-N: those that change a player's best three
+    assert sum(len(b[1]) for shard in sent["native"].values() for b in shard) >= (1000 if kind == "grouped" else 300)

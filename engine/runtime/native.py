@@ -3,7 +3,8 @@
 A `GroupedCore` holds a grouped view's keys in Rust and does in one call per batch
 what `GroupedReducer.apply` (per unit), `Renderer.view`, `take_deltas` +
 `Renderer.deltas` and `take_state_changes` do in Python, byte for byte (the
-differential tests in tests/test_native_core.py hold it to that). It runs the views
+differential tests in tests/test_native_core.py hold it to that); a `TopNCore` does
+the same for a Top-N view's groups (`TopNReducer`, tests/test_native_topn.py). It runs the views
 and outputs it was built for (`why_not`); for a value outside what it handles (a
 float in a summed column, a float or boolean view key, an integer past 64 bits...) it
 raises `Unsupported` before the batch commits anything, and the shard runs that batch
@@ -36,6 +37,7 @@ from refold.runtime.batch import (
     held_over,
     partitions,
 )
+from refold.runtime.shards import ranked_globally
 from refold.runtime.tables import is_table
 
 try:
@@ -52,9 +54,9 @@ def why_not(pipeline: Pipeline) -> str | None:
     """Why the native core cannot run this pipeline's view (None: it can)."""
     if refold_native is None:
         return "the native core (refold_native) is not built: `make setup` builds it from native/"
-    view, outputs = pipeline.view, pipeline.outputs
-    if view.top_n is not None:
-        return "Top-N views reduce in Python"
+    outputs = pipeline.outputs
+    if ranked_globally(pipeline):
+        return "a global Top-N in shards ranks its shards' rows in Python (refold.runtime.tops)"
     if is_table(pipeline):
         return "upsert and Debezium sources reduce in Python"
     if outputs.materialize:
@@ -87,10 +89,15 @@ def native_core(pipeline: Pipeline) -> Any | None:
         return None
     assert refold_native is not None
     view, outputs = pipeline.view, pipeline.outputs
+    form = outputs.view.form if outputs.view is not None else None
+    if view.top_n is not None:
+        top_n = view.top_n
+        columns = None if top_n.columns is None else list(top_n.columns)
+        return refold_native.TopNCore(top_n.n, list(top_n.order_by.items()), list(top_n.partition_by), columns, form)
     return refold_native.GroupedCore(
         list(view.key),
         [(name, spec.agg, spec.column) for name, spec in view.columns.items()],
-        outputs.view.form if outputs.view is not None else None,
+        form,
         outputs.delta is not None,
     )
 

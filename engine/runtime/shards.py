@@ -100,6 +100,14 @@ def stage2_shards(pipeline: Pipeline) -> int:
     return pipeline.shards if isinstance(pipeline.shards, int) else 0
 
 
+def ranked_globally(pipeline: Pipeline) -> bool:
+    """Whether the view is a global Top-N in more than one stage-2 shard (stage 3 ranks:
+    refold.runtime.tops, which exports it too). Here so that refold.runtime.native can
+    ask it: that module cannot import tops, which imports the shard."""
+    top_n = pipeline.view.top_n
+    return top_n is not None and not top_n.partition_by and stage2_shards(pipeline) > 1
+
+
 def plan_shards(pipeline: Pipeline) -> ShardPlan:
     return ShardPlan(co_partitioned(pipeline) or exchanged(pipeline))
 

@@ -41,15 +41,9 @@ from refold.reduce import SourceEvent
 from refold.reduce.topn import TopNReducer
 from refold.runtime.batch import InputRecord, Outgoing, Units
 from refold.runtime.shard import ShardProcessor
-from refold.runtime.shards import stage2_shards
+from refold.runtime.shards import ranked_globally
 
 CLOSE_FIRST = b"{"  # a close record's value; a unit's local-top change is a JSON array
-
-
-def ranked_globally(pipeline: Pipeline) -> bool:
-    """Whether the view is a global Top-N in more than one stage-2 shard (stage 3 ranks)."""
-    top_n = pipeline.view.top_n
-    return top_n is not None and not top_n.partition_by and stage2_shards(pipeline) > 1
 
 
 def tops_topic(pipeline: Pipeline) -> str:
@@ -160,3 +154,7 @@ class RankProcessor(ShardProcessor):
 
     def _new_core(self) -> Any:
         return None  # a Top-N reduces in Python
+
+
+__all__ = ["CLOSE_FIRST", "LocalTops", "RankProcessor", "RankReader", "local_top_record", "rank_pipeline",
+           "ranked_globally", "tops_state_topic", "tops_topic"]

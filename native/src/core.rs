@@ -44,21 +44,26 @@ pub use self::plan::Plan;
 pub use self::route::Router;
 use self::plan::Src;
 pub use self::restore::RestoreFail;
+// what the Top-N core (crate::topn) shares with this one: events in, key checks and
+// row identity, the reader of a clean batch, the output form, the refusals
+pub(crate) use self::apply::{fingerprint, live_fingerprint, units_of, BatchOut, KeyColumns};
+pub(crate) use self::plan::Form;
+pub(crate) use self::read::{read_units, refused_records, touched_or_none, ReadOut};
 use self::state::{Batch, KeyState};
 
 /// hashbrown's map (for `entry_ref`: one lookup, no key copy when the key is held).
-type Map<K, V> = hashbrown::HashMap<K, V, FxBuildHasher>;
+pub(crate) type Map<K, V> = hashbrown::HashMap<K, V, FxBuildHasher>;
 
 /// A view key's JSON (`key_bytes`) as a map key: most are short, and held inline they
 /// cost no pointer to follow on a lookup.
 #[derive(Clone)]
-enum KeyBytes {
+pub(crate) enum KeyBytes {
     Inline(u8, [u8; 30]),
     Heap(Box<[u8]>),
 }
 
 impl KeyBytes {
-    fn as_slice(&self) -> &[u8] {
+    pub(crate) fn as_slice(&self) -> &[u8] {
         match self {
             KeyBytes::Inline(len, data) => &data[..*len as usize],
             KeyBytes::Heap(data) => data,
@@ -139,7 +144,7 @@ impl From<PyErr> for Fail {
     }
 }
 
-fn reject(reason: &'static str, index: usize, detail: Option<String>) -> Fail {
+pub(crate) fn reject(reason: &'static str, index: usize, detail: Option<String>) -> Fail {
     Fail::Reject(Rejected { reason, index, detail })
 }
 

@@ -7,11 +7,14 @@
 //!   refold.runtime.render), the reader of a clean `jsonl` batch (refold.runtime.batch)
 //!   and stage 1 of a re-grouping view (refold.runtime.exchange)
 //!
-//! This file is the Python interface: `GroupedCore` and `Unsupported`.
+//! - `topn`: the Top-N reduction and its rendering (refold.reduce.topn)
+//!
+//! This file is the Python interface: `GroupedCore`, `TopNCore` and `Unsupported`.
 
 mod core;
 mod json;
 mod statecodec;
+mod topn;
 mod value;
 
 use pyo3::create_exception;
@@ -20,6 +23,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyTuple};
 
 use crate::core::{Core, Fail, Plan, RestoreFail, Router};
+use crate::topn::{TopN, TopPlan};
 
 create_exception!(
     refold_native,
@@ -27,6 +31,13 @@ create_exception!(
     PyException,
     "An input the native core does not handle: reduce this batch (and on) in Python."
 );
+
+fn restore_error(fail: RestoreFail) -> PyErr {
+    match fail {
+        RestoreFail::NotState(why) => PyValueError::new_err(format!("not a state record: {why}")),
+        RestoreFail::Fail(fail) => raise(fail),
+    }
+}
 
 fn raise(fail: Fail) -> PyErr {
     match fail {
@@ -65,10 +76,7 @@ impl GroupedCore {
 
     /// `GroupedReducer.restore(records)`: (record key, value) pairs of `P.state`.
     fn restore(&mut self, py: Python<'_>, records: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.core.restore(py, records).map_err(|fail| match fail {
-            RestoreFail::NotState(why) => PyValueError::new_err(format!("not a state record: {why}")),
-            RestoreFail::Fail(fail) => raise(fail),
-        })
+        self.core.restore(py, records).map_err(restore_error)
     }
 
     /// The key JSON (`key_bytes`) of `state_key(event)` for every event of the units.
@@ -107,11 +115,7 @@ impl GroupedCore {
     fn apply_batch<'py>(&mut self, py: Python<'py>, units: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyTuple>> {
         let out = collector_paused(|| self.core.apply_batch(py, units));
         let out = out.map_err(raise)?;
-        let rejected = out
-            .rejected
-            .into_iter()
-            .map(|(unit, r)| (unit, r.index, r.reason, r.detail).into_pyobject(py).map(|t| t.into_any()))
-            .collect::<PyResult<Vec<_>>>()?;
+        let rejected = unit_rejections(py, out.rejected)?;
         batch_tuple(py, rejected, out.view, out.delta, out.state)
     }
 
@@ -166,6 +170,81 @@ impl GroupedCore {
     }
 }
 
+/// A Top-N view's reducer and renderer in one (see the module's README): the interface
+/// of `GroupedCore` a shard uses, without deltas or routing.
+#[pyclass(module = "refold_native")]
+struct TopNCore {
+    core: TopN,
+}
+
+#[pymethods]
+impl TopNCore {
+    /// `order_by` as (column, "asc" or "desc") pairs in their order; `columns`:
+    /// `top_n.columns` (None: every row column).
+    #[new]
+    #[pyo3(signature = (n, order_by, partition_by, columns, view_form))]
+    fn new(
+        py: Python<'_>,
+        n: usize,
+        order_by: Vec<(String, String)>,
+        partition_by: Vec<String>,
+        columns: Option<Vec<String>>,
+        view_form: Option<String>,
+    ) -> PyResult<Self> {
+        Ok(TopNCore { core: TopN::new(TopPlan::new(py, n, order_by, partition_by, columns, view_form)?) })
+    }
+
+    /// `TopNReducer.restore(records)`: (record key, value) pairs of `P.state`.
+    fn restore(&mut self, records: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.core.restore(records).map_err(restore_error)
+    }
+
+    /// The group JSON (`key_bytes`) of `state_key(event)` for every event of the units.
+    fn touched<'py>(&mut self, py: Python<'py>, units: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
+        let keys = self.core.touched(units).map_err(raise)?;
+        PyList::new(py, keys.iter().map(|k| PyBytes::new(py, k)))
+    }
+
+    /// As `GroupedCore.read` (core/read.rs), the groups the batch touches in `touched`.
+    #[pyo3(signature = (parts, check = None))]
+    fn read<'py>(
+        &mut self,
+        py: Python<'py>,
+        parts: &Bound<'py, PyAny>,
+        check: Option<Vec<String>>,
+    ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        let Some(read) = self.core.read(parts, check.as_deref()).map_err(raise)? else { return Ok(None) };
+        let touched = PyList::new(py, read.touched.iter().map(|k| PyBytes::new(py, k)))?;
+        let pending = PyList::new(py, read.pending())?;
+        Ok(Some(PyTuple::new(py, [touched.into_any(), pending.into_any(), PyBool::new(py, read.verified).to_owned().into_any()])?))
+    }
+
+    /// `apply_batch` of the units `read` kept, as `GroupedCore.apply_read`.
+    fn apply_read<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let out = collector_paused(|| self.core.apply_read(py));
+        let (out, records) = out.map_err(raise)?;
+        let rejected = rejections(py, out.rejected, records)?;
+        batch_tuple(py, rejected, out.view, out.delta, out.state)
+    }
+
+    /// One batch: (rejected, view records, delta records (none), state records).
+    fn apply_batch<'py>(&mut self, py: Python<'py>, units: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyTuple>> {
+        let out = collector_paused(|| self.core.apply_batch(py, units));
+        let out = out.map_err(raise)?;
+        let rejected = unit_rejections(py, out.rejected)?;
+        batch_tuple(py, rejected, out.view, out.delta, out.state)
+    }
+
+    /// `TopNReducer.view()`: the current output rows by (*group, place).
+    fn view<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.core.view(py)
+    }
+
+    fn __len__(&self) -> usize {
+        self.core.len()
+    }
+}
+
 /// `f()` with Python's cyclic collector paused, then as it was: a batch's records are
 /// tuples of bytes, ints and None, which make no cycles, and the collector would walk
 /// the heap again and again while a large batch of them is made.
@@ -177,6 +256,14 @@ fn collector_paused<T>(f: impl FnOnce() -> T) -> T {
         unsafe { pyo3::ffi::PyGC_Enable() };
     }
     out
+}
+
+/// Refused units as (unit index, index, reason, detail).
+fn unit_rejections<'py>(py: Python<'py>, rejected: Vec<(usize, crate::core::Rejected)>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    rejected
+        .into_iter()
+        .map(|(unit, r)| (unit, r.index, r.reason, r.detail).into_pyobject(py).map(|t| t.into_any()))
+        .collect()
 }
 
 /// Refused units as (their records' indices, index, reason, detail).
@@ -234,6 +321,7 @@ fn _loads<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyAny>> {
 fn refold_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("Unsupported", m.py().get_type::<Unsupported>())?;
     m.add_class::<GroupedCore>()?;
+    m.add_class::<TopNCore>()?;
     m.add_function(wrap_pyfunction!(_dumps, m)?)?;
     m.add_function(wrap_pyfunction!(_loads, m)?)?;
     Ok(())

@@ -275,16 +275,22 @@ pub fn value_of(obj: &Bound<'_, PyAny>, depth: usize) -> Result<Value, Unsup> {
 }
 
 // ------------------------------------------------------------------------------------
-// Values of min / max / set columns, in `value_order`
+// Values in `value_order`: of min / max / set columns, and of Top-N order columns
 
-/// A value of a `min`/`max`/`set` column: an int, a float with a fractional part, or a
-/// str. (A bool or an integral float would merge with an equal int in Python's dict of
-/// counts: `Unsupported`.) Ordered as `value_order`: numbers by value, then strings.
+/// A scalar column value in `value_order` (SEMANTICS.md): numbers by value (an int and
+/// a float compared exactly, as Python compares them), then strings, then booleans
+/// (`orjson.dumps`: false before true).
+///
+/// A `min`/`max`/`set` column holds an int, a float with a fractional part, or a str
+/// (`Scalar::of`: a bool or an integral float would merge with an equal int in Python's
+/// dict of counts); a Top-N order column holds any of them (`Scalar::ordered`: Python
+/// only compares them there).
 #[derive(Clone, Debug)]
 pub enum Scalar {
     Int(i64),
     Float(f64),
     Str(Box<str>),
+    Bool(bool),
 }
 
 impl Scalar {
@@ -305,12 +311,27 @@ impl Scalar {
         }))
     }
 
+    /// The scalar of a Top-N order column's value (None for a null, which ranks last
+    /// apart from the others). A list or an object is refused before it gets here
+    /// (`scalar_problem`); one read back from a state record is Unsupported.
+    pub fn ordered(value: &Value) -> Result<Option<Scalar>, Unsup> {
+        Ok(Some(match value {
+            Value::Null => return Ok(None),
+            Value::Int(n) => Scalar::Int(*n),
+            Value::Float(x) => Scalar::Float(*x),
+            Value::Str(s) => Scalar::Str(s.clone()),
+            Value::Bool(b) => Scalar::Bool(*b),
+            _ => return Err(Unsup::new("a list or an object in an order column")),
+        }))
+    }
+
     /// Append its JSON.
     pub fn write(&self, out: &mut Vec<u8>) {
         match self {
             Scalar::Int(n) => write_int(out, *n),
             Scalar::Float(x) => write_float(out, *x),
             Scalar::Str(s) => write_str(out, s),
+            Scalar::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
         }
     }
 
@@ -319,18 +340,35 @@ impl Scalar {
             Scalar::Int(n) => Value::Int(*n),
             Scalar::Float(x) => Value::Float(*x),
             Scalar::Str(s) => Value::Str(s.clone()),
+            Scalar::Bool(b) => Value::Bool(*b),
+        }
+    }
+
+    /// `value_order`'s kind: numbers, strings, booleans.
+    fn kind(&self) -> u8 {
+        match self {
+            Scalar::Int(_) | Scalar::Float(_) => 0,
+            Scalar::Str(_) => 1,
+            Scalar::Bool(_) => 2,
         }
     }
 }
 
-/// An int against a float with a fractional part, exactly (as Python compares them):
-/// such a float is below 2^52 in magnitude, so its floor is an exact i64.
+/// An int against a finite float, exactly (as Python compares them): the float's
+/// integral part is an exact i64 once it is known to be within i64's range, and its
+/// fractional part breaks a tie.
 fn int_float(i: i64, f: f64) -> Ordering {
-    let floor = f.floor() as i64;
-    if i <= floor {
-        Ordering::Less
-    } else {
-        Ordering::Greater
+    const TWO_63: f64 = 9_223_372_036_854_775_808.0;
+    if f >= TWO_63 {
+        return Ordering::Less;
+    }
+    if f < -TWO_63 {
+        return Ordering::Greater;
+    }
+    let whole = f.trunc();
+    match i.cmp(&(whole as i64)) {
+        Ordering::Equal => 0.0f64.partial_cmp(&(f - whole)).unwrap_or(Ordering::Equal),
+        unequal => unequal,
     }
 }
 
@@ -338,12 +376,13 @@ impl Ord for Scalar {
     fn cmp(&self, other: &Self) -> Ordering {
         match (self, other) {
             (Scalar::Int(a), Scalar::Int(b)) => a.cmp(b),
+            // -0.0 equals 0.0, as in Python (floats here are finite)
             (Scalar::Float(a), Scalar::Float(b)) => a.partial_cmp(b).unwrap_or(Ordering::Equal),
             (Scalar::Int(a), Scalar::Float(b)) => int_float(*a, *b),
             (Scalar::Float(a), Scalar::Int(b)) => int_float(*b, *a).reverse(),
             (Scalar::Str(a), Scalar::Str(b)) => a.as_bytes().cmp(b.as_bytes()),
-            (Scalar::Str(_), _) => Ordering::Greater,
-            (_, Scalar::Str(_)) => Ordering::Less,
+            (Scalar::Bool(a), Scalar::Bool(b)) => a.cmp(b),
+            _ => self.kind().cmp(&other.kind()),
         }
     }
 }
@@ -361,3 +400,20 @@ impl PartialEq for Scalar {
 }
 
 impl Eq for Scalar {}
+
+/// Append the canonical bytes (`canonical_row`) of named values: null ones left out,
+/// names sorted, nested dicts' names too — what `same_row` compares.
+pub fn write_canonical(out: &mut Vec<u8>, entries: &[(&str, &Value)]) {
+    let mut named: Vec<&(&str, &Value)> = entries.iter().filter(|(_, v)| !matches!(v, Value::Null)).collect();
+    named.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+    out.push(b'{');
+    for (i, (name, value)) in named.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_str(out, name);
+        out.push(b':');
+        value.write(out, true);
+    }
+    out.push(b'}');
+}

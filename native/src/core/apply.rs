@@ -7,7 +7,7 @@
 use blake2::digest::consts::U16;
 use blake2::{Blake2b, Digest};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use rustc_hash::FxHashSet;
 
 use super::plan::Form;
@@ -49,7 +49,7 @@ pub struct BatchOut<'py> {
 /// A unit's view records before they are ordered: (adds, message key, value or None).
 pub(super) type UnitRecords<'py> = Vec<(bool, Bound<'py, PyAny>, Option<Bound<'py, PyAny>>)>;
 
-fn blake2b16(data: &[u8]) -> Fp {
+pub(crate) fn blake2b16(data: &[u8]) -> Fp {
     let mut hasher = Blake2b::<U16>::new();
     hasher.update(data);
     hasher.finalize().into()
@@ -96,7 +96,7 @@ fn unit_of(unit: &Bound<'_, PyAny>) -> Result<Vec<Ev>, Fail> {
 }
 
 /// Python units (refold.runtime.batch's `Unit`s) as the core's.
-pub(super) fn units_of(units: &Bound<'_, PyAny>) -> Result<Vec<Vec<Ev>>, Fail> {
+pub(crate) fn units_of(units: &Bound<'_, PyAny>) -> Result<Vec<Vec<Ev>>, Fail> {
     seq_items(units, "units")?.iter().map(unit_of).collect()
 }
 
@@ -123,19 +123,40 @@ fn event_parts<'py>(event: &Bound<'py, PyAny>) -> Result<(i64, Bound<'py, PyDict
     Ok((op, row, tag))
 }
 
-impl Core {
-    // checks ------------------------------------------------------------------------
+/// The columns that key a view (a grouped view's `key`, a Top-N's `partition_by`) and
+/// the scalar columns checked with them (`min`/`max`/`set` columns, order columns):
+/// `checked_key(row, columns, what, scalar_columns, index)` of refold.reduce.values,
+/// with its refusals' details written once.
+pub(crate) struct KeyColumns {
+    names: Vec<String>,
+    missing_detail: Vec<String>,
+    scalar_names: Vec<String>,
+    scalar_detail: Vec<String>,
+}
 
-    /// `checked_key(row, key_columns, "key", multiset_columns, index)`: the key's JSON,
-    /// Rejected as Python refuses, Unsupported for a bool or float key value (Python's
-    /// dict would merge 1, 1.0 and True).
-    pub(super) fn checked_key(&self, row: &[(Box<str>, Value)], index: usize) -> Result<Vec<u8>, Fail> {
-        let plan = &self.plan;
-        let mut values: Vec<&Value> = Vec::with_capacity(plan.key_strs.len());
-        for (i, name) in plan.key_strs.iter().enumerate() {
+impl KeyColumns {
+    /// `what` names the key columns in a refusal ("key", "partition").
+    pub(crate) fn new(py: Python<'_>, what: &str, names: &[String], scalar_names: &[String]) -> PyResult<KeyColumns> {
+        let repr = |name: &str| -> PyResult<String> { Ok(PyString::new(py, name).repr()?.to_str()?.to_owned()) };
+        Ok(KeyColumns {
+            names: names.to_vec(),
+            missing_detail: names.iter().map(|k| Ok(format!("{what} column {} is missing", repr(k)?))).collect::<PyResult<_>>()?,
+            scalar_names: scalar_names.to_vec(),
+            scalar_detail: scalar_names
+                .iter()
+                .map(|c| Ok(format!("{} holds a list or an object", repr(c)?)))
+                .collect::<PyResult<_>>()?,
+        })
+    }
+
+    /// The key's JSON (`key_bytes`), Rejected as Python refuses, Unsupported for a bool
+    /// or float key value (Python's dict would merge 1, 1.0 and True).
+    pub(crate) fn checked_key(&self, row: &[(Box<str>, Value)], index: usize) -> Result<Vec<u8>, Fail> {
+        let mut values: Vec<&Value> = Vec::with_capacity(self.names.len());
+        for (i, name) in self.names.iter().enumerate() {
             match row_get(row, name) {
                 Some(value) => values.push(value),
-                None => return Err(reject(NULL_KEY, index, Some(plan.missing_detail[i].clone()))),
+                None => return Err(reject(NULL_KEY, index, Some(self.missing_detail[i].clone()))),
             }
         }
         if values.iter().any(|v| matches!(v, Value::Null)) {
@@ -157,11 +178,11 @@ impl Core {
             }
         }
         // scalar_problem
-        for (i, name) in plan.multiset_names.iter().enumerate() {
+        for (i, name) in self.scalar_names.iter().enumerate() {
             if let Some(value) = row_get(row, name) {
                 match value {
                     Value::Null | Value::Str(_) | Value::Int(_) | Value::Float(_) | Value::Bool(_) => {}
-                    _ => return Err(reject(SCHEMA_MISMATCH, index, Some(plan.multiset_detail[i].clone()))),
+                    _ => return Err(reject(SCHEMA_MISMATCH, index, Some(self.scalar_detail[i].clone()))),
                 }
             }
         }
@@ -180,6 +201,60 @@ impl Core {
         }
         key.push(b']');
         Ok(key)
+    }
+
+    /// `state_key` over every event of the units: the key JSON of those with a key, each
+    /// once, in the order first met.
+    pub(crate) fn touched_of(&self, units: &[Vec<Ev>]) -> Result<Vec<Vec<u8>>, Fail> {
+        let mut seen: FxHashSet<Vec<u8>> = FxHashSet::default();
+        let mut out = Vec::new();
+        for event in units.iter().flatten() {
+            match self.checked_key(&event.row, 0) {
+                Ok(key) => {
+                    if seen.insert(key.clone()) {
+                        out.push(key);
+                    }
+                }
+                Err(Fail::Reject(_)) => {}
+                Err(other) => return Err(other),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// `fingerprint(row)`: blake2b-128 of `canonical_row` (sorted keys, null columns left
+/// out), written in `scratch`.
+pub(crate) fn fingerprint(scratch: &mut Vec<u8>, row: &[(Box<str>, Value)]) -> Fp {
+    scratch.clear();
+    write_row(scratch, row, true);
+    blake2b16(scratch)
+}
+
+/// `live_fingerprint`: for a removal, the fingerprint `live` holds the row under — `fp`,
+/// or, for a row with null columns not held under it, the fingerprint of
+/// `legacy_canonical_row` (state from before a null column equalled an absent one)
+/// when `live` holds that.
+pub(crate) fn live_fingerprint(scratch: &mut Vec<u8>, row: &[(Box<str>, Value)], fp: Fp, live: impl Fn(&Fp) -> bool) -> Fp {
+    if live(&fp) || !row.iter().any(|(_, v)| matches!(v, Value::Null)) {
+        return fp;
+    }
+    scratch.clear();
+    write_row(scratch, row, false);
+    let legacy = blake2b16(scratch);
+    if live(&legacy) {
+        legacy
+    } else {
+        fp
+    }
+}
+
+impl Core {
+    // checks ------------------------------------------------------------------------
+
+    /// `checked_key(row, key_columns, "key", multiset_columns, index)`.
+    pub(super) fn checked_key(&self, row: &[(Box<str>, Value)], index: usize) -> Result<Vec<u8>, Fail> {
+        self.plan.keys.checked_key(row, index)
     }
 
     /// `_checked(event, index)`: the event's key and row fingerprint (for a removal,
@@ -206,22 +281,10 @@ impl Core {
             return Err(Fail::Unsup(err));
         }
         let nonnull = plan.nonnull_names.iter().map(|name| matches!(row_get(row, name), Some(v) if !matches!(v, Value::Null))).collect();
-        // fingerprint(row): blake2b of canonical_row (sorted keys, null columns left out)
-        let scratch = &mut self.scratch;
-        scratch.clear();
-        write_row(scratch, row, true);
-        let mut fp = blake2b16(scratch);
+        let mut fp = fingerprint(&mut self.scratch, row);
         if !adds {
             if let Some(state) = self.keys.get(key.as_slice()) {
-                // live_fingerprint: state from before a null column equalled an absent one
-                if !state.rows.contains_key(&fp) && row.iter().any(|(_, v)| matches!(v, Value::Null)) {
-                    scratch.clear();
-                    write_row(scratch, row, false);
-                    let legacy = blake2b16(scratch);
-                    if state.rows.contains_key(&legacy) {
-                        fp = legacy;
-                    }
-                }
+                fp = live_fingerprint(&mut self.scratch, row, fp, |fp| state.rows.contains_key(fp));
             }
         }
         Ok(Checked { adds, key, fp, row, tag: event.tag, sums, nonnull })
@@ -358,20 +421,7 @@ impl Core {
     /// `state_key` over every event of the units: the key JSON of those with a key, each
     /// once.
     pub(super) fn touched_of(&self, units: &[Vec<Ev>]) -> Result<Vec<Vec<u8>>, Fail> {
-        let mut seen: FxHashSet<Vec<u8>> = FxHashSet::default();
-        let mut out = Vec::new();
-        for event in units.iter().flatten() {
-            match self.checked_key(&event.row, 0) {
-                Ok(key) => {
-                    if seen.insert(key.clone()) {
-                        out.push(key);
-                    }
-                }
-                Err(Fail::Reject(_)) => {}
-                Err(other) => return Err(other),
-            }
-        }
-        Ok(out)
+        self.plan.keys.touched_of(units)
     }
 
     /// `touched_of` over Python units; their `Ev`s wait for `apply_batch` of the same

@@ -6,6 +6,7 @@
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 
+use super::apply::KeyColumns;
 use crate::json::write_str;
 
 /// How one view column reads a key's running values (`_Plan._reader`,
@@ -69,14 +70,12 @@ pub enum Form {
 }
 
 pub struct Plan {
-    pub(super) key_strs: Vec<String>,
-    pub(super) missing_detail: Vec<String>,
+    pub(super) keys: KeyColumns,
     pub(super) aggs: Vec<Agg>,
     pub(super) sum_names: Vec<String>,
     pub(super) sum_detail: Vec<String>,
     pub(super) nonnull_names: Vec<String>,
     pub(super) multiset_names: Vec<String>,
-    pub(super) multiset_detail: Vec<String>,
     pub(super) kept: Vec<String>,
     pub(super) multiset_index: Vec<usize>,
     pub(super) tag_index: Vec<usize>,
@@ -182,17 +181,12 @@ impl Plan {
                 .collect(),
         );
         Ok(Plan {
-            key_strs: key_columns.clone(),
-            missing_detail: key_columns.iter().map(|k| Ok(format!("key column {} is missing", repr(k)?))).collect::<PyResult<_>>()?,
+            keys: KeyColumns::new(py, "key", &key_columns, &multisets)?,
             aggs,
             sum_detail: sums.iter().map(|c| Ok(format!("{} is not a number", repr(c)?))).collect::<PyResult<_>>()?,
             sum_names: sums,
             nonnull_names: nonnull,
 
-            multiset_detail: multisets
-                .iter()
-                .map(|c| Ok(format!("{} holds a list or an object", repr(c)?)))
-                .collect::<PyResult<_>>()?,
             multiset_index: multisets.iter().map(|c| at(&kept, c)).collect(),
             multiset_names: multisets,
             tag_index: tagged.iter().map(|c| at(&kept, c)).collect(),

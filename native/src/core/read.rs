@@ -136,67 +136,88 @@ fn key_matches(columns: &[String], key: Option<&[u8]>, row: &[(Box<str>, Value)]
     Some(true)
 }
 
+/// A clean batch read: its units in merge order, and what else `read` tells the shard.
+pub(crate) type ReadUnits = (Vec<Vec<Ev>>, ReadOut);
+
+/// `UnitReader.read` of a batch given as `[(partition, [InputRecord, ...]), ...]`,
+/// partitions in order, each one's records in offset order (its held-over `-C` first);
+/// `check`: the message-key columns of a co-partitioned view. The units in merge order
+/// and what else was read (its `touched` left for the core to fill: the view's keys);
+/// None when the batch is not clean (see the module).
+pub(crate) fn read_units(parts: &Bound<'_, PyAny>, check: Option<&[String]>) -> Result<Option<ReadUnits>, Fail> {
+    let mut streams: Vec<Vec<Vec<Ev>>> = Vec::new();
+    let mut pending = Vec::new();
+    let mut verified = false;
+    let mut index: u32 = 0;
+    for part in parts.try_iter()? {
+        let part = part?;
+        let records = part.get_item(1)?;
+        let mut units: Vec<Vec<Ev>> = Vec::with_capacity(records.len().unwrap_or(0));
+        // `Pairing`: the held `-C` and its message key
+        let mut held: Option<(Ev, Option<&[u8]>)> = None;
+        let records: Vec<Bound<'_, PyAny>> = records.try_iter()?.collect::<PyResult<_>>()?;
+        for object in &records {
+            let Some(record) = record_of(object) else { return Ok(None) };
+            let Some(event) = decode(&record, index) else { return Ok(None) };
+            index += 1;
+            if let Some(columns) = check {
+                match key_matches(columns, record.key, &event.row) {
+                    Some(matched) => verified |= matched,
+                    None => return Ok(None),
+                }
+            }
+            if let Some((from, key)) = held.take() {
+                if event.op == 3 && key == record.key {
+                    units.push(vec![from, event]);
+                    continue;
+                }
+                return Ok(None); // a broken pair: dead letters
+            }
+            match event.op {
+                3 => return Ok(None), // a +C without its -C
+                2 => held = Some((event, record.key)),
+                _ => units.push(vec![event]),
+            }
+        }
+        if let Some((from, _)) = held {
+            pending.push(from.record);
+        }
+        streams.push(units);
+    }
+    Ok(Some((merge(streams), ReadOut { touched: Vec::new(), pending, verified })))
+}
+
+/// The keys (JSON) the units touch, as `touched_of` gives them; None when a value in them
+/// is one the core does not key by (Python decides: `read` takes nothing).
+pub(crate) fn touched_or_none(touched: Result<Vec<Vec<u8>>, Fail>) -> Result<Option<Vec<Vec<u8>>>, Fail> {
+    match touched {
+        Ok(touched) => Ok(Some(touched)),
+        Err(Fail::Py(err)) => Err(Fail::Py(err)),
+        Err(_) => Ok(None),
+    }
+}
+
+/// The records (by their place in the batch) of each refused unit.
+pub(crate) fn refused_records(units: &[Vec<Ev>], rejected: &[(usize, super::Rejected)]) -> Vec<Vec<u32>> {
+    rejected.iter().map(|(unit, _)| units[*unit].iter().map(|e| e.record).collect()).collect()
+}
+
 impl Core {
-    /// `UnitReader.read` of a batch given as `[(partition, [InputRecord, ...]), ...]`,
-    /// partitions in order, each one's records in offset order (its held-over `-C`
-    /// first); `check`: the message-key columns of a co-partitioned view. The units wait
-    /// in the core for `apply_read`; None when the batch is not clean (see the module).
+    /// `read_units`, the units kept in the core for `apply_read`, their view keys in `touched`.
     pub fn read(&mut self, parts: &Bound<'_, PyAny>, check: Option<&[String]>) -> Result<Option<ReadOut>, Fail> {
         self.prepared = None;
-        let mut streams: Vec<Vec<Vec<Ev>>> = Vec::new();
-        let mut pending = Vec::new();
-        let mut verified = false;
-        let mut index: u32 = 0;
-        for part in parts.try_iter()? {
-            let part = part?;
-            let records = part.get_item(1)?;
-            let mut units: Vec<Vec<Ev>> = Vec::with_capacity(records.len().unwrap_or(0));
-            // `Pairing`: the held `-C` and its message key
-            let mut held: Option<(Ev, Option<&[u8]>)> = None;
-            let records: Vec<Bound<'_, PyAny>> = records.try_iter()?.collect::<PyResult<_>>()?;
-            for object in &records {
-                let Some(record) = record_of(object) else { return Ok(None) };
-                let Some(event) = decode(&record, index) else { return Ok(None) };
-                index += 1;
-                if let Some(columns) = check {
-                    match key_matches(columns, record.key, &event.row) {
-                        Some(matched) => verified |= matched,
-                        None => return Ok(None),
-                    }
-                }
-                if let Some((from, key)) = held.take() {
-                    if event.op == 3 && key == record.key {
-                        units.push(vec![from, event]);
-                        continue;
-                    }
-                    return Ok(None); // a broken pair: dead letters
-                }
-                match event.op {
-                    3 => return Ok(None), // a +C without its -C
-                    2 => held = Some((event, record.key)),
-                    _ => units.push(vec![event]),
-                }
-            }
-            if let Some((from, _)) = held {
-                pending.push(from.record);
-            }
-            streams.push(units);
-        }
-        let units = merge(streams);
-        let touched = match self.touched_of(&units) {
-            Ok(touched) => touched,
-            Err(Fail::Py(err)) => return Err(Fail::Py(err)),
-            Err(_) => return Ok(None), // a value the core does not key by: Python decides
-        };
+        let Some((units, mut out)) = read_units(parts, check)? else { return Ok(None) };
+        let Some(touched) = touched_or_none(self.touched_of(&units))? else { return Ok(None) };
+        out.touched = touched;
         self.prepared = Some(units);
-        Ok(Some(ReadOut { touched, pending, verified }))
+        Ok(Some(out))
     }
 
     /// `apply_units` over what `read` kept; each refusal names its unit's records.
     pub fn apply_read<'py>(&mut self, py: Python<'py>) -> Result<(super::apply::BatchOut<'py>, Vec<Vec<u32>>), Fail> {
         let units = self.prepared.take().unwrap_or_default();
         let out = self.apply_units(py, &units)?;
-        let records = out.rejected.iter().map(|(unit, _)| units[*unit].iter().map(|e| e.record).collect()).collect();
+        let records = refused_records(&units, &out.rejected);
         Ok((out, records))
     }
 }

@@ -1,0 +1,451 @@
+"""The native Top-N core (`refold_native.TopNCore`, native/src/topn/) against the Python
+path it replaces: `TopNReducer` + `Renderer` (JSON rows, emit per_event), byte for
+byte — view and state records, refusals, the view itself — over random Top-N views and
+batches (ties, nulls, mixed kinds in order columns, several groups, restores from each
+other's state records), and what it refuses to handle (`Unsupported`), which must
+always be a value in the batch, never a bug."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+import pytest
+
+# imported, not skipped when missing: `make setup` builds it (native/)
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from refold_native import TopNCore, Unsupported
+
+from refold.config import Pipeline, parse_pipeline
+from refold.model.changelog import Op
+from refold.reduce import Rejected, SourceEvent
+from refold.reduce.topn import TopNReducer
+from refold.reduce.values import key_bytes
+from refold.runtime.render import Renderer
+
+I64 = (-(2**63), 2**63 - 1)
+
+# --------------------------------------------------------------------------------------
+# The Python path, as the shard runs it
+
+# (n, order_by pairs, partition_by, columns or None, view form)
+Spec = tuple[int, list[tuple[str, str]], list[str], list[str] | None, str]
+
+
+def make_pipeline(spec: Spec) -> Pipeline:
+    n, order_by, partition_by, columns, form = spec
+    top_n: dict[str, Any] = {"n": n, "order_by": dict(order_by), "partition_by": list(partition_by)}
+    if columns is not None:
+        top_n["columns"] = list(columns)
+    return parse_pipeline({
+        "pipeline": "native-topn",
+        "source": {"topic": "t"},
+        "view": {"top_n": top_n},
+        "outputs": {"view": {"topic": "v", "form": form}},
+    })
+
+
+def make_core(spec: Spec) -> TopNCore:
+    n, order_by, partition_by, columns, form = spec
+    return TopNCore(n, list(order_by), list(partition_by), columns, form)
+
+
+class PythonPath:
+    """`ShardProcessor._reduce` and the records of a batch, in Python."""
+
+    def __init__(self, spec: Spec) -> None:
+        self.pipeline = make_pipeline(spec)
+        self.reducer = TopNReducer(self.pipeline.view)
+        self.renderer = Renderer(self.pipeline)
+
+    def apply_batch(self, units: Sequence[Sequence[tuple[SourceEvent, Any]]]) -> tuple[list, list, list, list]:
+        rejected, changes = [], []
+        for unit_index, unit in enumerate(units):
+            try:
+                changes.append((self.reducer.apply([event for event, _ in unit]), unit[0][0].tag[0]))
+            except Rejected as exc:
+                rejected.append((unit_index, exc.index, str(exc.reason), exc.detail))
+        return rejected, self.renderer.view(changes), [], self.reducer.take_state_changes()
+
+    def touched(self, units: Sequence[Sequence[tuple[SourceEvent, Any]]]) -> set[bytes]:
+        keys = {self.reducer.state_key(event) for unit in units for event, _ in unit}
+        keys.discard(None)
+        return {key_bytes(key) for key in keys}
+
+
+def view_bytes(view: dict[tuple, dict]) -> dict[bytes, bytes]:
+    """A view as JSON bytes (dict equality would take 1 for 1.0 and True)."""
+    return {key_bytes(key): orjson.dumps(row) for key, row in view.items()}
+
+
+# --------------------------------------------------------------------------------------
+# Which values the native core refuses (`Unsupported`): the test's own account
+
+
+def _bad_anywhere(value: Any) -> bool:
+    """A value orjson would write that the core does not hold, at any depth."""
+    kind = type(value)
+    if value is None or kind is bool:
+        return False
+    if kind is int:
+        return not I64[0] <= value <= I64[1]
+    if kind is float:
+        return not math.isfinite(value)
+    if kind is str:
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return True
+        return False
+    if kind in (list, tuple):
+        return any(_bad_anywhere(v) for v in value)
+    if kind is dict:
+        return any(type(k) is not str or _bad_anywhere(k) or _bad_anywhere(v) for k, v in value.items())
+    return True
+
+
+def unsupported_in(units: Sequence[Sequence[tuple[SourceEvent, Any]]], partition_by: Sequence[str]) -> bool:
+    for unit in units:
+        for source_event, _ in unit:
+            row = source_event.row
+            if type(row) is not dict or _bad_anywhere(row):
+                return True
+            if any(type(row.get(k)) in (bool, float) for k in partition_by):
+                return True
+    return False
+
+
+# --------------------------------------------------------------------------------------
+# Random views and batches
+
+ORDER = ("s", "t", "w")  # s: numbers; t: numbers, strings, booleans; w: anything scalar, or a list
+OTHERS = ("x", "op", "n")  # a plain column, one named as the output's `op`, a nested one
+TEXT = st.text(alphabet=st.sampled_from(['a', 'b', '"', '\\', '\n', '\x00', 'é', '\u2028', '😀', ' ']), max_size=3)
+NESTED = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.sampled_from([0.5, -0.0, 1.0, 1e16, 1e-7]), TEXT),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.tuples(inner, inner),
+                            st.dictionaries(TEXT, inner, max_size=3)),
+    max_leaves=5,
+)
+
+
+@st.composite
+def topn_specs(draw: st.DrawFn) -> Spec:
+    n = draw(st.sampled_from([1, 2, 3, 4, 11]))
+    order = draw(st.lists(st.sampled_from(ORDER), min_size=1, max_size=2, unique=True))
+    order_by = [(column, draw(st.sampled_from(["asc", "desc"]))) for column in order]
+    partition_by = draw(st.sampled_from([[], ["g"], ["g", "k"], ["k", "g"], ["op"], ["g", "place"]]))
+    columns = None
+    if draw(st.booleans()):
+        columns = draw(st.lists(st.sampled_from(("s", "t", "w", "x", "op", "n", "g", "absent")), min_size=1,
+                                max_size=4, unique=True))
+    form = draw(st.sampled_from(["changelog", "retract", "upsert"]))
+    return n, order_by, partition_by, columns, form
+
+
+class Source:
+    """Draws units against a model of the live rows (a retraction usually finds one)."""
+
+    def __init__(self, data: st.DataObject, partition_by: Sequence[str], unsupported: bool) -> None:
+        self.data = data
+        self.partition_by = partition_by
+        self.unsupported = unsupported  # whether to draw values the core refuses at all
+        self.live: list[dict[str, Any]] = []
+        self.time = 1_000
+        self.offset = 0
+
+    def draw(self, strategy: st.SearchStrategy[Any]) -> Any:
+        return self.data.draw(strategy)
+
+    def tag(self) -> tuple[int, int, int]:
+        self.time += self.draw(st.integers(0, 3))
+        self.offset += 1
+        return (self.time - self.draw(st.integers(0, 2)), self.draw(st.integers(0, 1)), self.offset)
+
+    def group_value(self) -> Any:
+        choice = self.draw(st.integers(0, 60))
+        if choice == 0:
+            return None
+        if choice == 1:
+            return ["list"]
+        if choice == 2 and self.unsupported:
+            return self.draw(st.sampled_from([True, 1.5, 2.0]))
+        if choice == 3:
+            return "z" * 65_537
+        if choice < 30:
+            return self.draw(st.integers(-1, 2))
+        return self.draw(st.sampled_from(["a", "b", "é\"", "ab"]))
+
+    def number(self) -> Any:
+        """Ties are likely: a few small numbers, ints and floats that equal them."""
+        return self.draw(st.sampled_from([0, 1, 2, 3, -1, 1.0, 2.5, -0.0, 0.0, 1e300, -1e300, 2**63 - 1, -(2**63),
+                                          9007199254740993, 9007199254740992.0, None]))
+
+    def mixed(self) -> Any:
+        choice = self.draw(st.integers(0, 9))
+        if choice < 4:
+            return self.number()
+        if choice < 7:
+            return self.draw(st.sampled_from(["", "a", "b", "é", "a\"b", "zz"]))
+        return self.draw(st.booleans())
+
+    def fresh_row(self) -> dict[str, Any]:
+        columns = {
+            "s": self.number,
+            "t": self.mixed,
+            "w": lambda: [1] if self.draw(st.integers(0, 30)) == 0 else self.mixed(),
+            "x": lambda: self.draw(st.integers(0, 3)),
+            "op": lambda: self.draw(st.sampled_from(["+A", 7, None])),
+            "n": lambda: self.draw(NESTED),
+        }
+        row: dict[str, Any] = {}
+        for name in self.draw(st.permutations(list(columns))):
+            if self.draw(st.integers(0, 5)) == 0:
+                continue  # absent
+            row[name] = columns[name]()
+        for name in self.partition_by:
+            if self.draw(st.integers(0, 60)) == 0:
+                continue  # missing partition column
+            row[name] = self.group_value()
+        if self.unsupported and self.draw(st.integers(0, 60)) == 0:
+            row["x"] = self.draw(st.sampled_from([b"bytes", float("nan"), 2**64, "\ud800", {1: 2}]))
+        return row
+
+    def same_row(self, row: dict[str, Any]) -> dict[str, Any]:
+        """An equal row (canonical bytes): its columns in another order, a null column
+        absent or an absent one null."""
+        out = {}
+        for name, value in self.draw(st.permutations(list(row.items()))):
+            if value is None and self.draw(st.booleans()):
+                continue
+            out[name] = value
+        if self.draw(st.integers(0, 4)) == 0:
+            out["absent"] = None
+        return out
+
+    def live_or_fresh(self) -> dict[str, Any]:
+        if self.live and self.draw(st.integers(0, 9)) > 0:
+            row = self.live.pop(self.draw(st.integers(0, len(self.live) - 1)))
+            return self.same_row(row) if self.draw(st.booleans()) else row
+        return self.fresh_row()  # most likely not live
+
+    def unit(self) -> tuple:
+        choice = self.draw(st.integers(0, 9))
+        if choice < 5 or not self.live:
+            row = self.fresh_row()
+            if self.draw(st.integers(0, 3)) == 0 and self.live:
+                row = dict(self.live[self.draw(st.integers(0, len(self.live) - 1))])  # another copy
+            self.live.append(row)
+            return ((SourceEvent(Op.APPEND, row, self.tag()), None),)
+        if choice < 7:
+            return ((SourceEvent(Op.RETRACT, self.live_or_fresh(), self.tag()), None),)
+        old = self.live_or_fresh()
+        new = self.fresh_row()
+        if self.draw(st.integers(0, 3)) > 0:
+            for name in self.partition_by:  # the same group, mostly
+                if name in old:
+                    new[name] = old[name]
+        self.live.append(new)
+        tag = self.tag()
+        pair = ((SourceEvent(Op.CORRECT_FROM, old, tag), None), (SourceEvent(Op.CORRECT_TO, new, tag), None))
+        return pair if self.draw(st.integers(0, 6)) > 0 else [list(item) for item in pair]
+
+    def batch(self) -> list:
+        return [self.unit() for _ in range(self.draw(st.integers(1, 25)))]
+
+
+def records_of(store: dict[bytes, bytes], keys: set[bytes] | None = None) -> list[tuple[bytes, bytes]]:
+    """The store's records (of `keys`' groups, as key JSON; all when None)."""
+    if keys is None:
+        return list(store.items())
+    return [(k, v) for k, v in store.items() if key_bytes(tuple(orjson.loads(k)[0])) in keys]
+
+
+def apply_records(store: dict[bytes, bytes], records: list[tuple[bytes, bytes | None]]) -> None:
+    for key, value in records:
+        if value is None:
+            store.pop(key, None)
+        else:
+            store[key] = value
+
+
+class Pair:
+    """A native core and the Python path fed alike, with the state records each wrote."""
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+        self.store: dict[bytes, bytes] = {}
+        self.fresh()
+
+    def fresh(self) -> None:
+        self.core = make_core(self.spec)
+        self.python = PythonPath(self.spec)
+
+    def restore(self, keys: set[bytes] | None = None) -> None:
+        """Both from the state records so far (the core's and Python's are equal)."""
+        self.fresh()
+        self.core.restore(records_of(self.store, keys))
+        self.python.reducer.restore(records_of(self.store, keys))
+        assert view_bytes(self.core.view()) == view_bytes(self.python.reducer.view())
+
+
+def check_batch(pair: Pair, units: list, restore_touched: bool) -> str:
+    """One batch through both; the outputs equal byte for byte. Returns what happened."""
+    partition_by = pair.spec[2]
+    try:
+        touched = set(pair.core.touched(units))
+    except Unsupported:
+        assert unsupported_in(units, partition_by), "touched: Unsupported without an unsupported value"
+        pair.restore()
+        return "unsupported"
+    assert touched == pair.python.touched(units)
+    if restore_touched:  # as the shard loads the groups a batch touches into empty reducers
+        pair.restore(touched)
+    try:
+        got = pair.core.apply_batch(units)
+    except Unsupported:
+        assert unsupported_in(units, partition_by), "Unsupported without an unsupported value in the batch"
+        pair.restore()
+        return "unsupported"
+    want = pair.python.apply_batch(units)
+    assert got[0] == want[0], "rejected"
+    assert got[1] == want[1], "view records"
+    assert got[2] == want[2] == [], "delta records"
+    assert got[3] == want[3], "state records"
+    assert len(pair.core) == len(pair.python.reducer.groups)
+    assert view_bytes(pair.core.view()) == view_bytes(pair.python.reducer.view())
+    apply_records(pair.store, want[3])
+    return "rejected" if want[0] else "ok"
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(spec=topn_specs(), data=st.data())
+def test_differential(spec: Spec, data: st.DataObject) -> None:
+    """Random Top-N views, several batches in a row: the same records as the Python
+    path, with restores from each other's state records in between."""
+    pair = Pair(spec)
+    source = Source(data, spec[2], unsupported=data.draw(st.integers(0, 3)) == 0)
+    for _ in range(data.draw(st.integers(1, 6))):
+        event(check_batch(pair, source.batch(), data.draw(st.integers(0, 3)) == 0))
+        if data.draw(st.integers(0, 3)) == 0:
+            pair.restore()  # a restore round trip of everything
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 2**32), n=st.integers(1, 20), direction=st.sampled_from(["asc", "desc"]))
+def test_differential_large_group(seed: int, n: int, direction: str) -> None:
+    """One group of thousands of live rows (Python's ranking turns into a SortedList past
+    512, the core's splits into chunks past 1,024), ranks moving near the top and far
+    below it, restores in between."""
+    rng = random.Random(seed)
+    pair = Pair((n, [("s", direction)], [], None, "changelog"))
+    live: list[dict[str, Any]] = []
+    offset = 0
+    for round_ in range(4):
+        units = []
+        for _ in range(1_500):
+            offset += 1
+            row = {"s": rng.randrange(400) if offset % 7 else rng.choice([None, 1.5, "a", True]), "x": offset}
+            live.append(row)
+            units.append(((SourceEvent(Op.APPEND, row, (offset, 0, offset)), None),))
+        for _ in range(600):
+            offset += 1
+            row = live.pop(rng.randrange(len(live)))
+            units.append(((SourceEvent(Op.RETRACT, row, (offset, 0, offset)), None),))
+        assert check_batch(pair, units, round_ == 2) == "ok"
+        pair.restore()
+
+
+# --------------------------------------------------------------------------------------
+# Fixed cases
+
+
+def E(op: Op, row: dict[str, Any], t: int = 1) -> tuple:
+    return ((SourceEvent(op, row, (t, 0, t)), None),)
+
+
+def test_leaderboard_of_design_md() -> None:
+    """DESIGN.md §2's `match_scores`, a top-2 by score desc, in every form."""
+    rows = [(1, 1, "Alice", 100), (1, 1, "Bob", 80), (2, 2, "Alice", 70), (2, 2, "Charlie", 90), (3, 3, "Bob", 60),
+            (3, 3, "Charlie", 110)]
+    for form in ("changelog", "retract", "upsert"):
+        pair = Pair((2, [("score", "desc")], [], None, form))
+        units = [E(Op.APPEND, {"match_time": t, "match_id": m, "player_name": p, "score": s}, i)
+                 for i, (t, m, p, s) in enumerate(rows, start=1)]
+        assert check_batch(pair, units, False) == "ok"
+        assert [row["player_name"] for row in sorted(pair.core.view().values(), key=lambda r: r["place"])] == [
+            "Charlie", "Alice"]
+
+
+def test_places_past_nine_across_groups() -> None:
+    """A correction that moves a group's best row to another group: both groups' places
+    change in one unit, ordered by their output keys' JSON (`["a",10]` before `["a",2]`)."""
+    for form in ("changelog", "retract", "upsert"):
+        pair = Pair((12, [("s", "desc")], ["g"], ["s"], form))
+        units = [E(Op.APPEND, {"g": "a", "s": s}, s) for s in range(1, 14)]
+        units += [E(Op.APPEND, {"g": "b", "s": s}, 20 + s) for s in range(1, 14)]
+        units.append(((SourceEvent(Op.CORRECT_FROM, {"g": "b", "s": 13}, (40, 0, 40)), None),
+                      (SourceEvent(Op.CORRECT_TO, {"g": "a", "s": 14}, (40, 0, 41)), None)))
+        assert check_batch(pair, units[:-1], False) == "ok"
+        assert check_batch(pair, units[-1:], False) == "ok"
+
+
+def test_rejections_and_details() -> None:
+    spec: Spec = (2, [("s", "desc")], ["g"], None, "changelog")
+    pair = Pair(spec)
+    batch = [
+        E(Op.APPEND, {"s": 1}),  # partition column missing
+        E(Op.APPEND, {"g": None, "s": 1}),
+        E(Op.APPEND, {"g": [1], "s": 1}),
+        E(Op.APPEND, {"g": "é" * 65_537, "s": 1}),
+        E(Op.APPEND, {"g": "a", "s": [1]}),  # an order column holds a list
+        E(Op.RETRACT, {"g": "a", "s": 1}),  # not live
+        E(Op.APPEND, {"g": "a", "s": 1}),
+        ((SourceEvent(Op.CORRECT_FROM, {"g": "a", "s": 1}, (2, 0, 2)), None),
+         (SourceEvent(Op.CORRECT_TO, {"g": "a", "s": {"no": 1}}, (2, 0, 3)), None)),
+        ((SourceEvent(Op.CORRECT_FROM, {"g": "a", "s": 2}, (2, 0, 2)), None),
+         (SourceEvent(Op.CORRECT_TO, {"g": "a", "s": 3}, (2, 0, 3)), None)),
+    ]
+    got = pair.core.apply_batch(batch)
+    assert [r[:3] for r in got[0]] == [(0, 0, "null key"), (1, 0, "null key"), (2, 0, "schema mismatch"),
+                                       (3, 0, "key too large"), (4, 0, "schema mismatch"), (5, 0, "not live"),
+                                       (7, 1, "schema mismatch"), (8, 0, "not live")]
+    assert got[0][0][3] == "partition column 'g' is missing"
+    pair.fresh()
+    assert check_batch(pair, batch, False) == "rejected"
+
+
+@pytest.mark.parametrize("row", [
+    {"g": True, "s": 1},  # a boolean group value
+    {"g": 1.5, "s": 1},  # a float group value
+    {"g": "a", "s": 2**63},  # past 64 bits
+    {"g": "a", "s": 1, "o": float("inf")},
+    {"g": "a", "s": 1, "o": b"bytes"},
+    {"g": "a", "s": 1, "o": {1: "non-str key"}},
+    {"g": "a", "s": 1, "o": "\ud800"},
+])
+def test_unsupported(row: dict[str, Any]) -> None:
+    core = make_core((3, [("s", "asc")], ["g"], None, "changelog"))
+    with pytest.raises(Unsupported):
+        core.apply_batch([E(Op.APPEND, row)])
+
+
+def test_constructor_restore_and_no_view_output() -> None:
+    with pytest.raises(ValueError):
+        TopNCore(3, [("s", "sideways")], [], None, "changelog")
+    with pytest.raises(ValueError):
+        TopNCore(3, [("s", "asc")], [], None, "sideways")
+    with pytest.raises(ValueError):
+        TopNCore(0, [("s", "asc")], [], None, "changelog")
+    core = TopNCore(1, [("s", "asc")], [], None, None)
+    for bad in (b"", b"\x00", b"\x02\x04[]\x02"):
+        with pytest.raises(ValueError):
+            core.restore([(b'[[],"00000000000000000000000000000000"]', bad)])
+    rejected, view, delta, state = core.apply_batch([E(Op.APPEND, {"s": 2}), E(Op.APPEND, {"s": 1}, 2)])
+    assert (rejected, view, delta, len(state)) == ([], [], [], 2)  # no view output: state only
+    assert core.view() == {(1,): {"place": 1, "s": 1}}
+    assert len(core) == 1
