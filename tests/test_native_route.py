@@ -7,8 +7,9 @@ a view per team in 1 or 3 shards, the same routed records to each `P.repartition
 partition (byte for byte, in order), dead letters, `P.rows` records and held-over
 `-C`s; a batch the native reader declines goes the Python way in both.
 
-Stage 2 (`GroupedCore.read_routed` + `apply_read`, native/src/core/routed.rs) against
-`ExchangeReader.read` + `apply_batch`: over what stage-1 shards of several source
+Stage 2 (`read_routed` + `apply_read` of a `GroupedCore` or, for a Top-N per team, a
+`TopNCore`: native/src/core/routed.rs) against `ExchangeReader.read` + `apply_batch`:
+over what stage-1 shards of several source
 partitions routed, interleaved, closed (or now and then not), the same view, delta and
 state records and dead letters. No broker: the processors' commits are captured."""
 
@@ -28,6 +29,9 @@ from refold.runtime.exchange import ApplyProcessor, RouteProcessor, close_value
 
 VIEW = {"key": ["team"], "columns": {"total": {"sum": "score"}, "n": {"count": "*"}, "best": {"max": "score"},
                                      "latest": {"last": "score"}}}
+
+
+TOP_N = {"top_n": {"n": 2, "order_by": {"score": "desc"}, "partition_by": ["team"]}}
 
 
 class DryRoute(RouteProcessor):
@@ -50,19 +54,23 @@ class DryApply(ApplyProcessor):
         pass
 
 
-def _pipeline(shards: int) -> Any:
+def _pipeline(shards: int, view: dict[str, Any]) -> Any:
+    delta = {} if "top_n" in view else {"delta": {"topic": "route.delta"}}
     return parse_pipeline({
         "pipeline": "route", "kafka": {"bootstrap.servers": "127.0.0.1:9"}, "shards": shards,
-        "source": {"topic": "scores", "key": ["player"]}, "view": VIEW,
-        "outputs": {"view": {"topic": "route.view"}, "delta": {"topic": "route.delta"}},
+        "source": {"topic": "scores", "key": ["player"]}, "view": view,
+        "outputs": {"view": {"topic": "route.view"}, **delta},
     })
 
 
-def _processor(shards: int, native_reads: bool, root: Path, shard: int = 0, kind: type = DryRoute) -> Any:
-    """A stage's shard (`kind`: DryRoute or DryApply), its native core reading or not."""
-    processor = kind(_pipeline(shards), {"bootstrap.servers": "127.0.0.1:9"}, shard, state_root=root, start=False)
+def _processor(shards: int, native_reads: bool, root: Path, shard: int = 0, kind: type = DryRoute,
+               view: dict[str, Any] = VIEW) -> Any:
+    """A stage's shard (`kind`: DryRoute or DryApply) of `view`, its native core reading
+    or not (a Top-N's stage 1 never reads natively)."""
+    processor = kind(_pipeline(shards, view), {"bootstrap.servers": "127.0.0.1:9"}, shard, state_root=root,
+                     start=False)
     processor.lock()
-    assert processor.core is not None and processor.core_reads
+    assert processor.core is not None and (processor.core_reads or (kind is DryRoute and "top_n" in view))
     processor.core_reads = native_reads
     return processor
 
@@ -184,9 +192,11 @@ def test_stage_two_reads_natively_as_in_python(tmp_path_factory: Any, data: st.D
     shards = data.draw(st.sampled_from([1, 3]))
     partitions = data.draw(st.integers(1, 3))
     shard = data.draw(st.integers(0, shards - 1))
-    routes = [_processor(shards, False, tmp_path_factory.mktemp("route"), p) for p in range(partitions)]
-    python = _processor(shards, False, tmp_path_factory.mktemp("python"), shard, DryApply)
-    native = _processor(shards, True, tmp_path_factory.mktemp("native"), shard, DryApply)
+    view = data.draw(st.sampled_from([VIEW, TOP_N]))  # a grouped view, or a Top-N per team
+    event("top_n" if view is TOP_N else "grouped")
+    routes = [_processor(shards, False, tmp_path_factory.mktemp("route"), p, view=view) for p in range(partitions)]
+    python = _processor(shards, False, tmp_path_factory.mktemp("python"), shard, DryApply, view)
+    native = _processor(shards, True, tmp_path_factory.mktemp("native"), shard, DryApply, view)
     offsets, routed, closes = [0] * partitions, [], 0
     try:
         for _ in range(data.draw(st.integers(1, 4))):
@@ -226,13 +236,16 @@ def test_stage_two_reads_natively_as_in_python(tmp_path_factory: Any, data: st.D
 
 
 def test_a_clean_segment_is_read_in_the_native_core(tmp_path: Path) -> None:
-    """Two source partitions' routed units, merged by merge key, through the native reader."""
+    """Two source partitions' routed units, merged by merge key within a segment, the
+    segments in order, through the native reader."""
     native = _processor(1, True, tmp_path, 0, DryApply)
     values = [
         b'[[5,1,0],[[5,1,0,0,{"player":"p1","team":"t1","score":2}]]]',
         b'[[3,0,0],[[3,0,0,0,{"player":"p0","team":"t1","score":4}]]]',
         b'[[3,0,0],[[1,0,1,0,{"player":"p2","team":"t1","score":7}]]]',  # its partition's greatest first tag
         close_value(1, 1),
+        b'[[2,0,2],[[2,0,2,0,{"player":"p0","team":"t1","score":1}]]]',  # the next batch: after the close
+        close_value(1, 2),
     ]
     try:
         calls = _process_spied(native, [InputRecord(0, o, None, v, 1) for o, v in enumerate(values)])
@@ -241,4 +254,4 @@ def test_a_clean_segment_is_read_in_the_native_core(tmp_path: Path) -> None:
     assert "read_routed" in calls and "apply_read" in calls
     rows = [orjson.loads(value) for _key, value, _ts in native.sent.view]
     totals = [row["total"] for row in rows if row["op"] in ("+A", "+C")]
-    assert totals == [4, 11, 13]  # partition 0's two units (merge key [3,0,0]) before partition 1's
+    assert totals == [4, 11, 13, 14]  # partition 0's two units (merge key [3,0,0]) before partition 1's

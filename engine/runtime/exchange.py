@@ -383,9 +383,9 @@ def _merged(segment: Mapping[int, list[tuple[list[Any], Unit]]]) -> list[Unit]:
 class ApplyProcessor(ShardProcessor):
     """Stage 2's shard m (see the module's docstring): the view's shard over
     `P.repartition` partition m, made with `view_pipeline(pipeline)`. Its units were
-    checked and filtered by stage 1. A grouped view's native core reads its routed
-    records itself (`read_routed`, native/src/core/routed.rs) when they are all what
-    stage 1 and the driver write; otherwise `ExchangeReader` reads them."""
+    checked and filtered by stage 1. The native core (a grouped view's, or a Top-N's per
+    `partition_by`) reads its routed records itself (`read_routed`, native/src/core/routed.rs)
+    when they are all what stage 1 and the driver write; otherwise `ExchangeReader` does."""
 
     def __init__(self, pipeline: Pipeline, settings: dict[str, Any], shard: int = 0, *args: Any,
                  **kwargs: Any) -> None:

@@ -49,6 +49,7 @@ pub use self::restore::RestoreFail;
 pub(crate) use self::apply::{fingerprint, live_fingerprint, units_of, BatchOut, KeyColumns};
 pub(crate) use self::plan::Form;
 pub(crate) use self::read::{read_units, refused_records, touched_or_none, ReadOut};
+pub(crate) use self::routed::routed_units;
 use self::state::{Batch, KeyState};
 
 /// hashbrown's map (for `entry_ref`: one lookup, no key copy when the key is held).

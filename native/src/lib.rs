@@ -219,6 +219,12 @@ impl TopNCore {
         Ok(Some(PyTuple::new(py, [touched.into_any(), pending.into_any(), PyBool::new(py, read.verified).to_owned().into_any()])?))
     }
 
+    /// As `GroupedCore.read_routed` (core/routed.rs): a partitioned Top-N's stage 2.
+    fn read_routed<'py>(&mut self, py: Python<'py>, records: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyList>>> {
+        let Some(touched) = self.core.read_routed(records).map_err(raise)? else { return Ok(None) };
+        Ok(Some(PyList::new(py, touched.iter().map(|k| PyBytes::new(py, k)))?))
+    }
+
     /// `apply_batch` of the units `read` kept, as `GroupedCore.apply_read`.
     fn apply_read<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         let out = collector_paused(|| self.core.apply_read(py));

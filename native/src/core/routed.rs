@@ -1,4 +1,5 @@
-//! Stage 2's reader of a re-grouping grouped view: `ExchangeReader.read` of
+//! Stage 2's reader of a re-grouping view (grouped, or a Top-N by `partition_by`):
+//! `ExchangeReader.read` of
 //! refold.runtime.exchange for the `P.repartition` records it reads as Python does,
 //! without a Python object per event.
 //!
@@ -17,7 +18,7 @@ use std::collections::BTreeMap;
 use pyo3::prelude::*;
 
 use super::apply::Ev;
-use super::read::{merge_by, record_of};
+use super::read::{merge_by, record_of, touched_or_none};
 use super::{Core, Fail};
 use crate::json;
 use crate::statecodec::Tag;
@@ -77,35 +78,37 @@ fn is_close(data: &[u8]) -> bool {
     matches!(json::parse(data), Ok(Value::Dict(entries)) if entries.iter().any(|(name, _)| &**name == "close"))
 }
 
+/// `ExchangeReader.read` of stage 2's records, given in offset order: the units in the
+/// order stage 2 applies them, each event naming its record by its place in `records`;
+/// None when a record is not what stage 1 or the driver writes (see the module).
+pub(crate) fn routed_units(records: &Bound<'_, PyAny>) -> Result<Option<Vec<Vec<Ev>>>, Fail> {
+    let mut units: Vec<Vec<Ev>> = Vec::new();
+    let mut segment = Segment::new();
+    for (index, object) in records.try_iter()?.enumerate() {
+        let object = object?;
+        let Some(record) = record_of(&object) else { return Ok(None) };
+        let Ok(index) = u32::try_from(index) else { return Ok(None) };
+        if record.value.first() == Some(&b'{') {
+            if !is_close(record.value) {
+                return Ok(None);
+            }
+            units.extend(merge_by(std::mem::take(&mut segment).into_values().collect()));
+            continue;
+        }
+        let Some((merge_key, unit)) = unit_of(record.value, index) else { return Ok(None) };
+        segment.entry(merge_key.1).or_default().push((merge_key, unit));
+    }
+    units.extend(merge_by(segment.into_values().collect()));
+    Ok(Some(units))
+}
+
 impl Core {
-    /// `ExchangeReader.read` of stage 2's records, given in offset order: the view keys
-    /// (JSON) their events touch, each once; the units wait in the core for
-    /// `apply_read`, each event naming its record by its place in `records`. None when a
-    /// record is not what stage 1 or the driver writes (see the module).
+    /// `routed_units`, kept in the core for `apply_read`; the view keys (JSON) they touch,
+    /// each once (None: a record or a value the core does not take).
     pub fn read_routed(&mut self, records: &Bound<'_, PyAny>) -> Result<Option<Vec<Vec<u8>>>, Fail> {
         self.prepared = None;
-        let mut units: Vec<Vec<Ev>> = Vec::new();
-        let mut segment = Segment::new();
-        for (index, object) in records.try_iter()?.enumerate() {
-            let object = object?;
-            let Some(record) = record_of(&object) else { return Ok(None) };
-            let Ok(index) = u32::try_from(index) else { return Ok(None) };
-            if record.value.first() == Some(&b'{') {
-                if !is_close(record.value) {
-                    return Ok(None);
-                }
-                units.extend(merge_by(std::mem::take(&mut segment).into_values().collect()));
-                continue;
-            }
-            let Some((merge_key, unit)) = unit_of(record.value, index) else { return Ok(None) };
-            segment.entry(merge_key.1).or_default().push((merge_key, unit));
-        }
-        units.extend(merge_by(segment.into_values().collect()));
-        let touched = match self.touched_of(&units) {
-            Ok(touched) => touched,
-            Err(Fail::Py(err)) => return Err(Fail::Py(err)),
-            Err(_) => return Ok(None), // a value the core does not key by: Python decides
-        };
+        let Some(units) = routed_units(records)? else { return Ok(None) };
+        let Some(touched) = touched_or_none(self.touched_of(&units))? else { return Ok(None) };
         self.prepared = Some(units);
         Ok(Some(touched))
     }

@@ -24,7 +24,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::core::{read_units, refused_records, touched_or_none, units_of, BatchOut, Ev, Fail, Form, Fp, KeyBytes, KeyColumns, Map, ReadOut};
+use crate::core::{read_units, refused_records, routed_units, touched_or_none, units_of, BatchOut, Ev, Fail, Form, Fp, KeyBytes, KeyColumns, Map, ReadOut};
 use crate::statecodec::Tag;
 use crate::value::{Row, Value};
 
@@ -198,6 +198,16 @@ impl TopN {
         out.touched = touched;
         self.prepared = Some(units);
         Ok(Some(out))
+    }
+
+    /// `routed_units` of stage 2's records (core/routed.rs), kept for `apply_read`; the
+    /// groups they touch.
+    pub fn read_routed(&mut self, records: &Bound<'_, PyAny>) -> Result<Option<Vec<Vec<u8>>>, Fail> {
+        self.prepared = None;
+        let Some(units) = routed_units(records)? else { return Ok(None) };
+        let Some(touched) = touched_or_none(self.plan.keys.touched_of(&units))? else { return Ok(None) };
+        self.prepared = Some(units);
+        Ok(Some(touched))
     }
 
     /// `apply_units` over what `read` kept; each refusal names its unit's records.
