@@ -12,6 +12,7 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
+import native_changelogs
 import orjson
 import pytest
 
@@ -20,6 +21,7 @@ import pytest
 import refold_native as native
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from native_changelogs import I64, ChangelogSource, bad_anywhere, check_batch, view_bytes
 from refold_native import GroupedCore, Unsupported
 
 from refold.config import Pipeline, parse_pipeline
@@ -33,7 +35,6 @@ from refold.runtime.render import Renderer
 AGGS = ("sum", "count", "avg", "min", "max", "set", "first", "last", "last_write_wins")
 SUMMED = ("sum", "avg")
 MULTISET = ("min", "max", "set")
-I64 = (-(2**63), 2**63 - 1)
 
 # --------------------------------------------------------------------------------------
 # The Python path, as the shard runs it
@@ -82,35 +83,8 @@ class PythonPath:
         return {key_bytes(key) for key in keys}
 
 
-def view_bytes(view: dict[tuple, dict]) -> dict[bytes, bytes]:
-    """A view as JSON bytes (dict equality would take 1 for 1.0 and True)."""
-    return {key_bytes(key): orjson.dumps(row) for key, row in view.items()}
-
-
 # --------------------------------------------------------------------------------------
 # Which values the native core refuses (`Unsupported`): the test's own account
-
-
-def _bad_anywhere(value: Any) -> bool:
-    """A value orjson would write that the core does not hold, at any depth."""
-    kind = type(value)
-    if value is None or kind is bool:
-        return False
-    if kind is int:
-        return not I64[0] <= value <= I64[1]
-    if kind is float:
-        return not math.isfinite(value)
-    if kind is str:
-        try:
-            value.encode()
-        except UnicodeEncodeError:
-            return True
-        return False
-    if kind in (list, tuple):
-        return any(_bad_anywhere(v) for v in value)
-    if kind is dict:
-        return any(type(k) is not str or _bad_anywhere(k) or _bad_anywhere(v) for k, v in value.items())
-    return True
 
 
 def unsupported_in(units: Sequence[Sequence[tuple[SourceEvent, Any]]], key: Sequence[str],
@@ -120,7 +94,7 @@ def unsupported_in(units: Sequence[Sequence[tuple[SourceEvent, Any]]], key: Sequ
     for unit in units:
         for source_event, _ in unit:
             row = source_event.row
-            if type(row) is not dict or _bad_anywhere(row):
+            if type(row) is not dict or bad_anywhere(row):
                 return True
             for k in key:
                 if type(row.get(k)) in (bool, float):
@@ -174,24 +148,8 @@ def view_specs(draw: st.DrawFn) -> tuple[list[str], list[tuple[str, str, str]], 
     return key, columns, form, delta
 
 
-class Source:
-    """Draws units against a model of the live rows (a retraction usually finds one)."""
-
-    def __init__(self, data: st.DataObject, key: Sequence[str], unsupported: bool) -> None:
-        self.data = data
-        self.key = key
-        self.unsupported = unsupported  # whether to draw values the core refuses at all
-        self.live: list[dict[str, Any]] = []
-        self.time = 1_000
-        self.offset = 0
-
-    def draw(self, strategy: st.SearchStrategy[Any]) -> Any:
-        return self.data.draw(strategy)
-
-    def tag(self) -> tuple[int, int, int]:
-        self.time += self.draw(st.integers(0, 3))
-        self.offset += 1
-        return (self.time - self.draw(st.integers(0, 2)), self.draw(st.integers(0, 1)), self.offset)
+class Source(ChangelogSource):
+    """A grouped view's changelog: rows of the view's key and its reduced columns."""
 
     def key_value(self) -> Any:
         choice = self.draw(st.integers(0, 40))
@@ -278,108 +236,20 @@ class Source:
             out["absent"] = None
         return out
 
-    def live_or_fresh(self) -> dict[str, Any]:
-        if self.live and self.draw(st.integers(0, 9)) > 0:
-            row = self.live.pop(self.draw(st.integers(0, len(self.live) - 1)))
-            return self.same_row(row) if self.draw(st.booleans()) else row
-        return self.fresh_row()  # most likely not live
-
-    def unit(self) -> tuple:
-        choice = self.draw(st.integers(0, 9))
-        if choice < 5 or not self.live:
-            row = self.fresh_row()
-            if self.draw(st.integers(0, 4)) == 0 and self.live:
-                row = dict(self.live[self.draw(st.integers(0, len(self.live) - 1))])  # another copy
-            self.live.append(row)
-            return ((SourceEvent(Op.APPEND, row, self.tag()), None),)
-        if choice < 7:
-            return ((SourceEvent(Op.RETRACT, self.live_or_fresh(), self.tag()), None),)
-        old = self.live_or_fresh()
-        new = self.fresh_row()
-        if self.draw(st.integers(0, 4)) > 0:
-            for name in self.key:  # the same key, mostly
-                if name in old:
-                    new[name] = old[name]
-        self.live.append(new)
-        tag = self.tag()
-        pair = ((SourceEvent(Op.CORRECT_FROM, old, tag), None), (SourceEvent(Op.CORRECT_TO, new, tag), None))
-        return pair if self.draw(st.integers(0, 6)) > 0 else [list(item) for item in pair]
-
-    def batch(self) -> list:
-        return [self.unit() for _ in range(self.draw(st.integers(1, 25)))]
-
-
-def records_of(store: dict[bytes, bytes], keys: set[bytes] | None = None) -> list[tuple[bytes, bytes]]:
-    """The store's records (of `keys`' view keys, as key JSON; all when None)."""
-    if keys is None:
-        return list(store.items())
-    out = []
-    for record_key, value in store.items():
-        key = key_bytes(tuple(orjson.loads(record_key)[0]))
-        if key in keys:
-            out.append((record_key, value))
-    return out
-
-
-def apply_records(store: dict[bytes, bytes], records: list[tuple[bytes, bytes | None]]) -> None:
-    for key, value in records:
-        if value is None:
-            store.pop(key, None)
-        else:
-            store[key] = value
-
-
-class Pair:
-    """A native core and the Python path fed alike, with the state records each wrote."""
-
-    def __init__(self, spec: tuple) -> None:
-        self.spec = spec
-        self.store: dict[bytes, bytes] = {}
-        self.fresh()
+class Pair(native_changelogs.Pair):
+    """A `GroupedCore` and the Python path (spec: key, columns, form, delta)."""
 
     def fresh(self) -> None:
         key, columns, form, delta = self.spec
         self.core = GroupedCore(list(key), list(columns), form, delta)
         self.python = PythonPath(key, columns, form, delta)
 
-    def restore_all(self) -> None:
-        """Both from the state records so far: the core from the Python path's, the
-        Python reducer from the core's (they are equal)."""
-        self.fresh()
-        self.core.restore(records_of(self.store))
-        self.python.reducer.restore(records_of(self.store))
+    def unsupported(self, units: Sequence[Sequence[tuple[SourceEvent, Any]]]) -> bool:
+        key, columns, _form, _delta = self.spec
+        return unsupported_in(units, key, columns)
 
-
-def check_batch(pair: Pair, units: list, restore_touched: bool) -> str:
-    """One batch through both; the outputs equal byte for byte. Returns what happened."""
-    key, columns, _form, _delta = pair.spec
-    try:
-        touched = set(pair.core.touched(units))
-    except Unsupported:
-        assert unsupported_in(units, key, columns), "touched: Unsupported without an unsupported value"
-        pair.restore_all()
-        return "unsupported"
-    assert touched == pair.python.touched(units)
-    if restore_touched:  # as the shard loads the keys a batch touches into empty reducers
-        pair.fresh()
-        pair.core.restore(records_of(pair.store, touched))
-        pair.python.reducer.restore(records_of(pair.store, touched))
-        assert view_bytes(pair.core.view()) == view_bytes(pair.python.reducer.view())
-    try:
-        got = pair.core.apply_batch(units)
-    except Unsupported:
-        assert unsupported_in(units, key, columns), "Unsupported without an unsupported value in the batch"
-        pair.restore_all()
-        return "unsupported"
-    want = pair.python.apply_batch(units)
-    assert got[0] == want[0], "rejected"
-    assert got[1] == want[1], "view records"
-    assert got[2] == want[2], "delta records"
-    assert got[3] == want[3], "state records"
-    assert len(pair.core) == len(pair.python.reducer.keys)
-    assert view_bytes(pair.core.view()) == view_bytes(pair.python.reducer.view())
-    apply_records(pair.store, want[3])
-    return "rejected" if want[0] else "ok"
+    def held(self) -> int:
+        return len(self.python.reducer.keys)
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -393,7 +263,7 @@ def test_differential(spec: tuple, data: st.DataObject) -> None:
         restore_touched = data.draw(st.integers(0, 3)) == 0
         event(check_batch(pair, source.batch(), restore_touched))
         if data.draw(st.integers(0, 3)) == 0:
-            pair.restore_all()  # a restore round trip of everything
+            pair.restore()  # a restore round trip of everything
             assert view_bytes(pair.core.view()) == view_bytes(pair.python.reducer.view())
 
 
@@ -536,7 +406,7 @@ JSON = st.recursive(
 
 
 def _no_surrogates(value: Any) -> bool:
-    return not _bad_anywhere(value)
+    return not bad_anywhere(value)
 
 
 @settings(max_examples=1500, deadline=None)

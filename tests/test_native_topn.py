@@ -7,17 +7,17 @@ always be a value in the batch, never a bug."""
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Sequence
 from typing import Any
 
-import orjson
+import native_changelogs
 import pytest
 
 # imported, not skipped when missing: `make setup` builds it (native/)
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from native_changelogs import ChangelogSource, bad_anywhere, check_batch
 from refold_native import TopNCore, Unsupported
 
 from refold.config import Pipeline, parse_pipeline
@@ -26,8 +26,6 @@ from refold.reduce import Rejected, SourceEvent
 from refold.reduce.topn import TopNReducer
 from refold.reduce.values import key_bytes
 from refold.runtime.render import Renderer
-
-I64 = (-(2**63), 2**63 - 1)
 
 # --------------------------------------------------------------------------------------
 # The Python path, as the shard runs it
@@ -77,42 +75,15 @@ class PythonPath:
         return {key_bytes(key) for key in keys}
 
 
-def view_bytes(view: dict[tuple, dict]) -> dict[bytes, bytes]:
-    """A view as JSON bytes (dict equality would take 1 for 1.0 and True)."""
-    return {key_bytes(key): orjson.dumps(row) for key, row in view.items()}
-
-
 # --------------------------------------------------------------------------------------
 # Which values the native core refuses (`Unsupported`): the test's own account
-
-
-def _bad_anywhere(value: Any) -> bool:
-    """A value orjson would write that the core does not hold, at any depth."""
-    kind = type(value)
-    if value is None or kind is bool:
-        return False
-    if kind is int:
-        return not I64[0] <= value <= I64[1]
-    if kind is float:
-        return not math.isfinite(value)
-    if kind is str:
-        try:
-            value.encode()
-        except UnicodeEncodeError:
-            return True
-        return False
-    if kind in (list, tuple):
-        return any(_bad_anywhere(v) for v in value)
-    if kind is dict:
-        return any(type(k) is not str or _bad_anywhere(k) or _bad_anywhere(v) for k, v in value.items())
-    return True
 
 
 def unsupported_in(units: Sequence[Sequence[tuple[SourceEvent, Any]]], partition_by: Sequence[str]) -> bool:
     for unit in units:
         for source_event, _ in unit:
             row = source_event.row
-            if type(row) is not dict or _bad_anywhere(row):
+            if type(row) is not dict or bad_anywhere(row):
                 return True
             if any(type(row.get(k)) in (bool, float) for k in partition_by):
                 return True
@@ -147,24 +118,11 @@ def topn_specs(draw: st.DrawFn) -> Spec:
     return n, order_by, partition_by, columns, form
 
 
-class Source:
-    """Draws units against a model of the live rows (a retraction usually finds one)."""
+class Source(ChangelogSource):
+    """A Top-N's changelog: rows of its groups (`key`: `partition_by`) and order columns,
+    ties likely."""
 
-    def __init__(self, data: st.DataObject, partition_by: Sequence[str], unsupported: bool) -> None:
-        self.data = data
-        self.partition_by = partition_by
-        self.unsupported = unsupported  # whether to draw values the core refuses at all
-        self.live: list[dict[str, Any]] = []
-        self.time = 1_000
-        self.offset = 0
-
-    def draw(self, strategy: st.SearchStrategy[Any]) -> Any:
-        return self.data.draw(strategy)
-
-    def tag(self) -> tuple[int, int, int]:
-        self.time += self.draw(st.integers(0, 3))
-        self.offset += 1
-        return (self.time - self.draw(st.integers(0, 2)), self.draw(st.integers(0, 1)), self.offset)
+    odds = 4
 
     def group_value(self) -> Any:
         choice = self.draw(st.integers(0, 60))
@@ -207,7 +165,7 @@ class Source:
             if self.draw(st.integers(0, 5)) == 0:
                 continue  # absent
             row[name] = columns[name]()
-        for name in self.partition_by:
+        for name in self.key:
             if self.draw(st.integers(0, 60)) == 0:
                 continue  # missing partition column
             row[name] = self.group_value()
@@ -227,99 +185,18 @@ class Source:
             out["absent"] = None
         return out
 
-    def live_or_fresh(self) -> dict[str, Any]:
-        if self.live and self.draw(st.integers(0, 9)) > 0:
-            row = self.live.pop(self.draw(st.integers(0, len(self.live) - 1)))
-            return self.same_row(row) if self.draw(st.booleans()) else row
-        return self.fresh_row()  # most likely not live
-
-    def unit(self) -> tuple:
-        choice = self.draw(st.integers(0, 9))
-        if choice < 5 or not self.live:
-            row = self.fresh_row()
-            if self.draw(st.integers(0, 3)) == 0 and self.live:
-                row = dict(self.live[self.draw(st.integers(0, len(self.live) - 1))])  # another copy
-            self.live.append(row)
-            return ((SourceEvent(Op.APPEND, row, self.tag()), None),)
-        if choice < 7:
-            return ((SourceEvent(Op.RETRACT, self.live_or_fresh(), self.tag()), None),)
-        old = self.live_or_fresh()
-        new = self.fresh_row()
-        if self.draw(st.integers(0, 3)) > 0:
-            for name in self.partition_by:  # the same group, mostly
-                if name in old:
-                    new[name] = old[name]
-        self.live.append(new)
-        tag = self.tag()
-        pair = ((SourceEvent(Op.CORRECT_FROM, old, tag), None), (SourceEvent(Op.CORRECT_TO, new, tag), None))
-        return pair if self.draw(st.integers(0, 6)) > 0 else [list(item) for item in pair]
-
-    def batch(self) -> list:
-        return [self.unit() for _ in range(self.draw(st.integers(1, 25)))]
-
-
-def records_of(store: dict[bytes, bytes], keys: set[bytes] | None = None) -> list[tuple[bytes, bytes]]:
-    """The store's records (of `keys`' groups, as key JSON; all when None)."""
-    if keys is None:
-        return list(store.items())
-    return [(k, v) for k, v in store.items() if key_bytes(tuple(orjson.loads(k)[0])) in keys]
-
-
-def apply_records(store: dict[bytes, bytes], records: list[tuple[bytes, bytes | None]]) -> None:
-    for key, value in records:
-        if value is None:
-            store.pop(key, None)
-        else:
-            store[key] = value
-
-
-class Pair:
-    """A native core and the Python path fed alike, with the state records each wrote."""
-
-    def __init__(self, spec: Spec) -> None:
-        self.spec = spec
-        self.store: dict[bytes, bytes] = {}
-        self.fresh()
+class Pair(native_changelogs.Pair):
+    """A `TopNCore` and the Python path (spec: `Spec`)."""
 
     def fresh(self) -> None:
         self.core = make_core(self.spec)
         self.python = PythonPath(self.spec)
 
-    def restore(self, keys: set[bytes] | None = None) -> None:
-        """Both from the state records so far (the core's and Python's are equal)."""
-        self.fresh()
-        self.core.restore(records_of(self.store, keys))
-        self.python.reducer.restore(records_of(self.store, keys))
-        assert view_bytes(self.core.view()) == view_bytes(self.python.reducer.view())
+    def unsupported(self, units: Sequence[Sequence[tuple[SourceEvent, Any]]]) -> bool:
+        return unsupported_in(units, self.spec[2])
 
-
-def check_batch(pair: Pair, units: list, restore_touched: bool) -> str:
-    """One batch through both; the outputs equal byte for byte. Returns what happened."""
-    partition_by = pair.spec[2]
-    try:
-        touched = set(pair.core.touched(units))
-    except Unsupported:
-        assert unsupported_in(units, partition_by), "touched: Unsupported without an unsupported value"
-        pair.restore()
-        return "unsupported"
-    assert touched == pair.python.touched(units)
-    if restore_touched:  # as the shard loads the groups a batch touches into empty reducers
-        pair.restore(touched)
-    try:
-        got = pair.core.apply_batch(units)
-    except Unsupported:
-        assert unsupported_in(units, partition_by), "Unsupported without an unsupported value in the batch"
-        pair.restore()
-        return "unsupported"
-    want = pair.python.apply_batch(units)
-    assert got[0] == want[0], "rejected"
-    assert got[1] == want[1], "view records"
-    assert got[2] == want[2] == [], "delta records"
-    assert got[3] == want[3], "state records"
-    assert len(pair.core) == len(pair.python.reducer.groups)
-    assert view_bytes(pair.core.view()) == view_bytes(pair.python.reducer.view())
-    apply_records(pair.store, want[3])
-    return "rejected" if want[0] else "ok"
+    def held(self) -> int:
+        return len(self.python.reducer.groups)
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
