@@ -40,7 +40,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
+from deltalake import DeltaTable, QueryBuilder
 
 from refold.connectors.protocol import Binding, Key, Row, RuntimeCheckpoint, Store
 
@@ -212,11 +212,14 @@ def find_checkpoint(table: DeltaTable, app: str, batch: int) -> bytes | None:
 
 
 def _read_columns(table: DeltaTable, columns: list[str]) -> pa.Table:
-    """The table's `columns`, read on the calling thread. A threaded scan reads through
-    delta-rs's Python filesystem from Arrow's I/O threads; one such thread still alive
-    when the interpreter exits is torn down by `std::terminate`: a process that read a
-    table and exited (the demo, a test's reader) aborted in 1 to 8 runs of 30."""
-    return table.to_pyarrow_dataset().to_table(columns=columns, use_threads=False)
+    """The table's `columns`, read by delta-rs itself (its query engine), not by Arrow's
+    dataset scan: that scan reads through delta-rs's Python filesystem from Arrow's I/O
+    threads (also with `use_threads=False`), and one such thread still alive when the
+    interpreter exits is torn down by `std::terminate` — a process that read a table and
+    exited (the demo, a test's reader) aborted in 1 to 8 runs of 30."""
+    names = ", ".join(f'"{column}"' for column in columns)
+    reader = QueryBuilder().register("refold_read", table).execute(f"SELECT {names} FROM refold_read")
+    return pa.table(reader.read_all())
 
 
 def read_delta_view(path: str | Path, target: str, storage_options: dict[str, str] | None = None) -> dict[Key, Row]:

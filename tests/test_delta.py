@@ -357,8 +357,9 @@ def test_secrets_stay_out_of_reprs_and_messages() -> None:
 
 def test_a_process_that_read_the_tables_exits_cleanly(lake: Path) -> None:
     """`read_delta_view` and `read_delta_deltas` leave no Arrow I/O thread behind: with
-    a threaded scan 4 of 30 such processes aborted at exit ("terminate called without
-    an active exception"), and the demo one run in five."""
+    Arrow's dataset scan 4 of 30 such processes aborted at exit ("terminate called
+    without an active exception"), the demo one run in five; with `use_threads=False`
+    too, on a busy machine, this test failed in 2 runs of 3."""
     driver, _ = opened(lake)
     for batch in range(1, 7):  # a file per commit: the scan reads them at once
         commit(driver, checkpoint(batch), [put(f"p{batch}", batch)], [{"player_name": f"p{batch}", "_count": 1, "total": 5}])
