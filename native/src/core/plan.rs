@@ -69,6 +69,19 @@ pub enum Form {
     Upsert,
 }
 
+impl Form {
+    /// `outputs.view.form` (None: no view output); ValueError for another name.
+    pub fn parse(view_form: Option<&str>) -> PyResult<Option<Form>> {
+        Ok(match view_form {
+            None => None,
+            Some("changelog") => Some(Form::Changelog),
+            Some("retract") => Some(Form::Retract),
+            Some("upsert") => Some(Form::Upsert),
+            Some(other) => return Err(pyo3::exceptions::PyValueError::new_err(format!("unknown view form {other:?}"))),
+        })
+    }
+}
+
 pub struct Plan {
     pub(super) keys: KeyColumns,
     pub(super) aggs: Vec<Agg>,
@@ -100,13 +113,7 @@ impl Plan {
     ) -> PyResult<Plan> {
         use pyo3::exceptions::PyValueError;
         let repr = |name: &str| -> PyResult<String> { Ok(PyString::new(py, name).repr()?.to_str()?.to_owned()) };
-        let form = match view_form.as_deref() {
-            None => None,
-            Some("changelog") => Some(Form::Changelog),
-            Some("retract") => Some(Form::Retract),
-            Some("upsert") => Some(Form::Upsert),
-            Some(other) => return Err(PyValueError::new_err(format!("unknown view form {other:?}"))),
-        };
+        let form = Form::parse(view_form.as_deref())?;
         let mut sums: Vec<String> = Vec::new();
         let mut nonnull: Vec<String> = Vec::new();
         let mut multisets: Vec<String> = Vec::new();

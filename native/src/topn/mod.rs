@@ -69,13 +69,7 @@ impl TopPlan {
         if n == 0 || order_by.is_empty() {
             return Err(PyValueError::new_err("a Top-N view needs n >= 1 and an order column"));
         }
-        let form = match view_form.as_deref() {
-            None => None,
-            Some("changelog") => Some(Form::Changelog),
-            Some("retract") => Some(Form::Retract),
-            Some("upsert") => Some(Form::Upsert),
-            Some(other) => return Err(PyValueError::new_err(format!("unknown view form {other:?}"))),
-        };
+        let form = Form::parse(view_form.as_deref())?;
         let mut desc = Vec::with_capacity(order_by.len());
         for (column, direction) in &order_by {
             desc.push(match direction.as_str() {
