@@ -72,3 +72,21 @@ def test_a_spark_task_imports_pyspark_unzipped(spark: Any) -> None:
     assert imported.startswith(home + os.sep) and "python/lib" not in imported
     assert not [entry for entry in archives if os.path.realpath(entry).startswith(home + os.sep)], archives
     assert preloaded  # by the daemon, before it forked the worker (this task never imports it)
+
+
+@pytest.mark.spark
+def test_a_spark_worker_starts_with_the_daemons_imports_frozen(spark: Any) -> None:
+    """PySpark's daemon runs `gc.collect()` in a worker after every task: the objects the
+    daemon imported before forking are frozen, so that collection does not scan them."""
+
+    def probe(_: Any) -> Any:
+        import gc
+        import time
+
+        began = time.process_time()
+        gc.collect()
+        yield gc.get_freeze_count(), len(gc.get_objects()), time.process_time() - began
+
+    [(frozen, scanned, _seconds)] = spark.sparkContext.parallelize([0], 1).mapPartitions(probe).collect()
+    assert frozen > 50_000  # refold.spark.tasks and everything it imports (~100k objects)
+    assert scanned < frozen / 2, (frozen, scanned)

@@ -14,14 +14,17 @@ fifth of a worker's time in `make bench` (thirteenth session, docs/PERFORMANCE.m
 
 So this drops from `sys.path` the archives inside the pyspark installation that the
 rest of the path has unpacked (pyspark and py4j both importable without them), and
-their importers, imports the shard tasks' modules (so every forked worker has them),
-then runs `pyspark.daemon` as Spark would. The archives of another installation (a
+their importers, imports the shard tasks' modules (so every forked worker has them)
+and freezes them out of the garbage collector's sight (`gc.freeze()`: the collection
+PySpark runs in a worker after every task scans only the worker's own objects), then
+runs `pyspark.daemon` as Spark would. The archives of another installation (a
 SPARK_HOME that is not this interpreter's pyspark, perhaps another version) stay
 first, as Spark put them. Nothing here imports pyspark before the path is settled.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import runpy
 import sys
@@ -71,6 +74,12 @@ def _preload() -> None:
         import refold.spark.tasks  # noqa: F401
     except Exception as exc:
         print(f"refold.spark.daemon: importing refold.spark.tasks failed: {exc!r}", file=sys.stderr)
+    # PySpark's daemon makes each worker run `gc.collect()` after every task. Over the
+    # ~100k objects of these imports that took ~55 ms a task, 4 tasks a batch at a 1 s
+    # trigger: 0.2 of a core (bench.latency, docs/PERFORMANCE.md). Frozen here, before
+    # the forks, the workers' collections only scan what they made themselves (and their
+    # pages of these objects stay shared with the daemon's).
+    gc.freeze()
 
 
 if __name__ == "__main__":
