@@ -55,8 +55,11 @@ chaos: setup jars
 # peak bench-contenders measured; LATENCY_ARGS), bench-scaling (keys, retractions,
 # recovery; SCALING_ARGS), bench-tasks (the executor model: driver vs executor CPU,
 # 1 vs 2 executors, restart with and without the local stores, many live keys, a
-# re-grouping view in shards 1 vs 2; ≤ 20 minutes; TASKS_ARGS, e.g. "--parts regroup"), bench-plots.
+# re-grouping view in shards 1 vs 2; ~25 minutes; TASKS_ARGS, e.g. "--parts regroup"; by default
+# the many-keys run has 10M live keys, ~10 of those minutes), bench-plots.
 # The first Flink run makes .refold/flink-venv.
+TASKS_ARGS ?= --many-keys 10000000
+
 bench: bench-hotpath bench-contenders bench-latency bench-scaling bench-tasks bench-plots
 
 # CPU per event of one shard's batches without Spark or commits: the grouped view on each
