@@ -312,10 +312,12 @@ def _source(spark: Any, pipeline: Pipeline, settings: dict[str, Any], java_setti
 
 
 def _wait(query: Any, progress: Progress, until_idle: float | None) -> None:
-    """Until the query ends, a batch fails, or the engine was idle for `until_idle` seconds."""
-    while query.isActive:
+    """Until the query ends, a batch fails, or the engine was idle for `until_idle` seconds.
+    (One JVM call a quarter second while batches come: each is Python CPU on the driver.)"""
+    while True:
         try:
-            query.awaitTermination(0.25)
+            if query.awaitTermination(0.25):
+                break
         except Exception:  # the query died: its cause is in progress.failure or query.exception()
             break
         if progress.failure is not None:
@@ -490,6 +492,8 @@ class _Batches:
 
 
 def _idle(query: Any, progress: Progress, seconds: float) -> bool:
+    if time.monotonic() - progress.last_data < seconds:
+        return False  # data came lately: no need to ask the query (two JVM calls)
     status = query.status
     if status.get("isDataAvailable") or status.get("isTriggerActive"):
         return False
