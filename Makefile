@@ -49,14 +49,14 @@ demo: setup jars
 chaos: setup jars
 	$(PY) -m refold.dev.chaos
 
-# `make bench`: every benchmark in one go (~45 minutes at the defaults on 2 cores), then the plots.
+# `make bench`: every benchmark in one go (~20 minutes at the defaults on 2 cores), then the plots.
 # Parts: bench-contenders (Refold vs the limit pipe, Spark SQL, Refold's reducer on Spark's sink, Flink; BENCH_ARGS, e.g.
 # "--events 50000 --keys 5000 --contenders limit,refold"), bench-latency (at half the
 # peak bench-contenders measured; LATENCY_ARGS), bench-scaling (keys, retractions,
 # recovery; SCALING_ARGS), bench-tasks (the executor model: driver vs executor CPU,
 # 1 vs 2 executors, restart with and without the local stores, many live keys, a
-# re-grouping view in shards 1 vs 2; ~25 minutes; TASKS_ARGS, e.g. "--parts regroup"; by default
-# the many-keys run has 10M live keys, ~10 of those minutes), bench-plots.
+# re-grouping view in shards 1 vs 2; ~10 minutes; TASKS_ARGS, e.g. "--parts regroup"; by default
+# the many-keys run has 10M live keys, ~5 of those minutes), bench-plots.
 # The first Flink run makes .refold/flink-venv.
 TASKS_ARGS ?= --many-keys 10000000
 
