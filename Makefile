@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 NATIVE := $(VENV)/.native
 
 .PHONY: setup jars registry test unit lint demo chaos bench bench-hotpath bench-contenders bench-latency bench-scaling bench-tasks \
-	bench-plots \
+	bench-plots bench-clean \
 	kafka-start kafka-stop clean
 
 setup: $(STAMP) $(NATIVE)
@@ -49,7 +49,8 @@ demo: setup jars
 chaos: setup jars
 	$(PY) -m refold.dev.chaos
 
-# `make bench`: every benchmark in one go (~20 minutes at the defaults on 2 cores), then the plots.
+# `make bench`: the last runs' topics deleted (bench-clean), then every benchmark in one go (~20 minutes
+# at the defaults on 2 cores), then the plots.
 # Parts: bench-contenders (Refold vs the limit pipe, Spark SQL, Refold's reducer on Spark's sink, Flink; BENCH_ARGS, e.g.
 # "--events 50000 --keys 5000 --contenders limit,refold"), bench-latency (at half the
 # peak bench-contenders measured; LATENCY_ARGS), bench-scaling (keys, retractions,
@@ -60,7 +61,11 @@ chaos: setup jars
 # The first Flink run makes .refold/flink-venv.
 TASKS_ARGS ?= --many-keys 10000000
 
-bench: bench-hotpath bench-contenders bench-latency bench-scaling bench-tasks bench-plots
+bench: bench-clean bench-hotpath bench-contenders bench-latency bench-scaling bench-tasks bench-plots
+
+# the topics earlier bench runs left on the local broker (a few GB a run), and their files
+bench-clean: setup jars
+	$(PY) -m bench.cleanup
 
 # CPU per event of one shard's batches without Spark or commits: the grouped view on each
 # core (and their ratio), then the Top-N view

@@ -6,6 +6,7 @@ engine's."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -14,11 +15,13 @@ import orjson
 import pytest
 
 from bench.baseline import run_baseline
+from bench.cleanup import _left, bench_topics, clean
 from bench.run import pipeline
 from bench.spark_sql import expected_sums
 from refold.cli.produce import produce
+from refold.dev.localkafka import kafka_home
 from refold.dev.testing import Workload, generate
-from refold.kafka.io import read_to_end
+from refold.kafka.io import TopicSpec, admin_client, ensure_topics, list_topics, read_to_end
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -42,3 +45,28 @@ def test_the_spark_sink_contender_reduces_every_event(spark: Any, bootstrap_serv
             shown.setdefault(value["player_name"], set()).add((value["total"], value["games"]))
     expected = {key: sums for key, sums in expected_sums(rows).items() if sums[1] > 0}
     assert expected and all(sums in shown.get(key, set()) for key, sums in expected.items()), (expected, shown)
+
+
+def test_bench_clean_deletes_the_benches_topics_and_their_files(kafka_broker: Any) -> None:
+    """`make bench-clean`: every topic a bench named (`bench-…`, `hotpath-…`) goes, with its
+    log folders; any other topic stays."""
+    settings = {"bootstrap.servers": kafka_broker.bootstrap}
+    run = uuid.uuid4().hex[:8]
+    made, kept = [f"bench-{run}.view", f"hotpath-{run}"], f"kept-bench-{run}"
+    ensure_topics(settings, [TopicSpec(made[0], 2), TopicSpec(made[1], 1), TopicSpec(kept, 1)])
+    data = kafka_home(kafka_broker.home) / "data" if kafka_broker.home is not None else None
+    if data is not None:  # a folder per partition, made once the broker leads it
+        deadline = time.monotonic() + 30
+        while len(_left(data, set(made))) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(_left(data, set(made))) == 3
+
+    deleted = clean(settings, data, wait=60.0)
+
+    assert set(made) <= set(deleted) and kept not in deleted
+    assert bench_topics(deleted) == deleted
+    names = list_topics(admin_client(settings)).topics
+    assert not set(made) & set(names) and kept in names
+    if data is not None:
+        assert _left(data, set(made)) == []
+        assert _left(data, {kept})

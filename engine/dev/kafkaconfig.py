@@ -70,6 +70,12 @@ def server_properties(base: Path, port: int, controller_port: int, security: Sec
         "transaction.abort.timed.out.transaction.cleanup.interval.ms": "2000",
         "message.max.bytes": "8388608",
         "log.cleaner.backoff.ms": "2000",
+        # A deleted topic's files go a second after the deletion, not a minute (the
+        # broker's name of the topics' `file.delete.delay.ms`), and a new broker's log
+        # tasks start after a second, not half a minute: the benches' topics are a few
+        # GB a run (`bench.cleanup`).
+        "log.segment.delete.delay.ms": "1000",
+        "log.initial.task.delay.ms": "1000",
     }
     if security is not None:
         settings.update(security.broker_properties(port, controller_port))
