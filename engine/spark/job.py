@@ -312,15 +312,13 @@ def _source(spark: Any, pipeline: Pipeline, settings: dict[str, Any], java_setti
 
 
 def _wait(query: Any, progress: Progress, until_idle: float | None) -> None:
-    """Until the query ends, a batch fails, or the engine was idle for `until_idle` seconds.
-    (One JVM call a quarter second while batches come: each is Python CPU on the driver.)"""
+    """Until the query ends, a batch fails, or the engine was idle for `until_idle` seconds."""
     while True:
         try:
-            if query.awaitTermination(0.25):
-                break
+            ended = query.awaitTermination(0.25)  # one JVM call a quarter second while batches come
         except Exception:  # the query died: its cause is in progress.failure or query.exception()
             break
-        if progress.failure is not None:
+        if ended or progress.failure is not None:
             break
         if until_idle is not None and _idle(query, progress, until_idle):
             break
