@@ -26,15 +26,12 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
+from bench.latency import say
 from refold import environment
 from refold.dev import localkafka
 from refold.kafka.io import admin_client, list_topics
 
 BENCH_PREFIXES = ("bench-", "hotpath-")
-
-
-def say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 def bench_topics(names: Iterable[str]) -> list[str]:
@@ -94,14 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         say("bench-clean: REFOLD_BOOTSTRAP_SERVERS names a cluster; only the local broker's bench topics are "
             "deleted here, so nothing was")
         return 0
-    bootstrap = localkafka.ensure_broker(None, start_local=True)
-    info = localkafka.status()
-    data_dir = info.data_dir if info is not None else None
-    before = _size(data_dir) if data_dir is not None else 0
-    deleted = clean({"bootstrap.servers": bootstrap}, data_dir, args.wait)
-    freed = (before - _size(data_dir)) / 2**30 if data_dir is not None else 0.0
-    say(f"bench-clean: deleted {len(deleted)} bench topic(s) on {bootstrap}"
-        + (f", {freed:,.1f} GiB freed" if data_dir is not None else ""))
+    info = localkafka.start()  # this home's broker (the running one, else started): never one that only listens on its port
+    before = _size(info.data_dir)
+    deleted = clean({"bootstrap.servers": info.bootstrap}, info.data_dir, args.wait)
+    freed = (before - _size(info.data_dir)) / 2**30
+    say(f"bench-clean: deleted {len(deleted)} bench topic(s) on {info.bootstrap}, {freed:,.1f} GiB freed")
     return 0
 
 
