@@ -77,6 +77,88 @@ class TopNSpec(_Model):
         return value
 
 
+class HopSpec(_Model):
+    """A hopping (sliding) window: `size` long, a new one every `slide`."""
+
+    size: str
+    slide: str
+
+    @model_validator(mode="after")
+    def _sizes(self) -> HopSpec:
+        size, slide = duration_ms(self.size), duration_ms(self.slide)
+        if slide > size:
+            raise ValueError(f"hop: slide {self.slide} is longer than size {self.size} "
+                             "(events between windows would belong to none)")
+        return self
+
+
+class SessionSpec(_Model):
+    """A session window: rows of one key whose event times are less than `gap` apart."""
+
+    gap: str
+
+    @field_validator("gap")
+    @classmethod
+    def _gap(cls, value: str) -> str:
+        duration_ms(value)
+        return value
+
+
+class WindowSpec(_Model):
+    """`view.window`: the view groups (or ranks) per event-time window of the row's `time`
+    column (ISO-8601 text or epoch milliseconds). Exactly one of `tumble`, `hop`,
+    `session`. `lateness`: the horizon after which a window closes (docs/SEMANTICS.md,
+    Windows); none: windows never close. Windows are aligned to the epoch (a 1h tumble
+    starts on the hour, UTC); `window_end` is exclusive."""
+
+    time: str
+    tumble: str | None = None
+    hop: HopSpec | None = None
+    session: SessionSpec | None = None
+    lateness: str | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> WindowSpec:
+        kinds = [name for name in ("tumble", "hop", "session") if getattr(self, name) is not None]
+        if len(kinds) != 1:
+            raise ValueError("window: write exactly one of tumble, hop or session"
+                             + (f" (got {', '.join(kinds)})" if kinds else ""))
+        if self.tumble is not None:
+            duration_ms(self.tumble)
+        if self.lateness is not None:
+            millis = parse_duration(self.lateness) * 1000
+            if millis < 0 or millis != int(millis):
+                raise ValueError(f"lateness {self.lateness!r}: a whole number of milliseconds, 0 or more")
+        return self
+
+    @property
+    def kind(self) -> Literal["tumble", "hop", "session"]:
+        return "tumble" if self.tumble is not None else "hop" if self.hop is not None else "session"
+
+    @property
+    def size_ms(self) -> int:
+        """A tumble's or hop's length (a session: its gap)."""
+        if self.tumble is not None:
+            return duration_ms(self.tumble)
+        if self.hop is not None:
+            return duration_ms(self.hop.size)
+        assert self.session is not None
+        return duration_ms(self.session.gap)
+
+    @property
+    def slide_ms(self) -> int:
+        """How far apart windows start: a hop's slide, a tumble's size (a session: its gap)."""
+        return duration_ms(self.hop.slide) if self.hop is not None else self.size_ms
+
+    @property
+    def gap_ms(self) -> int | None:
+        return duration_ms(self.session.gap) if self.session is not None else None
+
+    @property
+    def lateness_ms(self) -> int | None:
+        return None if self.lateness is None else int(parse_duration(self.lateness) * 1000)
+
+
 class ViewSpec(_Model):
     """Either `key` + `columns` (a grouped reduction) or `top_n` (a leaderboard), and
     optionally `where`: a SQL condition on the source rows (comparisons, AND, OR, NOT,
@@ -101,6 +183,7 @@ class ViewSpec(_Model):
     columns: dict[str, ColumnSpec] = {}
     top_n: TopNSpec | None = None
     where: str | None = None
+    window: WindowSpec | None = None
     sql: str | None = None
     _sql_from: tuple[str, str] | None = PrivateAttr(default=None)  # (table, where it is named)
 
@@ -255,7 +338,7 @@ class ViewOutput(_AvroOutput):
 
     topic: str
     form: Literal["changelog", "retract", "upsert"] = "changelog"
-    emit: Literal["per_event", "per_batch"] = "per_event"
+    emit: Literal["per_event", "per_batch", "final"] = "per_event"
     partitioning: Literal["shard", "key"] | None = None
 
 
@@ -366,6 +449,11 @@ class Pipeline(_Model):
         if self.view.sql_table is not None and self.view.sql_table[0] != self.source.topic:
             table, at = self.view.sql_table
             raise ValueError(f"view.sql: FROM {table} {at} is not the source topic {self.source.topic!r}")
+        if self.outputs.view is not None and self.outputs.view.emit == "final" and (self.view.window is None or self.view.window.lateness is None):
+            raise ValueError("outputs.view.emit: final writes a window's result when the window closes: "
+                             "it needs view.window with a lateness")
+        if self.view.window is not None:
+            raise ValueError("view.window: windowed views are not supported by this version yet")
         if self.view.is_top_n and self.outputs.delta is not None:
             raise ValueError("outputs.delta: delta updates are defined for grouped views, not top_n")
         for i, entry in enumerate(self.outputs.materialize):
@@ -443,18 +531,28 @@ class Pipeline(_Model):
         return settings
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min)?\s*$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def parse_duration(text: str | float | int) -> float:
-    """'500ms' → 0.5, '2s' → 2.0, '1m' → 60.0; a bare number is seconds."""
+    """'500ms' → 0.5, '2s' → 2.0, '1m' → 60.0, '1h' → 3600.0, '1d' → 86400.0; a bare
+    number is seconds."""
     if isinstance(text, int | float):
         return float(text)
     match = _DURATION.match(text)
     if not match:
-        raise ValueError(f"duration {text!r}: write e.g. 500ms, 2s or 1m")
+        raise ValueError(f"duration {text!r}: write e.g. 500ms, 2s, 5m, 1h or 1d")
     number, unit = float(match.group(1)), match.group(2) or "s"
-    return number * {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0}[unit]
+    return number * _UNIT_SECONDS[unit]
+
+
+def duration_ms(text: str | float | int) -> int:
+    """A duration in whole milliseconds ('1h' → 3600000); refuses 0 and fractions of a ms."""
+    millis = parse_duration(text) * 1000
+    if millis <= 0 or millis != int(millis):
+        raise ValueError(f"duration {text!r}: a positive whole number of milliseconds")
+    return int(millis)
 
 
 def load_pipeline(path: str | Path) -> Pipeline:
