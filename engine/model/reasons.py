@@ -28,3 +28,6 @@ class Reason(StrEnum):
     CORRECTION_PAIR_REJECTED = "correction pair rejected"  # the other half of a refused pair
     NOT_LIVE = "not live"  # a retraction of a row that is not live
     BEFORE_DIFFERS = "before differs"  # a Debezium before image that is not the key's row in the view
+    # windowed views (view.window)
+    BAD_TIME = "bad event time"  # the window's time column is missing, null or not a time
+    LATE = "late"  # the event's window closed: its end is at or before the shard's watermark
