@@ -1,6 +1,6 @@
 """The project's files state what is true now: none of them dates a fact by the work
-session it came from ("the twelfth session", "this session", "a session note") or
-names an issue of the project's tracker ("issue 17", "#41"). A user cannot look
+session it came from (an ordinal or "this" before the word session, a note of one)
+or names an issue of the project's tracker by its number. A user cannot look
 either up; the fact, without its history, is what belongs in the file, and the
 history belongs in CHANGELOG.md and the commits.
 
@@ -30,10 +30,9 @@ _WINDOW = (
     r"|['\u2019]s\s+(?:gap|window|start|end|first|last|events?|rows?|key)\b)"
 )
 PATTERNS = [
-    # "the twelfth session", "the twenty-first session's run", "Sixth session (date)",
-    # "its sixth-session throughput"
+    # an ordinal before the word, also hyphenated or wrapped onto the next line
     re.compile(rf"\b{_ORDINAL}(?:{_GAP}|-)sessions?\b{_WINDOW}", re.IGNORECASE),
-    # "this session", "the previous session", "in a later session"
+    # this, that, the previous, the next one…
     re.compile(
         rf"\b(?:this|that|previous|earlier|next|last|later|past|prior|recent|our){_GAP}"
         rf"(?:work{_GAP})?sessions?\b{_WINDOW}",
@@ -41,10 +40,11 @@ PATTERNS = [
     ),
     re.compile(rf"\bsession[ -]notes?\b|\bsessions?{_GAP}ago\b|\b(?:at|from|since|until|by)"
                rf"{_GAP}the{_GAP}session['\u2019]s{_GAP}(?:start|end)\b", re.IGNORECASE),
-    # "issue 17", "issue-18", "issue #41", "issues 16 and 18" (not "an issue" ending a line
-    # above a numbered list)
+    # the word issue before a number, with a space, a hyphen or a hash between (not the
+    # word ending a line above a numbered list)
     re.compile(r"\bissues?(?:[ \t]*[#-]?[ \t]*|[ \t]*\n[ \t]*(?!\d+\.\s))\d+\b", re.IGNORECASE),
-    # "#41" on its own (an upstream project's "owner/repo#865" is a word's suffix: allowed)
+    # a hash and a number on their own (an upstream project's issue, owner/repo then the
+    # hash, is a word's suffix: allowed)
     re.compile(r"(?<![\w/.&+-])#\d+\b"),
 ]
 
@@ -103,10 +103,10 @@ def test_the_patterns_find_session_and_issue_references() -> None:
         f"Refold is 2.5x its sixth-{_S} throughput",
         f"the run was stopped at the {_S}'s end",
         "the targets of " + "issue\n16 are met",
-        "Added with re-grouping in shards (" + "issue 17)",
+        "Added with re-grouping in shards (" + "issue" + " 17)",
         "issue" + "-18 target",
-        "the " + "issue #41 asks",
-        "blocked (see " + "#41)",
+        "the " + "issue" + " #" + "41 asks",
+        "blocked (see " + "#" + "41)",
     ]:
         assert references(phrase), phrase
 
