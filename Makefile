@@ -6,7 +6,7 @@ REFOLD := $(VENV)/bin/refold
 STAMP  := $(VENV)/.installed
 NATIVE := $(VENV)/.native
 
-.PHONY: setup jars registry test unit lint demo chaos bench bench-hotpath bench-contenders bench-latency bench-scaling bench-tasks \
+.PHONY: setup jars registry test unit lint docs demo chaos bench bench-hotpath bench-contenders bench-latency bench-scaling bench-tasks \
 	bench-plots bench-clean \
 	kafka-start kafka-stop clean
 
@@ -42,6 +42,11 @@ unit: setup
 
 test: setup jars registry lint
 	$(PY) -m pytest tests -q --durations=15
+
+# The manual (docs/, mkdocs.yml) as a site in site/; strict: a broken link or a page
+# missing from the navigation fails (tests/test_docs_site.py runs the same build).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 demo: setup jars
 	$(PY) -m refold.dev.demo

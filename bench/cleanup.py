@@ -4,10 +4,9 @@ first step of `make bench`).
 Every bench part names its topics after its run (`bench-<timestamp>…`,
 `hotpath-<timestamp>…`) and keeps them, so that a run's input and outputs can be read
 afterwards. Nothing deleted them: a `make bench` run leaves a few GB, and a bench
-clone's broker held 38 GB after a day of runs, with 7 GB of the disk left (twenty-third
-session). This deletes every topic of the local broker of this Refold home whose name
-starts with a bench's prefix (`BENCH_PREFIXES`), then waits until the broker removed
-their files (`file.delete.delay.ms` after the deletion: a second on the local broker),
+clone's broker once held 38 GB after a day of runs, with 7 GB of the disk left. This
+deletes every topic of the local broker of this Refold home whose name starts with a
+bench's prefix (`BENCH_PREFIXES`), then waits until the broker removed their files (`file.delete.delay.ms` after the deletion: a second on the local broker),
 so that the disk's work is over before a benchmark starts. It never touches another
 cluster: with `REFOLD_BOOTSTRAP_SERVERS` set it does nothing.
 

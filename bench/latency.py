@@ -10,8 +10,8 @@ One process holds everything, so every time below is read from one monotonic clo
   plain (non-transactional) `+A` events at `--rate` events/s, paced in 20 ms slices.
   Event i has `score` i, and `player_name` i mod `--keys` (default 100,000: the key
   space of the contenders' run whose peak sets the rate), or, with `--keys 0`, a
-  fresh `player_name` each (every event a new key: the bench's workload until the
-  eighteenth session). Either way event i yields exactly one view record that shows
+  fresh `player_name` each (every event a new key: a workload of inserts only).
+  Either way event i yields exactly one view record that shows
   the key's new row (`+A` or `+C`) with `latest` = i, since the view's `latest` is
   the key's last score and a key's events keep their order. The send time of an
   event is the moment it is handed to the Kafka client. It sends until the measured
@@ -23,10 +23,10 @@ One process holds everything, so every time below is read from one monotonic clo
 Latency of an event = its receive time - its send time. The events of the first
 `--warmup` seconds of paced sending (default 10 s: Python workers still cold) are
 left out of the figures, not out of the checks. The measured window is the
-`--seconds` after the warm-up: about rate * seconds events. (Until the sixth session
-the producer started with the engine, so the first batches caught up on the backlog
-of the query's start, 20-40 s of events; at 4,300 events/s that catch-up outlasted
-the warm-up and was most of the p99.) When every event's view record has been seen (or `--drain`
+`--seconds` after the warm-up: about rate * seconds events. (The producer waits for
+the probe's view record: started with the engine, the first batches would catch up
+on the backlog of the query's start, 20-40 s of events, which at 4,300 events/s
+outlasts the warm-up and becomes most of the p99.) When every event's view record has been seen (or `--drain`
 seconds after the producer stopped), the engine is left to stop by itself once idle.
 
 It prints one line of figures and writes a JSON file (default docs/bench/latency.json):

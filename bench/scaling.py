@@ -34,8 +34,7 @@ Three parts (`--parts`, default all):
 
 Each point's process first makes a warm-up run (`--warmup-events`, not reported) that
 gives its Spark session its Python workers and JIT; its peak RSS is of that process
-alone (until the fifth session all points shared one process, and the column was
-cumulative). Machines here are noisy: read the shape, not the seconds.
+alone (in one shared process the column would be cumulative). Machines here are noisy: read the shape, not the seconds.
 
 Writes `scaling.json` (keys and retraction curves, the parts that ran) and
 `recovery.json` into `--json-dir`; progress goes to stderr, a table per part to stdout.

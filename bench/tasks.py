@@ -50,9 +50,8 @@ measured in one run on this machine and printed as ratios.
   retractions/corrections, `refold.dev.testing.Workload`; with fewer events than keys
   only part of them is touched: `touched_keys`). Reported: both runs' events/s and the
   peak RSS of each Spark Python worker process and of each shard host
-  (`refold.spark.hosts`, forked from a worker, named `refold-host`: since the
-  eighteenth session the reducers' keys live there,
-  the workers only relay) (sampled from `/proc` every 0.25 s; a worker lives on from
+  (`refold.spark.hosts`, forked from a worker, named `refold-host`: the reducers'
+  keys live there, the workers only relay) (sampled from `/proc` every 0.25 s; a worker lives on from
   run to run). Ratio: the measured run's events/s at
   `--many-keys` / at 10k keys. `--state-cache-keys` sets `spark.state_cache_keys`
   (keys a shard's reducer keeps in memory, default 200,000 a shard: past 4 x that,
@@ -680,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers-events", type=int, default=600_000)
     parser.add_argument("--workers-keys", type=int, default=15_000)
     # 9 batches of 100k: at 300k (3 batches) the last batch's stage 2 runs alone, a third
-    # of the run without stage 2 beside stage 1 (nineteenth session)
+    # of the run without stage 2 beside stage 1, which the ratio would measure instead
     parser.add_argument("--regroup-events", type=int, default=800_000)
     parser.add_argument("--regroup-teams", type=int, default=2_000, help="the regroup part's view keys")
     parser.add_argument("--worker-memory", default="1g", help="what each standalone worker offers")

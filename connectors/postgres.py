@@ -197,7 +197,7 @@ class PostgresDriver(SessionDriver[PostgresSettings, _Session]):
         return loaded
 
     def store(self, requests: Sequence[Store]) -> None:
-        """The path without a sink: COPY into this session's temporary staging table."""
+        """The path without a sink: COPY into this database session's temporary staging table."""
         session = self.opened()
         name = sql.Identifier(_LOCAL_STAGE)
         with session.db.transaction():

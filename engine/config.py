@@ -334,7 +334,9 @@ class _AvroOutput(_Model):
 
 
 class ViewOutput(_AvroOutput):
-    """`partitioning`: `shard` (a new pipeline's) or `key` (murmur2): README, View partitions."""
+    """`partitioning`: `shard` (a new pipeline's: shard s writes partition s, so each `-C`
+    is followed by its `+C` there) or `key` (murmur2 of the view key, kept by a pipeline
+    that first committed with it); settled at the first start (the manual: Concepts)."""
 
     topic: str
     form: Literal["changelog", "retract", "upsert"] = "changelog"

@@ -1,8 +1,7 @@
 """The benches' own contenders still run. `make bench` is not part of `make test`, so a
-contender that an engine change broke showed only there: in the nineteenth session the
-spark-sink contender (Refold's reducer behind Spark's Kafka sink, `bench.baseline`)
-failed in `make bench`, its override of `ShardProcessor._load` out of step with the
-engine's."""
+contender that an engine change broke would show only there: the spark-sink contender
+(Refold's reducer behind Spark's Kafka sink, `bench.baseline`) overrides
+`ShardProcessor._load`, and an engine change out of step with that override fails it."""
 
 from __future__ import annotations
 

@@ -286,9 +286,9 @@ def _clean_batches(seed: int, players: int) -> list[list[InputRecord]]:
 @pytest.mark.parametrize("kind", ["grouped", "top_n"])
 def test_a_native_read_past_the_key_cache_commits_every_change(bootstrap_servers, topic, kind) -> None:
     # A batch the core read itself that takes the shard past `spark.state_cache_keys`:
-    # the shard starts empty (a new core) and the new core reads the batch again. (The
-    # seventeenth session's reader emptied the core after it read: that batch's view,
-    # delta and state records were lost.) Byte for byte what Python commits.
+    # the shard starts empty (a new core) and the new core reads the batch again. (A
+    # reader that empties the core after it read loses that batch's view, delta and
+    # state records.) Byte for byte what Python commits.
     settings = {"bootstrap.servers": bootstrap_servers}
     source = topic(partitions=PARTITIONS)
     batches = _clean_batches(5, players=120)

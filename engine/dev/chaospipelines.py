@@ -69,8 +69,8 @@ def write_pipelines(kinds: Sequence[str], directory: Path, source: str, bootstra
     view stays on the native core, `refold.runtime.native`, where the upsert view, a
     table source, reduces in Python anyway.) The grouped pipeline keeps `CACHE_KEYS`
     keys a shard in memory, far fewer than it has: a shard starts empty and reloads from
-    its store every few batches, through the faults too (the eighteenth session found a
-    batch read natively past that point committing nothing)."""
+    its store every few batches, through the faults too (a batch read natively past that
+    point once committed nothing)."""
     paths = []
     lake = directory / "lake"
     lake_kind = "upsert" if "upsert" in kinds else "grouped"

@@ -36,6 +36,17 @@ e.g. `security.protocol`, `sasl.mechanisms`).
 
 A reduced column is written `name: {aggregation: input_column}`, e.g.
 `total: {sum: score}` (`count` may count rows with `"*"`).
+
+Besides the source, the view and its outputs, the top level holds how the
+pipeline runs: `trigger` (how often a micro-batch starts), `strict` (stop at the
+first bad record instead of dead-lettering it), `writer` (a pipeline's identity
+in its checkpoints and transactional ids: a new `writer` rebuilds from the
+source), `transactional_id_prefix`, `max_batch_events`, `partitions` (for the
+topics the engine creates), `shards` (how a re-grouping view runs), `spark`
+(the master, Spark settings, the local stores), `schema_registry` and `metrics`.
+`source.key` names the columns the messages are keyed by (default: the view
+key; for a Top-N its `partition_by`). The examples in `examples/` are complete
+files.
 """
 
 

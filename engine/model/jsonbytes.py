@@ -5,8 +5,8 @@ orjson (≥ 3.12) returns its output in a buffer rounded up to a power of two, a
 A batch keeps several such values per event until its transaction is sent (view and
 delta records, their keys, state record keys), so a 100,000-event batch held over
 a gigabyte in a worker. `dumps` copies the bytes into an object of their size
-(about 0.15 µs for a small value; measured in the ninth session: 200,000 small
-dumps kept 850 MiB as orjson returned them, 42 MiB copied). Use it for bytes that
+(about 0.15 µs for a small value; measured: 200,000 small dumps kept 850 MiB as
+orjson returned them, 42 MiB copied). Use it for bytes that
 outlive the call that made them; a value hashed or compared at once needs no copy.
 """
 

@@ -105,7 +105,8 @@ def settle_view_partitioning(pipeline: Pipeline, committed: dict[str, dict[int, 
     settled = earlier or asked or "shard"
     if settled == "key" and view_writers(pipeline, partitions) > 1:
         log.warning("pipeline %s writes its view by key (murmur2), as its earlier runs did: a -C and its +C may "
-                    "have another shard's records between them in a partition (README, `partitioning`)",
+                    "have another shard's records between them in a partition; a new `writer` and view topic "
+                    "write it by shard (CHANGELOG.md, 0.1.0, view partitions)",
                     pipeline.pipeline)
     outputs = pipeline.outputs.model_copy(update={"view": view.model_copy(update={"partitioning": settled})})
     return pipeline.model_copy(update={"outputs": outputs})

@@ -10,7 +10,7 @@ twice: a new worker compiles pyspark's modules from source (a zip has no bytecod
 cache), and every task calls `importlib.invalidate_caches()`
 (`pyspark.worker_util.setup_spark_files`), which makes each archive's importer read
 its whole directory again (pyspark.zip 1,300 entries, spark-core 5,400): a tenth to a
-fifth of a worker's time in `make bench` (thirteenth session, docs/PERFORMANCE.md).
+fifth of a worker's time in `make bench` (measured; docs/PERFORMANCE.md).
 
 So this drops from `sys.path` the archives inside the pyspark installation that the
 rest of the path has unpacked (pyspark and py4j both importable without them), and

@@ -6,7 +6,7 @@ idle one: with 4 shards on 2 workers a shard moved to the other worker about eve
 second batch, and each move cost a new processor (a transactional producer fenced and
 initialised, the checkpoint read, the store opened) and a reload of every key the
 batch touched, from the store: 30-50 % of the workers' CPU at a 1 s trigger
-(eighteenth session, docs/PERFORMANCE.md). So a task no longer reduces in its worker.
+(measured; docs/PERFORMANCE.md). So a task no longer reduces in its worker.
 It hands each shard's records (Arrow, as Spark gave them) to the shard's host over a
 Unix socket and relays the host's summary back. The host keeps the processor between
 batches exactly as a worker kept it (`refold.spark.tasks`: `resume` still checks the
@@ -26,12 +26,11 @@ file on the way. `refold.spark.daemon` makes the daemon its workers'
 subreaper, and the host is forked through a middle process that exits at once, so
 each host is the daemon's child, under the executor's process tree.
 
-A host also keeps its shards' stores open between batches (nineteenth session). A
-worker closed its shard's store after every batch, so that another worker could take
-it; each open then replayed RocksDB's log and flushed it as one more level-0 file, and
-the compactions that would merge them were cut short by the next close: at a 1 s
+A host also keeps its shards' stores open between batches. A worker that closed its
+shard's store after every batch, so that another worker could take it, made each open
+replay RocksDB's log and flush it as one more level-0 file, and the compactions that would merge them were cut short by the next close: at a 1 s
 trigger a shard's store had 16 level-0 files after a minute, and the shards' CPU per
-event had doubled (docs/PERFORMANCE.md). A process that waits for a store a host holds
+event doubled (docs/PERFORMANCE.md). A process that waits for a store a host holds
 (another executor's host on the same machine, a tool) says so in `<shard>.want`
 (`ShardStore.wanted`); the host lets go of it within `WANT_POLL_SECONDS` when idle, after
 its current batch otherwise.
@@ -39,7 +38,7 @@ its current batch otherwise.
 A host that dies mid-batch (a crash, a kill -9) fails the task that waits on it,
 with a plain error, and Spark runs the task again, which starts a new host: as a
 worker killed mid-batch did. `REFOLD_SHARD_HOSTS=0` in the executors' environment
-runs the shards in the workers again, as before the eighteenth session.
+runs the shards in the Python workers themselves.
 """
 
 from __future__ import annotations
