@@ -7,11 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from window_changelogs import WINDOWS, window_changelogs, window_view
 
 from refold.config import ViewSpec
 from refold.model.changelog import Op
 from refold.model.reasons import Reason
-from refold.reduce import SourceEvent
+from refold.reduce import Rejected, SourceEvent, make_reducer
 from refold.reference import (
     ReferenceResult,
     fold_changelog,
@@ -524,3 +527,44 @@ def test_unwindowed_dead_letters_name_the_refused_half() -> None:
     result = run(spec, [C(1, {"k": "a", "v": 1}, {"k": "a", "v": 2}), C(2, {"k": "a", "v": 1}, {"k": None, "v": 2})])
     assert result.rejected == [(0, Reason.NOT_LIVE), (1, Reason.NULL_KEY)]
     assert result.dead_letters == [(0, 0, Reason.NOT_LIVE), (0, 1, PAIR), (1, 0, PAIR), (1, 1, Reason.NULL_KEY)]
+
+
+# -- properties over random windowed changelogs (tests/window_changelogs.py)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_emit_final_is_the_per_event_view_of_the_closed_windows(data: st.DataObject) -> None:
+    """Every kind, grouped and Top-N: with a lateness, the final changelog is appends only,
+    one per row of a window the watermark passed, and those rows are the per_event view's;
+    the dead letters are the same."""
+    kind = data.draw(st.sampled_from(list(WINDOWS)))
+    spec = window_view(kind, data.draw(st.sampled_from(["0ms", "5ms", "20ms"])),
+                       top_n=None if kind == "session" else data.draw(st.sampled_from([None, 2])))
+    units = data.draw(window_changelogs(invalid=data.draw(st.booleans())))
+    per_event = run(spec, units)
+    final = run(spec, units, emit="final")
+    assert final.rejected == per_event.rejected and final.dead_letters == per_event.dead_letters
+    assert all(change.op is Op.APPEND for change in final.changes)
+    wm = per_event.watermark
+    closed = {key: r for key, r in per_event.view.items()
+              if wm is not None and (event_time(r["window_end"]) or (0,))[0] <= wm}
+    assert final.view == closed
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(units=window_changelogs(invalid=True))
+def test_the_dead_letters_of_an_unwindowed_view_name_the_half_the_reducer_refuses(units: list[list[SourceEvent]]) -> None:
+    """`dead_letters` of an unwindowed view: the refused event is the one the engine's
+    reducer names (`Rejected.index`), the other half of a pair `correction pair rejected`
+    (lone halves of a pair left out: the engine pairs before its reducer)."""
+    units = [unit for unit in units if len(unit) == 2 or unit[0].op in (Op.APPEND, Op.RETRACT)]
+    spec = ViewSpec.model_validate({"key": ["k"], "columns": SUM_COUNT})
+    reducer = make_reducer(spec)
+    letters = []
+    for index, unit in enumerate(units):
+        try:
+            reducer.apply(unit)
+        except Rejected as exc:
+            letters += [(index, i, exc.reason if i == exc.index else PAIR) for i in range(len(unit))]
+    assert run(spec, units).dead_letters == letters
