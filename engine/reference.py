@@ -4,6 +4,12 @@ It keeps, per view key (or Top-N group), the list of live row copies with their
 tags and recomputes every output from scratch after every unit. The engine's
 incremental reducers (`refold.reduce`) are checked against it; nothing here reuses
 the incremental logic. It ships with Refold so users can check their own views.
+A windowed view (`view.window`) runs through the same functions
+(`refold.reference_windows`: per window, the watermark, `emit: final`).
+
+A result's `rejected` has one reason per refused unit; its `dead_letters` one entry
+per event of the unit, as the engine writes them: the refused event with the reason,
+the other half of a pair `correction pair rejected`.
 """
 
 from __future__ import annotations
