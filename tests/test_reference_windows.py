@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from window_changelogs import WINDOWS, window_changelogs, window_view
+from window_changelogs import (
+    GROUPED_COLUMNS,
+    LATENESS,
+    WINDOWS,
+    replay,
+    window_changelogs,
+    window_view,
+    written,
+)
 
 from refold.config import ViewSpec
 from refold.model.changelog import Op
@@ -568,3 +576,43 @@ def test_the_dead_letters_of_an_unwindowed_view_name_the_half_the_reducer_refuse
         except Rejected as exc:
             letters += [(index, i, exc.reason if i == exc.index else PAIR) for i in range(len(unit))]
     assert run(spec, units).dead_letters == letters
+
+
+@pytest.mark.parametrize("kind", ["tumble", "hop", "hop-uneven"])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_a_window_computes_what_the_unwindowed_view_computes_over_its_rows(kind: str, data: st.DataObject) -> None:
+    """Tumble and hop, grouped (every aggregation) and Top-N, with and without lateness:
+    the windowed changelog is, record by record, the unwindowed reference's over the
+    units the contract accepts (tests/window_changelogs.py's `replay`), each event copied
+    into each of its windows as two more key columns the test computes itself."""
+    lateness = data.draw(st.sampled_from(LATENESS))
+    n = data.draw(st.sampled_from([None, 1, 2]))
+    spec = window_view(kind, lateness, n)
+    units = data.draw(window_changelogs(invalid=data.draw(st.booleans())))
+    result = reference_changelog(spec, units)
+    refused, _live, wm = replay(spec, units)
+    assert result.rejected == refused and result.watermark == wm
+    assert spec.window is not None
+    size, slide = spec.window.size_ms, spec.window.slide_ms
+    twin = ViewSpec.model_validate(
+        {"key": ["k", "_ws", "_we"], "columns": GROUPED_COLUMNS} if n is None
+        else {"top_n": {"n": n, "order_by": {"v": "desc"}, "partition_by": ["k", "_ws", "_we"]}})
+
+    def copies(event: SourceEvent) -> list[SourceEvent]:
+        found = event_time(event.row["ts"])
+        assert found is not None
+        t, text = found
+        start, out = ((t - size) // slide + 1) * slide, []
+        while start <= t:
+            out.append(event._replace(row={**event.row, "_ws": written(start, text), "_we": written(start + size, text)}))
+            start += slide
+        return out
+
+    refused_at = {index for index, _ in refused}
+    plain = reference_changelog(twin, [[c for event in unit for c in copies(event)]
+                                       for index, unit in enumerate(units) if index not in refused_at])
+    assert plain.rejected == []
+    names = {"_ws": "window_start", "_we": "window_end"}
+    assert [(c.op, c.key, {names.get(k, k): v for k, v in c.row.items()}) for c in plain.changes] == [
+        (c.op, c.key, dict(c.row)) for c in result.changes]

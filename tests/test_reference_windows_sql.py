@@ -11,7 +11,6 @@ ended at or before the watermark. No server."""
 from __future__ import annotations
 
 from collections import Counter
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import duckdb
@@ -19,81 +18,23 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from window_changelogs import INTS, LATENESS, SQL_COLUMNS, batched, window_changelogs, window_view
+from window_changelogs import (
+    INTS,
+    LATENESS,
+    SQL_COLUMNS,
+    batched,
+    replay,
+    window_changelogs,
+    window_view,
+    written,
+)
 
 from refold.config import ViewSpec
-from refold.model.changelog import Op, canonical_row
-from refold.model.reasons import Reason
-from refold.reduce import SourceEvent
+from refold.model.changelog import Op
 from refold.reference import fold_changelog, fold_deltas, reference_changelog, reference_deltas
 from refold.reference_windows import event_time
 
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 AGGREGATES = "COALESCE(SUM(v), 0) AS total, COUNT(*) AS n, COUNT(v) AS nv, MIN(v) AS low, MAX(v) AS high"
-
-
-def written(millis: int, text: bool) -> Any:
-    """A window bound as the contract writes it, formatted here apart from the model's."""
-    if not text:
-        return millis
-    iso = (EPOCH + timedelta(milliseconds=millis)).isoformat(timespec="milliseconds")
-    return iso.replace("+00:00", "Z").replace(".000Z", "Z")
-
-
-def earliest_end(t: int, size: int, slide: int) -> int:
-    """The end of the earliest-ending window of `size` every `slide` holding t."""
-    return ((t - size) // slide + 1) * slide + size
-
-
-def replay(spec: ViewSpec, units: list[list[SourceEvent]]) -> tuple[list[tuple[int, str]], Counter[bytes], int | None]:
-    """The refusals, the live multiset and the watermark the contract gives, kept flat
-    (rows of closed windows stay: nothing may touch them after they close)."""
-    window = spec.window
-    assert window is not None
-    lateness = window.lateness_ms
-    live: Counter[bytes] = Counter()
-    refused: list[tuple[int, str]] = []
-    wm: int | None = None
-    for index, unit in enumerate(units):
-        reason = None
-        if len(unit) == 1 and unit[0].op is Op.CORRECT_TO:
-            reason = Reason.ORPHAN_CORRECT_TO
-        elif len(unit) == 1 and unit[0].op is Op.CORRECT_FROM:
-            reason = Reason.UNPAIRED_CORRECT_FROM
-        elif any(event.row.get("k") is None for event in unit):
-            reason = Reason.NULL_KEY
-        else:
-            times = [event_time(event.row.get("ts")) for event in unit]
-            if any(found is None for found in times):
-                reason = Reason.BAD_TIME
-            elif wm is not None and any(late(window, found[0], wm, live, event)  # type: ignore[index]
-                                        for found, event in zip(times, unit, strict=True)):
-                reason = Reason.LATE
-            else:
-                trial = Counter(live)
-                for event in unit:
-                    row = canonical_row(event.row)
-                    if event.op.adds:
-                        trial[row] += 1
-                    elif trial[row] > 0:
-                        trial[row] -= 1
-                    else:
-                        reason = Reason.NOT_LIVE
-                        break
-                if reason is None:
-                    live = +trial
-                    if lateness is not None:
-                        latest = max(found[0] for found in times if found is not None) - lateness
-                        wm = latest if wm is None else max(wm, latest)
-        if reason is not None:
-            refused.append((index, reason))
-    return refused, live, wm
-
-
-def late(window: Any, t: int, wm: int, live: Counter[bytes], event: SourceEvent) -> bool:
-    if window.kind != "session":
-        return earliest_end(t, window.size_ms, window.slide_ms) <= wm
-    raise AssertionError("sessions with a lateness are not replayed flat")
 
 
 def table(live: Counter[bytes]) -> duckdb.DuckDBPyConnection:

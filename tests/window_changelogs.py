@@ -23,6 +23,7 @@ keys and pairs cut in two.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta, timezone
 from itertools import pairwise
@@ -31,8 +32,10 @@ from typing import Any
 from hypothesis import strategies as st
 
 from refold.config import ViewSpec
-from refold.model.changelog import Op
+from refold.model.changelog import Op, canonical_row
+from refold.model.reasons import Reason
 from refold.reduce import SourceEvent
+from refold.reference_windows import event_time
 
 Unit = list[SourceEvent]
 
@@ -188,3 +191,69 @@ def batched(draw: st.DrawFn, units: Sequence[Unit]) -> list[list[Unit]]:
     cuts = sorted(draw(st.sets(st.integers(1, len(units) - 1), max_size=len(units))) if len(units) > 1 else [])
     bounds = [0, *cuts, len(units)]
     return [list(units[a:b]) for a, b in pairwise(bounds)]
+
+
+# -- an account of the contract apart from the model: which units a tumble or hop view
+# (or a session view without lateness) refuses, and the live rows it is left with
+
+
+def written(millis: int, text: bool) -> Any:
+    """A window bound as the contract writes it (formatted apart from the model's code)."""
+    if not text:
+        return millis
+    iso = (EPOCH + timedelta(milliseconds=millis)).isoformat(timespec="milliseconds")
+    return iso.replace("+00:00", "Z").replace(".000Z", "Z")
+
+
+def earliest_end(t: int, size: int, slide: int) -> int:
+    """The end of the earliest-ending window of `size` every `slide` that holds t."""
+    return ((t - size) // slide + 1) * slide + size
+
+
+def replay(spec: ViewSpec, units: Sequence[Unit]) -> tuple[list[tuple[int, str]], Counter[bytes], int | None]:
+    """The refusals (unit index, reason), the live multiset (canonical rows) and the
+    watermark the contract gives a view keyed by `k` over `ts`, kept flat: the rows of
+    closed windows stay, since nothing can touch them once closed. Tumble and hop with
+    or without a lateness; a session view only without one (closed sessions' rows are
+    forgotten, which a flat multiset does not model)."""
+    window = spec.window
+    assert window is not None
+    lateness = window.lateness_ms
+    if window.kind == "session" and lateness is not None:
+        raise ValueError("replay: sessions with a lateness are not flat")
+    live: Counter[bytes] = Counter()
+    refused: list[tuple[int, str]] = []
+    wm: int | None = None
+    for index, unit in enumerate(units):
+        reason = None
+        times = [event_time(event.row.get("ts")) for event in unit]
+        if len(unit) == 1 and unit[0].op is Op.CORRECT_TO:
+            reason = Reason.ORPHAN_CORRECT_TO
+        elif len(unit) == 1 and unit[0].op is Op.CORRECT_FROM:
+            reason = Reason.UNPAIRED_CORRECT_FROM
+        elif any(event.row.get("k") is None for event in unit):
+            reason = Reason.NULL_KEY
+        elif any(found is None for found in times):
+            reason = Reason.BAD_TIME
+        elif wm is not None and any(earliest_end(found[0], window.size_ms, window.slide_ms) <= wm
+                                    for found in times if found is not None):
+            reason = Reason.LATE
+        else:
+            trial = Counter(live)
+            for event in unit:
+                row = canonical_row(event.row)
+                if event.op.adds:
+                    trial[row] += 1
+                elif trial[row] > 0:
+                    trial[row] -= 1
+                else:
+                    reason = Reason.NOT_LIVE
+                    break
+            if reason is None:
+                live = +trial
+                if lateness is not None:
+                    latest = max(found[0] for found in times if found is not None) - lateness
+                    wm = latest if wm is None else max(wm, latest)
+        if reason is not None:
+            refused.append((index, reason))
+    return refused, live, wm
