@@ -16,6 +16,7 @@ from window_changelogs import (
     replay,
     window_changelogs,
     window_view,
+    windowed_views,
     written,
 )
 
@@ -616,3 +617,13 @@ def test_a_window_computes_what_the_unwindowed_view_computes_over_its_rows(kind:
     names = {"_ws": "window_start", "_we": "window_end"}
     assert [(c.op, c.key, {names.get(k, k): v for k, v in c.row.items()}) for c in plain.changes] == [
         (c.op, c.key, dict(c.row)) for c in result.changes]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_any_windowed_view_folds_and_writes_a_dead_letter_per_refused_event(data: st.DataObject) -> None:
+    spec, emit = data.draw(windowed_views())
+    units = data.draw(window_changelogs(invalid=True))
+    result = run(spec, units, emit)
+    assert [(i, reason) for i, _, reason in result.dead_letters if reason != PAIR] == result.rejected
+    assert len(result.dead_letters) == sum(len(units[i]) for i, _ in result.rejected)

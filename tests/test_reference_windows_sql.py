@@ -102,7 +102,7 @@ def sql_sessions(spec: ViewSpec, live: Counter[bytes]) -> dict[tuple[Any, ...], 
 
 @pytest.mark.parametrize("lateness", LATENESS)
 @pytest.mark.parametrize("kind", ["tumble", "hop", "hop-uneven"])
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_tumble_and_hop_views_equal_duckdb(kind: str, lateness: str | None, data: st.DataObject) -> None:
     spec = window_view(kind, lateness, columns=SQL_COLUMNS)
