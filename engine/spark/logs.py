@@ -89,8 +89,8 @@ def launch_jvm(conf: Any, log: Path) -> None:
                 gateway = launch_gateway(conf, popen_kwargs={"stdout": out, "stderr": out})
             except PySparkRuntimeError as exc:
                 raise PrerequisiteError(
-                    f"Spark's JVM did not start: {_tail(log) or exc} (its output: {log}; "
-                    "Spark needs Java 17 or newer: `java -version`)"
+                    f"Spark's JVM did not start: {_tail(log) or exc} (its output: {log}; Spark needs "
+                    "Java 17 or newer on PATH or in JAVA_HOME, and its options in spark.conf must be valid)"
                 ) from exc
         SparkContext._ensure_initialized(gateway=gateway, conf=conf)
         _current = log
