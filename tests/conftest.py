@@ -18,6 +18,7 @@ integration` selects them, `-m "not integration"` the unit tests.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import re
 import time
@@ -109,16 +110,40 @@ def _fail_unless_answers(bootstrap: str, origin: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def kafka_broker(refold_home: Path) -> Iterator[TestBroker]:
+def kafka_broker(refold_home: Path, request: pytest.FixtureRequest) -> Iterator[TestBroker]:
     env = os.environ.get("REFOLD_BOOTSTRAP_SERVERS")
     if env:
         _fail_unless_answers(env, "REFOLD_BOOTSTRAP_SERVERS")
         yield TestBroker(env, "env")
-        return
-    if _docker_answers():
-        yield from _container_broker()
-        return
-    yield from _local_broker(refold_home)
+    elif _docker_answers():
+        yield from _no_client_outlives(_container_broker(), request)
+    else:
+        yield from _no_client_outlives(_local_broker(refold_home), request)
+
+
+def _no_client_outlives(broker: Iterator[TestBroker], request: pytest.FixtureRequest) -> Iterator[TestBroker]:
+    """The broker, and before it stops, the check that no Kafka client of the tests is
+    still alive: one would retry its connections after the broker is gone (librdkafka's
+    "Connect to ipv4#… failed" at the end of the run). Garbage is collected first (a
+    client in a reference cycle is destroyed then); a client still referenced is a
+    test's or a fixture's that did not let it go, and fails the run (unless a test
+    failed already: its traceback keeps its clients)."""
+    alive: list[str] = []
+    for found in broker:  # one broker; the loop's end stops it
+        yield found
+        alive = sorted(type(client).__name__ for client in _live_clients())
+    if alive and not request.session.testsfailed:
+        pytest.fail(f"{len(alive)} Kafka client(s) outlived the tests, alive when the broker stopped: {alive} "
+                    "(close consumers, flush or close producers, drop admin clients when a test or fixture "
+                    "ends)", pytrace=False)
+
+
+def _live_clients() -> list[Any]:
+    """The confluent-kafka clients still alive in this process, after a garbage collection."""
+    from confluent_kafka import Consumer, Producer
+
+    gc.collect()
+    return [o for o in gc.get_objects() if isinstance(o, (Producer, Consumer, AdminClient))]
 
 
 def _container_broker() -> Iterator[TestBroker]:
@@ -178,9 +203,10 @@ def _bootstrap_env(bootstrap: str) -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def spark(tmp_path_factory: pytest.TempPathFactory, kafka_broker: TestBroker) -> Iterator[Any]:
     """One Spark session (`local[2]`) for every test that runs the engine in this process
-    (starting one costs seconds); such tests never stop it."""
+    (starting one costs seconds); such tests never stop it. It stops before the broker
+    (it needs it): its Python workers keep the shards' Kafka clients between batches."""
     from refold.spark.job import spark_session
 
     session = spark_session("local[2]", {"spark.sql.streaming.checkpointLocation": str(tmp_path_factory.mktemp("spark"))})
