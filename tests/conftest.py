@@ -236,22 +236,28 @@ def topic(kafka_config: dict[str, Any], request: pytest.FixtureRequest) -> Itera
     """A factory of fresh, uniquely named topics: `topic()`, `topic(partitions=1,
     **{"cleanup.policy": "compact"})`. Returns once every partition has a leader;
     deletes the topics after the test."""
-    admin = AdminClient(kafka_config)
+    from refold.kafka.io import admin_client
+
+    admin: AdminClient | None = admin_client(kafka_config)  # its librdkafka lines at DEBUG (refold.kafka.io)
     made: list[str] = []
 
     def make(partitions: int = 3, **config: str) -> str:
         stem = _UNSAFE.sub("-", request.node.name).strip("-.")[:60]
         name = f"t-{stem}-{uuid.uuid4().hex[:8]}"
+        assert admin is not None, "the topic factory is used after its test"
         admin.create_topics([NewTopic(name, partitions, 1, config=config)])[name].result(30)
         made.append(name)
         _wait_for_leaders(admin, name, partitions)
         return name
 
     yield make
-    if made:
+    if made and admin is not None:
         with contextlib.suppress(Exception):
             for future in admin.delete_topics(made, operation_timeout=30).values():
                 future.result(30)
+    # `make` (its closure holds `admin`) stays referenced by pytest until the test's whole
+    # teardown ends, after the session's broker stops in the last test's: let go of it here
+    admin = None
 
 
 def _wait_for_leaders(admin: AdminClient, name: str, partitions: int, timeout: float = 30.0) -> None:
