@@ -139,11 +139,20 @@ def _no_client_outlives(broker: Iterator[TestBroker], request: pytest.FixtureReq
 
 
 def _live_clients() -> list[Any]:
-    """The confluent-kafka clients still alive in this process, after a garbage collection."""
+    """The confluent-kafka clients still alive in this process (a closed consumer is not),
+    after a garbage collection."""
     from confluent_kafka import Consumer, Producer
 
+    def open_(client: Any) -> bool:
+        if isinstance(client, Consumer):
+            try:
+                client.memberid()
+            except RuntimeError:  # "Consumer closed"
+                return False
+        return True
+
     gc.collect()
-    return [o for o in gc.get_objects() if isinstance(o, (Producer, Consumer, AdminClient))]
+    return [o for o in gc.get_objects() if isinstance(o, (Producer, Consumer, AdminClient)) and open_(o)]
 
 
 def _container_broker() -> Iterator[TestBroker]:
