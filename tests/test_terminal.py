@@ -120,7 +120,9 @@ def test_the_batch_line_gives_the_records_still_to_read_after_the_batch(
     try:
         processor.offsets = {0: 6}  # the first batch read all 6 events
         monitor.committed(BatchStats(batch=1, records_in=6, records_out=8, seconds=0.5), 0)
-        time.sleep(0.2)
+        deadline = time.monotonic() + 30
+        while not stream.getvalue() and time.monotonic() < deadline:  # written by the monitor's thread
+            time.sleep(0.05)
         processor.offsets = {0: 2}  # as if a batch had read 2 of them
         monitor.committed(BatchStats(batch=2, records_in=2, records_out=2, dead_letters=1, seconds=0.5), 0)
     finally:

@@ -216,8 +216,10 @@ class Monitor:
             total += lag
         self.lag = total
 
-    def _lag_after(self, consumer: Consumer | None, partitions: list[int], committed: dict[int, int]) -> int | None:
-        """The source records still to read past `committed` (None when the broker does not say)."""
+    def _lag_after(self, consumer: Consumer | None, partitions: list[int], committed: dict[int, int],
+                   exact_limit: int = 0) -> int | None:
+        """The source records still to read past `committed`, counted while within
+        `exact_limit` offsets, else the offset distance (None when the broker does not say)."""
         from refold.ops.status import records_lag
 
         if consumer is None:
@@ -227,7 +229,7 @@ class Monitor:
             for partition in partitions:
                 _low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, partition), timeout=5)
                 ends[partition] = high
-            rows = records_lag(self.settings, self.topic, committed, ends, exact_limit=_EXACT_LAG_LIMIT)
+            rows = records_lag(self.settings, self.topic, committed, ends, exact_limit=exact_limit, timeout=2.0)
         except Exception as exc:  # a lag the broker could not tell: the line says "?"
             log.debug("lag after the batch: %s", exc)
             return None
@@ -236,7 +238,10 @@ class Monitor:
     def _write_lines(self, consumer: Consumer | None, partitions: list[int] | None = None) -> None:
         while self._lines:
             stats, offsets, rate = self._lines.popleft()
-            lag = self._lag_after(consumer, partitions or [], offsets)
+            # the newest batch's lag counted; older lines still waiting (batches faster than
+            # the count) get the offset distance, so the lines keep up with the batches
+            exact_limit = _EXACT_LAG_LIMIT if not self._lines else 0
+            lag = self._lag_after(consumer, partitions or [], offsets, exact_limit)
             with contextlib.suppress(OSError, ValueError):  # a closed stream
                 print(self._line(stats, lag, rate), file=self.stream, flush=True)
 

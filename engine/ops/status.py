@@ -93,19 +93,25 @@ def _lag(settings: dict[str, Any], topic: str, committed: dict[int, int], units:
 
 
 def records_lag(settings: dict[str, Any], topic: str, committed: dict[int, int], ends: dict[int, int], *,
-                units: bool = False, exact_limit: int = EXACT_LAG_LIMIT) -> list[PartitionStatus]:
+                units: bool = False, exact_limit: int = EXACT_LAG_LIMIT,
+                timeout: float = 120.0) -> list[PartitionStatus]:
     """The lag of each partition of `ends` (its end offsets) past `committed`: the records
     still to read, counted while the offsets between lie within `exact_limit` (transaction
-    markers and aborted records take offsets and are no lag), else the offset distance."""
+    markers and aborted records take offsets and are no lag), else, or when reading them
+    takes over `timeout` seconds (a transaction still open), the offset distance."""
     gap = {p: max(end - committed.get(p, 0), 0) for p, end in ends.items()}
     exact = sum(gap.values()) <= exact_limit
     if exact and any(gap.values()):  # count the readable records: markers and aborted records are not lag
         counts = dict.fromkeys(ends, 0)
         behind = [p for p, g in gap.items() if g]
-        for msg in read_to_end(settings, topic, start={p: committed.get(p, 0) for p in behind}, only=behind):
-            if not units or (msg.value() or b"")[:1] != b"{":
-                counts[msg.partition() or 0] += 1
-        gap = counts
+        try:
+            for msg in read_to_end(settings, topic, start={p: committed.get(p, 0) for p in behind}, only=behind,
+                                   timeout=timeout):
+                if not units or (msg.value() or b"")[:1] != b"{":
+                    counts[msg.partition() or 0] += 1
+            gap = counts
+        except PrerequisiteError:  # an open transaction holds the end back: offsets it is
+            exact = False
     return [PartitionStatus(p, committed.get(p), ends[p], gap[p], exact) for p in sorted(ends)]
 
 
