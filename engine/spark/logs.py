@@ -8,8 +8,16 @@ JVM that cannot start) goes to the same file: pyspark's `launch_gateway` starts 
 its stdout and stderr there. The path is logged once, at INFO, when the JVM starts; an
 error from Spark that ends a command leaves its trace there too (`record_failure`).
 
+The Python workers that JVM starts (local mode: the shards' tasks) write to its
+stderr too, and their warnings are Refold's own: a worker logs each WARNING and above
+as a relay line (`relay_worker_logging`, set up by `refold.spark.daemon` when the
+driver asks for it through `$REFOLD_LOG_RELAY`), and the driver, which reads the
+JVM's stderr through a pipe, logs those records again under their own logger names
+(on the terminal, as JSON lines under `refold run --log-format json`) and writes every
+other line to the file.
+
 `to_terminal(True)` (`refold -v`) starts the JVM as Refold did before: Spark's WARN
-lines and the JVM's own output on the terminal.
+lines, the JVM's own output and the workers' on the terminal.
 
 In local mode the driver's JVM runs the executors too. On a cluster each executor logs
 as the cluster says (its stderr in its worker's folder), which never reaches the
@@ -23,11 +31,14 @@ import contextlib
 import logging
 import os
 import re
+import sys
 import threading
 import time
 import traceback
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from refold import environment
 from refold.errors import PrerequisiteError
@@ -81,20 +92,73 @@ def launch_jvm(conf: Any, log: Path) -> None:
         if SparkContext._gateway is not None:
             return
         log.parent.mkdir(parents=True, exist_ok=True)
+        os.environ[environment.LOG_RELAY] = "1"  # for the Python workers the JVM starts (its environment)
+        read, write = os.pipe()
+        pump = threading.Thread(target=_pump, args=(read, log), name="refold-jvm-stderr", daemon=True)
         with open(log, "ab") as out:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")
             out.write(f"==== {stamp} Spark's driver JVM starts (refold, pid {os.getpid()})\n".encode())
             out.flush()
+            pump.start()
             try:
-                gateway = launch_gateway(conf, popen_kwargs={"stdout": out, "stderr": out})
+                gateway = launch_gateway(conf, popen_kwargs={"stdout": out, "stderr": write})
             except PySparkRuntimeError as exc:
+                os.close(write)
+                pump.join(10)  # the JVM is gone: its last lines are in the file once the pipe ends
                 raise PrerequisiteError(
                     f"Spark's JVM did not start: {_tail(log) or exc} (its output: {log}; Spark needs "
                     "Java 17 or newer on PATH or in JAVA_HOME, and its options in spark.conf must be valid)"
                 ) from exc
+            os.close(write)  # the JVM has its own copy
         SparkContext._ensure_initialized(gateway=gateway, conf=conf)
         _current = log
     _logger.info("Spark's log: %s", log)
+
+
+RELAY_MARK = b"\x1frefold-log "  # starts a worker's relayed log record on the JVM's stderr
+
+
+def _pump(read: int, log: Path) -> None:
+    """The JVM's stderr until it closes: relayed worker log records logged here, every
+    other line appended to `log`."""
+    with os.fdopen(read, "rb") as pipe, open(log, "ab") as out:
+        for line in pipe:
+            if line.startswith(RELAY_MARK):
+                try:
+                    entry = orjson.loads(line[len(RELAY_MARK):])
+                    logging.getLogger(str(entry["name"])).log(int(entry["level"]), "%s", entry["message"])
+                    continue
+                except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                    pass
+            with contextlib.suppress(OSError):
+                out.write(line)
+                out.flush()
+
+
+class _Relay(logging.Handler):
+    """A Python worker's log records as relay lines on its stderr (`RELAY_MARK` + JSON)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+            if record.exc_info:
+                message += "\n" + logging.Formatter().formatException(record.exc_info)
+            entry = {"name": record.name, "level": record.levelno, "message": message}
+            sys.stderr.buffer.write(RELAY_MARK + orjson.dumps(entry) + b"\n")
+            sys.stderr.flush()
+        except Exception:
+            self.handleError(record)
+
+
+def relay_worker_logging() -> None:
+    """In a Python worker whose driver relays (`$REFOLD_LOG_RELAY`): its WARNING and
+    above records to the driver as relay lines. Elsewhere nothing changes."""
+    if not environment.log_relay():
+        return
+    root = logging.getLogger()
+    if not any(isinstance(handler, _Relay) for handler in root.handlers):
+        handler = _Relay(logging.WARNING)
+        root.addHandler(handler)
 
 
 def record_failure(exc: BaseException) -> Path | None:
