@@ -225,3 +225,29 @@ def test_version_comes_from_the_installed_package(capsys: pytest.CaptureFixture[
         main(["--version"])
     assert ended.value.code == 0
     assert capsys.readouterr().out.strip() == f"refold {version('refold')}"
+
+
+def test_errors_from_spark_are_told_by_their_first_line_their_trace_in_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pyspark.errors import PySparkRuntimeError
+
+    from refold.errors import RefoldError
+    from refold.spark import logs
+
+    try:
+        raise PySparkRuntimeError(errorClass="JAVA_GATEWAY_EXITED", messageParameters={})
+    except PySparkRuntimeError as exc:
+        jvm_error = exc
+    wrapped = RefoldError("the streaming query failed")
+    wrapped.__cause__ = jvm_error
+    assert logs.from_spark(jvm_error) and logs.from_spark(wrapped)
+    assert not logs.from_spark(RefoldError("ours")) and not logs.from_spark(ValueError("x"))
+    assert logs.first_line(ValueError("first\n\tat org.apache.spark.Some(Trace.java:1)")) == "first"
+    assert len(logs.first_line(ValueError("x" * 1000))) == 300
+
+    log = tmp_path / "spark.log"
+    monkeypatch.setattr(logs, "_current", log)
+    assert logs.record_failure(wrapped) == log
+    text = log.read_text()
+    assert "refold stopped on this error" in text and "PySparkRuntimeError" in text and "Traceback" in text
