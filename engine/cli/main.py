@@ -269,8 +269,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    # py4j logs every command it sends to the JVM at DEBUG, Kafka options (passwords) too.
-    logging.getLogger("py4j").setLevel(logging.INFO)
+    # py4j logs every command it sends to the JVM at DEBUG, Kafka options (passwords) too;
+    # its INFO lines (callback server, connections) are for -v only.
+    logging.getLogger("py4j").setLevel(logging.INFO if args.verbose else logging.WARNING)
     from refold.spark import logs
 
     logs.to_terminal(args.verbose)

@@ -250,7 +250,7 @@ class Monitor:
             return (
                 f"[{self.pipeline.pipeline}] batch {stats.batch}: {stats.records_in:,} events → "
                 f"{stats.records_out:,} outputs, {stats.dead_letters:,} dead letters · "
-                f"lag {'?' if lag is None else f'{lag:,}'} · {rate:,.0f} events/s"
+                f"lag {'?' if lag is None else f'{lag:,}'} · {_rate(rate)} events/s"
             )
         return orjson.dumps({
             "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
@@ -267,6 +267,10 @@ class Monitor:
             "lag": lag,
             "events_per_second": round(rate, 1),
         }).decode()
+
+
+def _rate(rate: float) -> str:
+    return f"{rate:,.1f}" if rate < 10 else f"{rate:,.0f}"
 
 
 # The batch line counts the records still to read while the offsets past the commit stay

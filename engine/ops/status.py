@@ -172,5 +172,5 @@ def _print_shards(shards: list[Checkpoint]) -> None:
     for shard in shards:
         partitions = ",".join(str(p) for p in sorted(shard.offsets)) or "-"
         offsets = " ".join(f"{p}:{o:,}" for p, o in sorted(shard.offsets.items())) or "-"
-        age = now - shard.committed_at / 1000
-        print(f"  {shard.shard:>5}  {partitions:<12}  {shard.batch:>8,}  {offsets:<28}  {age:,.0f}s ago")
+        age = f"{now - shard.committed_at / 1000:,.0f}s ago" if shard.committed_at else "-"  # none yet
+        print(f"  {shard.shard:>5}  {partitions:<12}  {shard.batch:>8,}  {offsets:<28}  {age}")
