@@ -104,12 +104,15 @@ def launch_jvm(conf: Any, log: Path) -> None:
                 gateway = launch_gateway(conf, popen_kwargs={"stdout": out, "stderr": write})
             except PySparkRuntimeError as exc:
                 os.close(write)
+                write = -1
                 pump.join(10)  # the JVM is gone: its last lines are in the file once the pipe ends
                 raise PrerequisiteError(
                     f"Spark's JVM did not start: {_tail(log) or exc} (its output: {log}; Spark needs "
                     "Java 17 or newer on PATH or in JAVA_HOME, and its options in spark.conf must be valid)"
                 ) from exc
-            os.close(write)  # the JVM has its own copy
+            finally:
+                if write >= 0:
+                    os.close(write)  # the JVM has its own copy
         SparkContext._ensure_initialized(gateway=gateway, conf=conf)
         _current = log
     _logger.info("Spark's log: %s", log)
