@@ -191,6 +191,11 @@ def test_a_jvm_that_cannot_start_is_one_error_line_its_output_in_the_log(
                           timeout=300, env=env, check=False)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
+    # with -v the JVM's own output is on the terminal, and no log file is made
+    verbose = subprocess.run([*REFOLD, "-v", "run", str(path), "--until-idle", "1"], capture_output=True, text=True,
+                             timeout=300, env={**env, "REFOLD_HOME": str(tmp_path / "home-v")}, check=False)
+    assert verbose.returncode != 0 and "lots" in verbose.stderr, verbose.stderr
+    assert not (tmp_path / "home-v" / "logs").exists()
     errors = [line for line in lines if line.startswith("refold: error: ")]
     assert len(errors) == 1 and "Spark's JVM did not start" in errors[0], done.stderr
     others = "\n".join(line for line in lines if line not in errors)  # the error quotes the JVM's last words
