@@ -191,6 +191,7 @@ class Monitor:
             measured = 0.0
             while True:
                 stopping = self._stop.is_set()
+                self._wake.clear()  # before the lines are taken: a batch's line after it wakes the wait below
                 self._write_lines(consumer, partitions)
                 if stopping:
                     return
@@ -198,7 +199,6 @@ class Monitor:
                     self._measure_lag(consumer, partitions, processor.offsets)
                     measured = time.monotonic()
                 self._wake.wait(self.interval)
-                self._wake.clear()
         except Exception as exc:  # the monitor must never stop the engine
             log.warning("lag measurement stopped: %s", exc)
         finally:
