@@ -12,10 +12,12 @@ NATIVE := $(VENV)/.native
 
 setup: $(STAMP) $(NATIVE)
 
+# setuptools' notice "Editable installation" (engine/ is installed as `refold` through a
+# meta path finder) is information only; a filter on its exact words keeps it off the terminal.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
 # The native reduction core (Rust, native/): pip builds it with maturin and cargo, crates

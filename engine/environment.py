@@ -16,6 +16,9 @@ HOME = "REFOLD_HOME"  # Refold's working folder (local servers, jars, demo data)
 JARS = "REFOLD_JARS"  # where resolved jar sets live
 PG_BINDIR = "REFOLD_PG_BINDIR"  # the PostgreSQL server binaries for `refold pg`
 TRANSACTION_TIMEOUT_MS = "REFOLD_TRANSACTION_TIMEOUT_MS"  # the engine producer's transaction.timeout.ms
+# Set by a driver whose Spark JVM writes to a pipe it reads (refold.spark.logs), for the
+# Python workers that JVM starts: their log records go to stderr as relay lines.
+LOG_RELAY = "REFOLD_LOG_RELAY"
 # Test hooks: read by refold.spark.job, parsed by refold.runtime.hooks; never set in production.
 TEST_CRASH = "REFOLD_TEST_CRASH"
 TEST_CRASH_WORKER = "REFOLD_TEST_CRASH_WORKER"
@@ -65,6 +68,11 @@ def transaction_timeout_ms(default: int = 60_000) -> int:
     """The engine producer's `transaction.timeout.ms` (the chaos harness shortens it)."""
     env = _get(TRANSACTION_TIMEOUT_MS)
     return int(env) if env else default
+
+
+def log_relay() -> bool:
+    """`$REFOLD_LOG_RELAY`: this Python worker's log records are relayed to its driver."""
+    return _get(LOG_RELAY) == "1"
 
 
 def test_hook_settings() -> dict[str, str]:

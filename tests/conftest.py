@@ -18,6 +18,7 @@ integration` selects them, `-m "not integration"` the unit tests.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import re
 import time
@@ -109,16 +110,49 @@ def _fail_unless_answers(bootstrap: str, origin: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def kafka_broker(refold_home: Path) -> Iterator[TestBroker]:
+def kafka_broker(refold_home: Path, request: pytest.FixtureRequest) -> Iterator[TestBroker]:
     env = os.environ.get("REFOLD_BOOTSTRAP_SERVERS")
     if env:
         _fail_unless_answers(env, "REFOLD_BOOTSTRAP_SERVERS")
         yield TestBroker(env, "env")
-        return
-    if _docker_answers():
-        yield from _container_broker()
-        return
-    yield from _local_broker(refold_home)
+    elif _docker_answers():
+        yield from _no_client_outlives(_container_broker(), request)
+    else:
+        yield from _no_client_outlives(_local_broker(refold_home), request)
+
+
+def _no_client_outlives(broker: Iterator[TestBroker], request: pytest.FixtureRequest) -> Iterator[TestBroker]:
+    """The broker, and before it stops, the check that no Kafka client of the tests is
+    still alive: one would retry its connections after the broker is gone (librdkafka's
+    "Connect to ipv4#… failed" at the end of the run). Garbage is collected first (a
+    client in a reference cycle is destroyed then); a client still referenced is a
+    test's or a fixture's that did not let it go, and fails the run (unless a test
+    failed already: its traceback keeps its clients)."""
+    alive: list[str] = []
+    for found in broker:  # one broker; the loop's end stops it
+        yield found
+        alive = sorted(type(client).__name__ for client in _live_clients())
+    if alive and not request.session.testsfailed:
+        pytest.fail(f"{len(alive)} Kafka client(s) outlived the tests, alive when the broker stopped: {alive} "
+                    "(close consumers, flush or close producers, drop admin clients when a test or fixture "
+                    "ends)", pytrace=False)
+
+
+def _live_clients() -> list[Any]:
+    """The confluent-kafka clients still alive in this process (a closed consumer is not),
+    after a garbage collection."""
+    from confluent_kafka import Consumer, Producer
+
+    def open_(client: Any) -> bool:
+        if isinstance(client, Consumer):
+            try:
+                client.memberid()
+            except RuntimeError:  # "Consumer closed"
+                return False
+        return True
+
+    gc.collect()
+    return [o for o in gc.get_objects() if isinstance(o, (Producer, Consumer, AdminClient)) and open_(o)]
 
 
 def _container_broker() -> Iterator[TestBroker]:
@@ -178,9 +212,10 @@ def _bootstrap_env(bootstrap: str) -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def spark(tmp_path_factory: pytest.TempPathFactory, kafka_broker: TestBroker) -> Iterator[Any]:
     """One Spark session (`local[2]`) for every test that runs the engine in this process
-    (starting one costs seconds); such tests never stop it."""
+    (starting one costs seconds); such tests never stop it. It stops before the broker
+    (it needs it): its Python workers keep the shards' Kafka clients between batches."""
     from refold.spark.job import spark_session
 
     session = spark_session("local[2]", {"spark.sql.streaming.checkpointLocation": str(tmp_path_factory.mktemp("spark"))})
@@ -210,22 +245,28 @@ def topic(kafka_config: dict[str, Any], request: pytest.FixtureRequest) -> Itera
     """A factory of fresh, uniquely named topics: `topic()`, `topic(partitions=1,
     **{"cleanup.policy": "compact"})`. Returns once every partition has a leader;
     deletes the topics after the test."""
-    admin = AdminClient(kafka_config)
+    from refold.kafka.io import admin_client
+
+    admin: AdminClient | None = admin_client(kafka_config)  # its librdkafka lines at DEBUG (refold.kafka.io)
     made: list[str] = []
 
     def make(partitions: int = 3, **config: str) -> str:
         stem = _UNSAFE.sub("-", request.node.name).strip("-.")[:60]
         name = f"t-{stem}-{uuid.uuid4().hex[:8]}"
+        assert admin is not None, "the topic factory is used after its test"
         admin.create_topics([NewTopic(name, partitions, 1, config=config)])[name].result(30)
         made.append(name)
         _wait_for_leaders(admin, name, partitions)
         return name
 
     yield make
-    if made:
+    if made and admin is not None:
         with contextlib.suppress(Exception):
             for future in admin.delete_topics(made, operation_timeout=30).values():
                 future.result(30)
+    # `make` (its closure holds `admin`) stays referenced by pytest until the test's whole
+    # teardown ends, after the session's broker stops in the last test's: let go of it here
+    admin = None
 
 
 def _wait_for_leaders(admin: AdminClient, name: str, partitions: int, timeout: float = 30.0) -> None:

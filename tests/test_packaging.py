@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import orjson
@@ -65,6 +66,18 @@ def test_the_wheel_runs_outside_the_checkout(installed: Path, tmp_path: Path, bo
     )  # fmt: skip
     assert schemas.returncode == 0, schemas.stderr
     assert str(installed) in schemas.stdout
+
+    # the JVM files ship as package data of refold.spark.jvm: the Maven poms, Spark's log4j2 file
+    jvm = _run(
+        installed, python, "-c",
+        "from refold.spark.jars import POMS\nfrom refold.spark.logs import LOG4J\n"
+        "assert LOG4J.is_file() and (POMS / 'spark-connectors.pom.xml').is_file()\nprint(LOG4J)",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert jvm.returncode == 0, jvm.stderr
+    assert str(installed) in jvm.stdout
+    versioned = _run(installed, installed / "bin" / "refold", "--version", cwd=tmp_path)
+    assert versioned.returncode == 0 and versioned.stdout.strip() == f"refold {version('refold')}", versioned
 
     name = topic(partitions=1)
     lines = b'{"op":"+A","player_name":"Alice","score":100}\n{"op":"-C","player_name":"Alice","score":100}\n' \

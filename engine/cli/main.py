@@ -11,6 +11,8 @@ from typing import Any
 from refold import environment
 from refold.errors import OperationalError, RefoldError, UserError
 
+NEVER_RAN = 3  # `refold status` of a pipeline that never ran (no P.checkpoints topic)
+
 
 def _settings(args: argparse.Namespace) -> dict[str, object]:
     """librdkafka settings: --kafka-config FILE and -X on top of the bootstrap servers."""
@@ -119,13 +121,16 @@ def cmd_consume(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from refold.spark.job import run_pipeline
 
-    if not sys.stderr.isatty():  # a container, a service manager, CI: structured log lines
+    # a container, a service manager, CI: structured log lines; a person: a line per batch
+    log_format = args.log_format or ("text" if sys.stderr.isatty() else "json")
+    if log_format == "json":
         from refold.ops.monitor import json_logging
 
         json_logging()
     pipeline = _pipeline(args)
     run_pipeline(
-        pipeline, bootstrap=args.bootstrap_servers, until_idle=args.until_idle, metrics_port=args.metrics_port
+        pipeline, bootstrap=args.bootstrap_servers, until_idle=args.until_idle, metrics_port=args.metrics_port,
+        log_format=log_format,
     )
     return 0
 
@@ -134,8 +139,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from refold.ops.status import print_status
 
     pipeline = _pipeline(args)
-    print_status(pipeline, bootstrap=args.bootstrap_servers)
-    return 0
+    return 0 if print_status(pipeline, bootstrap=args.bootstrap_servers) else NEVER_RAN
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -153,7 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=environment.bootstrap_servers(),
         help="Kafka cluster to use (default: REFOLD_BOOTSTRAP_SERVERS, else the local broker 127.0.0.1:9092)",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"refold {version()}")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true",
+        help="debug logging, librdkafka's own log lines, and Spark's log on the terminal instead of its file "
+             "(<refold home>/logs/)",
+    )
     parser.add_argument(
         "--kafka-config", metavar="FILE", help="librdkafka settings, key=value lines (SASL, TLS: docs/SECURITY.md)"
     )
@@ -217,9 +226,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on PORT (overrides metrics.port)"
     )
+    run.add_argument(
+        "--log-format", choices=["text", "json"],
+        help="progress and log lines: text (a line per batch a person reads) or json (one object a line); "
+             "default: text on a terminal, json otherwise",
+    )
     run.set_defaults(func=cmd_run)
 
-    status = sub.add_parser("status", help="committed offsets, lag, last batch of a pipeline")
+    status = sub.add_parser(
+        "status", help="committed offsets, lag, last batch of a pipeline",
+        description="Committed offsets, lag, last batch and shards of a pipeline, as its P.checkpoints topic "
+                    "holds them.",
+        epilog=f"exit status: 0 the status is printed (also before the first committed batch); "
+               f"{NEVER_RAN} the pipeline never ran (no P.checkpoints topic on the cluster: `refold run` "
+               f"starts it); 2 an error (the pipeline file, the cluster).",
+    )
     status.add_argument("pipeline")
     status.set_defaults(func=cmd_status)
 
@@ -230,6 +251,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def version() -> str:
+    """The installed package's version (its metadata)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("refold")
+    except PackageNotFoundError:  # run from a checkout without `pip install`
+        return "(not installed)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -237,21 +269,43 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    # py4j logs every command it sends to the JVM at DEBUG, Kafka options (passwords) too.
-    logging.getLogger("py4j").setLevel(logging.INFO)
+    # py4j logs every command it sends to the JVM at DEBUG, Kafka options (passwords) too;
+    # its INFO lines (callback server, connections) are for -v only.
+    logging.getLogger("py4j").setLevel(logging.INFO if args.verbose else logging.WARNING)
+    from refold.spark import logs
+
+    logs.to_terminal(args.verbose)
     try:
         return int(args.func(args) or 0)
     except UserError as exc:
-        print(f"refold: error: {exc}", file=sys.stderr)
+        print(f"refold: error: {exc}{_trace(exc)}", file=sys.stderr)
         return 2
     except OperationalError as exc:  # nothing committed: a restart retries
-        print(f"refold: failed: {exc}", file=sys.stderr)
+        print(f"refold: failed: {exc}{_trace(exc)}", file=sys.stderr)
         return 1
     except RefoldError as exc:
-        print(f"refold: internal error: {exc}", file=sys.stderr)
+        print(f"refold: internal error: {exc}{_trace(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        if not logs.from_spark(exc):
+            raise
+        # Spark's or the JVM's own error: one line here, the traces in Spark's log file
+        print(f"refold: error: Spark failed: {logs.first_line(exc)}{_trace(exc)}; "
+              "run again with -v for Spark's log on the terminal", file=sys.stderr)
+        return 1
+
+
+def _trace(exc: BaseException) -> str:
+    """Where the trace of an error Spark or the JVM took part in went (its log file)."""
+    from refold.spark import logs
+
+    if not logs.from_spark(exc):
+        return ""
+
+    where = logs.record_failure(exc)
+    return f" (the trace: {where})" if where is not None else ""
 
 
 if __name__ == "__main__":

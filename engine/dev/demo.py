@@ -23,6 +23,7 @@ from refold.connectors.settings import DeltaSettings, SQLiteSettings
 from refold.environment import home as project_home
 from refold.ops.verify import read_view_changes
 from refold.reference import fold_changelog
+from refold.spark import logs
 from refold.spark.job import run_pipeline, spark_session
 
 EXAMPLES = Path(str(importlib.resources.files("refold.examples")))  # examples/ in a checkout
@@ -64,13 +65,14 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _sqlite_rows(path: str, table: str) -> list[dict[str, Any]]:
-    """The table's rows as stored (without the `_doc` column), by key."""
+def _sqlite_rows(path: str, table: str, columns: list[str]) -> list[dict[str, Any]]:
+    """The view's own `columns` of the table's rows as stored, by key (the driver's
+    bookkeeping columns, `_doc` and `_writer`, left out: `refold.connectors`)."""
     db = sqlite3.connect(path)
     try:
-        cursor = db.execute(f'SELECT * FROM "{table}" ORDER BY 1')
-        names = [d[0] for d in cursor.description]
-        return [{n: v for n, v in zip(names, row, strict=True) if n != "_doc"} for row in cursor]
+        listed = ", ".join('"' + c.replace('"', '""') + '"' for c in columns)
+        cursor = db.execute(f'SELECT {listed} FROM "{table}" ORDER BY 1')
+        return [dict(zip(columns, row, strict=True)) for row in cursor]
     finally:
         db.close()
 
@@ -102,13 +104,16 @@ def main() -> int:
     folder.mkdir(parents=True, exist_ok=True)
     pipelines = [_pipeline(name, run_id, source, bootstrap, folder) for name in ("leaderboard", "totals")]
     spark = spark_session(name="refold-demo")
+    if logs.current_log() is not None:
+        print(f"== Spark's own log: {logs.current_log()}")
     try:
         for pipeline in pipelines:
             print(f"== running {pipeline.pipeline} until idle …", flush=True)
-            run_pipeline(pipeline, bootstrap, until_idle=3.0, spark=spark)
+            run_pipeline(pipeline, bootstrap, until_idle=3.0, spark=spark, log_format="text")
     finally:
         spark.stop()
 
+    columns: dict[str, list[str]] = {}  # each view's own columns, in its rows' order
     for pipeline in pipelines:
         if pipeline.view.sql is not None:
             print(f"\n== {pipeline.pipeline}: the view is this SQL (RFC-015's leaderboard query; "
@@ -120,13 +125,15 @@ def main() -> int:
         print(_table([{"op": c.op.code, **c.row} for c in changes]))
         print(f"\n== {pipeline.pipeline}: the final view")
         view = fold_changelog(changes)
-        print(_table([view[key] for key in sorted(view, key=repr)]))
+        rows = [view[key] for key in sorted(view, key=repr)]
+        columns[pipeline.pipeline] = list(rows[0]) if rows else []
+        print(_table(rows))
     for pipeline in pipelines:
         for entry in pipeline.outputs.materialize:
             if isinstance(entry, SQLiteSettings):
                 table = entry.view or "view"
                 print(f"\n== {pipeline.pipeline}: materialized into SQLite {entry.path}, table {table}")
-                print(_table(_sqlite_rows(str(entry.path), table)))
+                print(_table(_sqlite_rows(str(entry.path), table, columns[pipeline.pipeline])))
         for entry in pipeline.outputs.materialize:  # after SQLite's
             if isinstance(entry, DeltaSettings) and entry.view:
                 print(f"\n== {pipeline.pipeline}: materialized into Delta Lake, table {entry.path}/{entry.view}")

@@ -7,6 +7,7 @@ writer), at the client boundary, and nowhere else.
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
@@ -46,8 +47,28 @@ _READ_WAIT_SECONDS = 0.01
 READER_IGNORES = frozenset({KafkaError.GROUP_AUTHORIZATION_FAILED})
 
 
+class LibrdkafkaLog:
+    """librdkafka's own log lines as DEBUG records of the logger `refold.kafka.librdkafka`
+    (the clients' `logger` setting), never printed by the client: its retries ("Connect to
+    ipv4#… failed", "Coordinator load in progress: retrying") are routine, and what fails
+    for good reaches Refold as an error of the call. `refold -v` shows them. Stateless, so a
+    client configuration that holds it can be pickled."""
+
+    __slots__ = ()
+
+    def log(self, level: int, msg: str, *args: Any, **kwargs: Any) -> None:
+        _librdkafka.debug(msg, *args)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (LibrdkafkaLog, ())
+
+
+_librdkafka = logging.getLogger("refold.kafka.librdkafka")
+
+
 def _base(settings: Mapping[str, Any], drop: tuple[str, ...]) -> dict[str, Any]:
     conf = {k: v for k, v in settings.items() if k not in drop}
+    conf.setdefault("logger", LibrdkafkaLog())
     # Connect to the brokers as the client starts. With librdkafka's sparse connections a
     # new client's first request often waits for a broker connection on a timer: ~50 ms
     # for metadata and watermarks, 500 ms for a transactional producer's InitProducerId

@@ -18,9 +18,17 @@ these metrics on `http://HOST:PORT/metrics`, each labelled with `pipeline`:
 | `refold_consumer_lag{topic,partition}` | gauge | end offset minus committed offset (transaction markers count) |
 | `refold_last_commit_timestamp_seconds` | gauge | wall clock of the last commit |
 
-Progress goes to stderr: on a terminal one live line (rate, lag, last commit)
-rewritten in place; otherwise one JSON object per committed batch, and the
-engine's log records as JSON lines too (`json_logging`). Payloads never appear.
+Progress goes to stderr, one line per committed batch: its events, outputs, dead
+letters, the lag after it (the source records still to read once the batch committed;
+transaction markers are not records) and the rate. On a terminal (or with `refold run
+--log-format text`) the line is for a person:
+
+    [scores] batch 3: 1,000 events → 1,212 outputs, 0 dead letters · lag 0 · 2,410 events/s
+
+otherwise (or with `--log-format json`) it is one JSON object, `"message": "batch
+committed"`, and the engine's log records are JSON lines too (`json_logging`). The
+line is written by the monitor's thread right after the commit (measuring the lag
+takes a read of the source's end), never by the batch. Payloads never appear.
 """
 
 from __future__ import annotations
@@ -104,6 +112,7 @@ class Monitor:
         quiet: bool = False,
         stream: TextIO | None = None,
         interval: float = 1.0,
+        log_format: str | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.settings = settings
@@ -112,7 +121,8 @@ class Monitor:
         self.port = metrics_port if metrics_port is not None else (pipeline.metrics.port if pipeline.metrics else None)
         self.quiet = quiet
         self.stream = stream if stream is not None else sys.stderr
-        self.live = not quiet and self.stream.isatty()
+        # "text" (a line a person reads) or "json"; by default text on a terminal
+        self.format = log_format or ("text" if self.stream.isatty() else "json")
         self.interval = interval
         self.lag: int | None = None
         self.last_commit: float | None = None
@@ -121,11 +131,15 @@ class Monitor:
         self._aborts_seen = 0
         self._rates: collections.deque[tuple[float, int]] = collections.deque(maxlen=10)
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._lines: collections.deque[tuple[BatchStats, dict[int, int], float]] = collections.deque()
+        self._processor: _Offsets | None = None
         self._threads: list[threading.Thread] = []
         self._server: Any = None
 
     def start(self, processor: _Offsets) -> None:
         """Serve the metrics (if a port is set) and start measuring the lag."""
+        self._processor = processor
         if self.port is not None:
             host = self.pipeline.metrics.host if self.pipeline.metrics else "0.0.0.0"
             self._server, thread = start_http_server(self.port, host, registry=self.metrics.registry)
@@ -145,24 +159,10 @@ class Monitor:
         self._rates.append((self.last_commit, self.events))
         if self.quiet:
             return
-        if self.live:
-            self._draw()
-        else:
-            line = {
-                "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
-                "level": "INFO",
-                "message": "batch committed",
-                "pipeline": self.pipeline.pipeline,
-                "batch": stats.batch,
-                "in": stats.records_in,
-                "out": stats.records_out,
-                "dead_letters": stats.dead_letters,
-                "tombstones": stats.tombstones,
-                "seconds": round(stats.seconds, 4),
-                "commit_seconds": round(stats.commit_seconds, 4),
-                "lag": self.lag,
-            }
-            print(orjson.dumps(line).decode(), file=self.stream, flush=True)
+        offsets = dict(self._processor.offsets) if self._processor is not None else {}
+        rate = self.rate() if len(self._rates) > 1 else stats.records_in / stats.seconds if stats.seconds > 0 else 0.0
+        self._lines.append((stats, offsets, rate))
+        self._wake.set()  # the monitor's thread measures the lag after the batch and writes the line
 
     def rate(self) -> float:
         """Events per second over the last few batches."""
@@ -172,14 +172,15 @@ class Monitor:
         return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
 
     def close(self) -> None:
+        """Stop the metrics server and the thread, once the batches' lines are written."""
         self._stop.set()
+        self._wake.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
         for thread in self._threads:
-            thread.join(5)
-        if self.live:
-            print(file=self.stream, flush=True)  # keep the last line
+            thread.join(30)
+        self._write_lines(None)  # any the thread left (it never started, or it stopped)
 
     # The ticker --------------------------------------------------------------------------
 
@@ -187,11 +188,17 @@ class Monitor:
         consumer = Consumer(consumer_config(self.settings))
         try:
             partitions = partitions_of(self.settings, self.topic)
-            while not self._stop.is_set():
-                self._measure_lag(consumer, partitions, processor.offsets)
-                if self.live:
-                    self._draw()
-                self._stop.wait(self.interval)
+            measured = 0.0
+            while True:
+                stopping = self._stop.is_set()
+                self._wake.clear()  # before the lines are taken: a batch's line after it wakes the wait below
+                self._write_lines(consumer, partitions)
+                if stopping:
+                    return
+                if time.monotonic() - measured >= self.interval:
+                    self._measure_lag(consumer, partitions, processor.offsets)
+                    measured = time.monotonic()
+                self._wake.wait(self.interval)
         except Exception as exc:  # the monitor must never stop the engine
             log.warning("lag measurement stopped: %s", exc)
         finally:
@@ -209,16 +216,66 @@ class Monitor:
             total += lag
         self.lag = total
 
-    def _draw(self) -> None:
-        since = "-" if self.last_commit is None else f"{time.monotonic() - self.last_commit:,.1f}s ago"
-        lag = "?" if self.lag is None else f"{self.lag:,}"
-        line = (
-            f"[{self.pipeline.pipeline}] {self.rate():,.0f} events/s · lag {lag} · "
-            f"last commit {since} · batch {self.batches} · {self.events:,} events"
-        )
-        with contextlib.suppress(OSError):
-            self.stream.write(f"\r{line}\x1b[K")
-            self.stream.flush()
+    def _lag_after(self, consumer: Consumer | None, partitions: list[int], committed: dict[int, int],
+                   exact_limit: int = 0) -> int | None:
+        """The source records still to read past `committed`, counted while within
+        `exact_limit` offsets, else the offset distance (None when the broker does not say)."""
+        from refold.ops.status import records_lag
+
+        if consumer is None:
+            return None
+        try:
+            ends = {}
+            for partition in partitions:
+                _low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, partition), timeout=5)
+                ends[partition] = high
+            rows = records_lag(self.settings, self.topic, committed, ends, exact_limit=exact_limit, timeout=2.0)
+        except Exception as exc:  # a lag the broker could not tell: the line says "?"
+            log.debug("lag after the batch: %s", exc)
+            return None
+        return sum(row.lag for row in rows)
+
+    def _write_lines(self, consumer: Consumer | None, partitions: list[int] | None = None) -> None:
+        while self._lines:
+            stats, offsets, rate = self._lines.popleft()
+            # the newest batch's lag counted; older lines still waiting (batches faster than
+            # the count) get the offset distance, so the lines keep up with the batches
+            exact_limit = _EXACT_LAG_LIMIT if not self._lines else 0
+            lag = self._lag_after(consumer, partitions or [], offsets, exact_limit)
+            with contextlib.suppress(OSError, ValueError):  # a closed stream
+                print(self._line(stats, lag, rate), file=self.stream, flush=True)
+
+    def _line(self, stats: BatchStats, lag: int | None, rate: float) -> str:
+        if self.format == "text":
+            return (
+                f"[{self.pipeline.pipeline}] batch {stats.batch}: {stats.records_in:,} events → "
+                f"{stats.records_out:,} outputs, {stats.dead_letters:,} dead letters · "
+                f"lag {'?' if lag is None else f'{lag:,}'} · {_rate(rate)} events/s"
+            )
+        return orjson.dumps({
+            "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
+            "level": "INFO",
+            "message": "batch committed",
+            "pipeline": self.pipeline.pipeline,
+            "batch": stats.batch,
+            "in": stats.records_in,
+            "out": stats.records_out,
+            "dead_letters": stats.dead_letters,
+            "tombstones": stats.tombstones,
+            "seconds": round(stats.seconds, 4),
+            "commit_seconds": round(stats.commit_seconds, 4),
+            "lag": lag,
+            "events_per_second": round(rate, 1),
+        }).decode()
+
+
+def _rate(rate: float) -> str:
+    return f"{rate:,.1f}" if rate < 10 else f"{rate:,.0f}"
+
+
+# The batch line counts the records still to read while the offsets past the commit stay
+# within this many (a short read of the source), else it gives the offset distance.
+_EXACT_LAG_LIMIT = 10_000
 
 
 class JsonFormatter(logging.Formatter):

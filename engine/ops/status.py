@@ -13,6 +13,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from refold.config import Pipeline
+from refold.errors import PrerequisiteError, UserError
 from refold.kafka.io import consumer_config, partitions_of, read_to_end
 from refold.recovery.records import Checkpoint, combined
 from refold.recovery.restore import load_checkpoints, load_writers
@@ -75,9 +76,10 @@ def later_stages(pipeline: Pipeline, settings: dict[str, Any]) -> list[StageStat
     return stages
 
 
-def _lag(settings: dict[str, Any], topic: str, committed: dict[int, int], units: bool = False) -> list[PartitionStatus]:
+def _lag(settings: dict[str, Any], topic: str, committed: dict[int, int], units: bool = False,
+         exact_limit: int = EXACT_LAG_LIMIT) -> list[PartitionStatus]:
     """Every partition of `topic`: its committed offset, end and lag (exact while the
-    offsets lie within `EXACT_LAG_LIMIT`; `units`: a stage's input, whose close records
+    offsets lie within `exact_limit`; `units`: a stage's input, whose close records
     are not lag)."""
     consumer = Consumer(consumer_config(settings))
     try:
@@ -87,19 +89,51 @@ def _lag(settings: dict[str, Any], topic: str, committed: dict[int, int], units:
             ends[p] = high
     finally:
         consumer.close()
+    return records_lag(settings, topic, committed, ends, units=units, exact_limit=exact_limit)
+
+
+def records_lag(settings: dict[str, Any], topic: str, committed: dict[int, int], ends: dict[int, int], *,
+                units: bool = False, exact_limit: int = EXACT_LAG_LIMIT,
+                timeout: float = 120.0) -> list[PartitionStatus]:
+    """The lag of each partition of `ends` (its end offsets) past `committed`: the records
+    still to read, counted while the offsets between lie within `exact_limit` (transaction
+    markers and aborted records take offsets and are no lag), else, or when reading them
+    takes over `timeout` seconds (a transaction still open), the offset distance."""
     gap = {p: max(end - committed.get(p, 0), 0) for p, end in ends.items()}
-    exact = sum(gap.values()) <= EXACT_LAG_LIMIT
-    if exact:  # count the readable records: markers and aborted records are not lag
+    exact = sum(gap.values()) <= exact_limit
+    if exact and any(gap.values()):  # count the readable records: markers and aborted records are not lag
         counts = dict.fromkeys(ends, 0)
-        for msg in read_to_end(settings, topic, start={p: committed.get(p, 0) for p in ends}):
-            if not units or (msg.value() or b"")[:1] != b"{":
-                counts[msg.partition() or 0] += 1
-        gap = counts
+        behind = [p for p, g in gap.items() if g]
+        try:
+            for msg in read_to_end(settings, topic, start={p: committed.get(p, 0) for p in behind}, only=behind,
+                                   timeout=timeout):
+                if not units or (msg.value() or b"")[:1] != b"{":
+                    counts[msg.partition() or 0] += 1
+            gap = counts
+        except PrerequisiteError:  # an open transaction holds the end back: offsets it is
+            exact = False
     return [PartitionStatus(p, committed.get(p), ends[p], gap[p], exact) for p in sorted(ends)]
 
 
-def print_status(pipeline: Pipeline, bootstrap: str | None = None) -> None:
+def ran(pipeline: Pipeline, settings: dict[str, Any]) -> bool:
+    """Whether the pipeline ever ran on this cluster: its `P.checkpoints` topic exists
+    (`refold run` makes it before anything else)."""
+    try:
+        partitions_of(settings, pipeline.checkpoints_topic)
+    except PrerequisiteError:  # Kafka unreachable, not authorized: not an answer
+        raise
+    except UserError:  # the topic does not exist
+        return False
+    return True
+
+
+def print_status(pipeline: Pipeline, bootstrap: str | None = None) -> bool:
+    """Print the pipeline's status; False (and a line saying so) when it never ran."""
     settings = pipeline.kafka_settings(bootstrap)
+    if not ran(pipeline, settings):
+        print(f"pipeline {pipeline.pipeline} never ran on {settings.get('bootstrap.servers')}: "
+              f"there is no {pipeline.checkpoints_topic} topic (`refold run` starts it)")
+        return False
     checkpoint, rows, shards = shard_status(pipeline, settings)
     print(f"pipeline {pipeline.pipeline}  source {pipeline.source.topic}  writer {pipeline.writer}")
     if checkpoint is None:
@@ -119,6 +153,7 @@ def print_status(pipeline: Pipeline, bootstrap: str | None = None) -> None:
         print(f"{stage.name} (writer {stage.writer}) from {stage.topic}")
         _print_shards(stage.shards)
         _print_lag(stage.rows)
+    return True
 
 
 def _print_lag(rows: list[PartitionStatus]) -> None:
@@ -137,5 +172,5 @@ def _print_shards(shards: list[Checkpoint]) -> None:
     for shard in shards:
         partitions = ",".join(str(p) for p in sorted(shard.offsets)) or "-"
         offsets = " ".join(f"{p}:{o:,}" for p, o in sorted(shard.offsets.items())) or "-"
-        age = now - shard.committed_at / 1000
-        print(f"  {shard.shard:>5}  {partitions:<12}  {shard.batch:>8,}  {offsets:<28}  {age:,.0f}s ago")
+        age = f"{now - shard.committed_at / 1000:,.0f}s ago" if shard.committed_at else "-"  # none yet
+        print(f"  {shard.shard:>5}  {partitions:<12}  {shard.batch:>8,}  {offsets:<28}  {age}")

@@ -51,6 +51,7 @@ def main() -> None:
     sys.path[:] = kept
     _subreaper()
     _preload()
+    _relay_logging()
     runpy.run_module("pyspark.daemon", run_name="__main__", alter_sys=True)
 
 
@@ -80,6 +81,17 @@ def _preload() -> None:
     # the forks, the workers' collections only scan what they made themselves (and their
     # pages of these objects stay shared with the daemon's).
     gc.freeze()
+
+
+def _relay_logging() -> None:
+    """The workers' warnings to the driver when it asks (`refold.spark.logs`): set up
+    here, before the forks, every worker has it."""
+    try:
+        from refold.spark.logs import relay_worker_logging
+
+        relay_worker_logging()
+    except Exception as exc:
+        print(f"refold.spark.daemon: relaying the workers' logging failed: {exc!r}", file=sys.stderr)
 
 
 if __name__ == "__main__":

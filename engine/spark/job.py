@@ -16,6 +16,7 @@ import ctypes
 import logging
 import os
 import re
+import socket
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,7 +28,7 @@ import orjson
 
 from refold import environment
 from refold.config import Pipeline
-from refold.errors import RefoldError, UserError
+from refold.errors import PrerequisiteError, RefoldError, UserError
 from refold.kafka.io import TopicSpec, ensure_topics, partitions_of
 from refold.ops.monitor import Monitor
 from refold.recovery.claims import claim_shards
@@ -44,6 +45,7 @@ from refold.runtime.hooks import Hooks
 from refold.runtime.processor import BatchStats, together, with_outputs
 from refold.runtime.shards import check_state_partitions, exchanged, plan_shards, stage2_shards
 from refold.runtime.tops import rank_pipeline, ranked_globally, tops_topic
+from refold.spark import logs
 from refold.spark.placement import run_shards
 from refold.spark.tasks import SUMMARY, ShardTask, reported_error, summary_offsets, summary_stats
 
@@ -76,32 +78,65 @@ def engine_topics(pipeline: Pipeline, partitions: int) -> list[TopicSpec]:
 
 
 def spark_session(master: str = "local[2]", conf: dict[str, str] | None = None, name: str = "refold") -> Any:
-    """A local-friendly Spark session with Spark's Kafka connector on the classpath."""
+    """A local-friendly Spark session with Spark's Kafka connector on the classpath. The
+    driver's JVM logs to `<home>/logs/<name>.log` (`refold.spark.logs`), not the terminal."""
     _limit_malloc_arenas()  # before py4j's threads exist
+    from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
     from refold.spark.jars import spark_jars
 
     # Python workers (materialization writers on executors) need this interpreter's packages
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = (
-        SparkSession.builder.master(local_with_retries(master))
-        .appName(name)
-        .config("spark.jars", ",".join(str(p) for p in spark_jars()))
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.python.worker.reuse", "true")
-        .config("spark.python.daemon.module", "refold.spark.daemon")  # pyspark without its zip: see there
-        .config("spark.sql.streaming.kafka.useDeprecatedOffsetFetching", "false")
-    )
-    for key, value in {**java_options(master), **(conf or {})}.items():
+    check_master(master)
+    log = None if logs.on_terminal() else logs.log_file(name)
+    options = {
+        "spark.master": local_with_retries(master),
+        "spark.app.name": name,
+        "spark.jars": ",".join(str(p) for p in spark_jars()),
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.host": "127.0.0.1",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.python.worker.reuse": "true",
+        "spark.python.daemon.module": "refold.spark.daemon",  # pyspark without its zip: see there
+        "spark.sql.streaming.kafka.useDeprecatedOffsetFetching": "false",
+        **java_options(master, log),
+        **(conf or {}),
+    }
+    if log is not None:  # the driver's JVM, its output to the log file
+        logs.launch_jvm(SparkConf(loadDefaults=False).setAll(list(options.items())), log)
+    builder = SparkSession.builder
+    for key, value in options.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def check_master(master: str, timeout: float = 3.0) -> None:
+    """A standalone master (`spark://host:port`, several for a standby pair) must answer
+    before Spark starts: Spark itself would retry for a minute and end in pages of
+    stack traces. Raises PrerequisiteError naming the master and what to do."""
+    found = re.fullmatch(r"spark://(.+)", master.strip())
+    if found is None:
+        return  # local[N], or a resource manager Spark reaches its own way
+    refused = []
+    for address in found.group(1).split(","):
+        host, _, port = address.strip().rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+            return
+        except ValueError:
+            raise PrerequisiteError(f"spark.master {master!r}: {address!r} is not host:port") from None
+        except OSError as exc:
+            refused.append(f"{address.strip()}: {exc.strerror or exc}")
+    raise PrerequisiteError(
+        f"the Spark master {master} does not answer ({'; '.join(refused)}): start one with "
+        "`refold spark start` (a local standalone cluster), or set spark.master to local[2] "
+        "to run Spark inside refold"
+    )
 
 
 # On a cluster the JVMs' own work is small: the executors fetch Kafka and hand Arrow
@@ -114,11 +149,14 @@ def spark_session(master: str = "local[2]", conf: dict[str, str] | None = None, 
 _CLUSTER_JIT = "-XX:TieredStopAtLevel=1"
 
 
-def java_options(master: str) -> dict[str, str]:
-    """The driver's (and, on a cluster, the executors') JVM options Refold starts Spark with."""
+def java_options(master: str, log: Path | None = None) -> dict[str, str]:
+    """The driver's (and, on a cluster, the executors') JVM options Refold starts Spark with:
+    the driver's logging to `log` through Refold's log4j2 configuration (`refold.spark.logs`),
+    or WARN and above on the terminal when `log` is None."""
+    logging_options = " ".join(logs.driver_options(log)) if log is not None else "-Dlog4j2.level=WARN"
     if master.strip().startswith("local"):
-        return {"spark.driver.extraJavaOptions": "-Dlog4j2.level=WARN"}
-    return {"spark.driver.extraJavaOptions": f"-Dlog4j2.level=WARN {_CLUSTER_JIT}",
+        return {"spark.driver.extraJavaOptions": logging_options}
+    return {"spark.driver.extraJavaOptions": f"{logging_options} {_CLUSTER_JIT}",
             "spark.executor.extraJavaOptions": _CLUSTER_JIT}
 
 
@@ -171,13 +209,17 @@ def run_pipeline(
     spark: Any = None,
     quiet: bool = False,
     metrics_port: int | None = None,
+    log_format: str | None = None,
 ) -> Progress:
     """Run the engine until stopped (or until idle for `until_idle` seconds).
 
     The driver fences every shard's writer (settling transactions an earlier run left
     open), reads the committed checkpoints for the starting offsets, and runs each
-    micro-batch's shards as Spark tasks (`refold.spark.tasks`)."""
+    micro-batch's shards as Spark tasks (`refold.spark.tasks`). `log_format`: the batch
+    lines' (`refold.ops.monitor`), "text" or "json"; by default text on a terminal."""
     _limit_malloc_arenas()
+    if spark is None:
+        check_master(pipeline.spark.master)  # before any topic is made
     # --bootstrap-servers, else REFOLD_BOOTSTRAP_SERVERS, else the pipeline's kafka:, else local
     settings = pipeline.kafka_settings(bootstrap)
     java_settings = pipeline.kafka.java()  # for Spark's source; fails before Spark starts
@@ -198,7 +240,7 @@ def run_pipeline(
     # Whatever fails from here on (a metrics port in use, a bad Spark option, the query's
     # start), the monitor and our Spark end.
     try:
-        monitor = Monitor(pipeline, settings, metrics_port=metrics_port, quiet=quiet)
+        monitor = Monitor(pipeline, settings, metrics_port=metrics_port, quiet=quiet, log_format=log_format)
         monitor.start(start)
         checkpoint_dir = spark_checkpoint_dir(pipeline)
         checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -330,10 +372,11 @@ def _raise_failure(progress: Progress, query: Any) -> None:
         failure = progress.failure
         if isinstance(failure, RefoldError):
             raise failure
-        raise RefoldError(f"the engine failed: {failure}") from failure
+        said = logs.first_line(failure) if logs.from_spark(failure) else failure  # a JVM error's message carries its stack
+        raise RefoldError(f"the engine failed: {said}") from failure
     query_error = query.exception() if query is not None else None
     if query_error is not None:
-        raise RefoldError(f"the streaming query failed: {query_error}") from query_error
+        raise RefoldError(f"the streaming query failed: {logs.first_line(query_error)}") from query_error
 
 
 def _limit_malloc_arenas(arenas: int = 2) -> None:
