@@ -81,7 +81,7 @@ def driver_options(log: Path) -> list[str]:
 def launch_jvm(conf: Any, log: Path) -> None:
     """Start Spark's driver JVM (pyspark's gateway) for `conf` with its stdout and stderr
     appended to `log`, unless this process runs one already (a JVM outlives a stopped
-    Spark session; the next session reuses it). Raises PrerequisiteError with the JVM's
+    Spark session; the next Spark session reuses it). Raises PrerequisiteError with the JVM's
     last lines when it does not start (no Java, a bad option)."""
     global _current
     from pyspark import SparkContext
