@@ -173,8 +173,15 @@ def _quote(text: str) -> str:
     return "'" + text.replace("'", "'\\''") + "'"
 
 
-def _topics(admin: AdminClient) -> set[str]:
-    return set(admin.list_topics(timeout=30).topics)
+def _topics(kafka_config: dict[str, Any]) -> set[str]:
+    """The broker's topics (a client of its own, gone when this returns)."""
+    return set(AdminClient(dict(kafka_config)).list_topics(timeout=30).topics)
+
+
+def _delete_topics(kafka_config: dict[str, Any], names: list[str]) -> None:
+    admin = AdminClient(dict(kafka_config))
+    for future in admin.delete_topics(names, operation_timeout=30).values():
+        future.result(30)
 
 
 # The page, read without a broker -------------------------------------------------------
@@ -225,8 +232,7 @@ def test_normalise() -> None:
 def test_the_tutorial_runs_as_written(tmp_path: Path, bootstrap_servers: str, kafka_config: dict[str, Any]) -> None:
     assert (VENV / "bin" / "refold").is_file(), f"no virtualenv with refold in {VENV} (make setup)"
     steps = page_steps(PAGE.read_text())
-    admin = AdminClient(dict(kafka_config))
-    before = _topics(admin)
+    before = _topics(kafka_config)
     present = sorted(set(TOPICS) & before)
     assert not present, (
         f"the tutorial's topics {', '.join(present)} already exist on {bootstrap_servers}: "
@@ -261,14 +267,14 @@ def test_the_tutorial_runs_as_written(tmp_path: Path, bootstrap_servers: str, ka
                     f"docs/tutorial.md:{step.line}: the page shows\n" + "\n".join(expected)
                     + "\nbut the commands printed\n" + "\n".join(got)
                 )
-        after = _topics(admin)
+        after = _topics(kafka_config)
         missing = sorted(set(TOPICS) - after)
         assert not missing, f"the commands made no topics {', '.join(missing)} on {bootstrap_servers}"
     finally:
         shell.close()
         (tmp_path / "transcript.txt").write_text("\n".join(transcript) + "\n")
-        made = sorted(name for name in _topics(admin) - before if name == "orders" or name.startswith("revenue."))
-        if made:  # leave the broker as it was, so the page can run on it again
-            with contextlib.suppress(Exception):
-                for future in admin.delete_topics(made, operation_timeout=30).values():
-                    future.result(30)
+        # leave the broker as it was, so that the page can run on it again
+        made = [name for name in _topics(kafka_config) - before if name == "orders" or name.startswith("revenue.")]
+        if made:
+            with contextlib.suppress(Exception):  # as the topic fixture: cleanup, not the test
+                _delete_topics(kafka_config, sorted(made))
