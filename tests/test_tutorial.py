@@ -28,6 +28,7 @@ import re
 import signal
 import subprocess
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -251,7 +252,7 @@ def test_the_tutorial_runs_as_written(tmp_path: Path, bootstrap_servers: str, ka
         REFOLD_HOME=str(tmp_path / "refold-home"),
         PYTHONUNBUFFERED="1",
     )
-    transcript: list[str] = []
+    transcript: list[str] = []  # every block, how long it took and what it printed: transcript.txt
     shell = Shell(clone, env, scripts)
     try:
         printed = ""
@@ -259,8 +260,10 @@ def test_the_tutorial_runs_as_written(tmp_path: Path, bootstrap_servers: str, ka
             if step.kind == "file":
                 (shell.cwd / step.name).write_text(step.text)
             elif step.kind == "sh":
+                started = time.monotonic()
                 printed = shell.run(step)
-                transcript += [f"$ (docs/tutorial.md:{step.line})", step.text.rstrip(), printed]
+                took = time.monotonic() - started
+                transcript += [f"$ (docs/tutorial.md:{step.line}, {took:.1f}s)", step.text.rstrip(), printed]
             else:
                 expected, got = normalise(step.text), normalise(printed)
                 assert got == expected, (
