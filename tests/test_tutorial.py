@@ -44,7 +44,7 @@ VENV = REPO / ".venv"
 
 # The topics the page's commands make: none may exist before, every one must exist on
 # the test broker after (so every command and the pipeline went to REFOLD_BOOTSTRAP_SERVERS).
-TOPICS = ("orders", "revenue.view", "revenue.delta", "revenue.checkpoints", "revenue.state")
+TOPICS = ("purchases", "revenue.view", "revenue.delta", "revenue.checkpoints", "revenue.state")
 
 BLOCK_SECONDS = 300.0  # the longest one block may take (a `refold run` takes ~25 s alone)
 
@@ -193,7 +193,7 @@ def test_the_page_follows_its_conventions() -> None:
     kinds = [step.kind for step in steps]
     assert kinds.count("sh") >= 10 and kinds.count("output") >= 8, kinds
     files = {step.name: step.text for step in steps if step.kind == "file"}
-    assert set(files) >= {"orders.jsonl", "revenue.yaml", "correction.jsonl", "table.py"}
+    assert set(files) >= {"purchases.jsonl", "revenue.yaml", "correction.jsonl", "table.py"}
     pipeline = yaml.safe_load(files["revenue.yaml"])
     # no kafka: block, so the pipeline follows REFOLD_BOOTSTRAP_SERVERS and the local broker
     assert "kafka" not in pipeline
@@ -277,7 +277,7 @@ def test_the_tutorial_runs_as_written(tmp_path: Path, bootstrap_servers: str, ka
         shell.close()
         (tmp_path / "transcript.txt").write_text("\n".join(transcript) + "\n")
         # leave the broker as it was, so that the page can run on it again
-        made = [name for name in _topics(kafka_config) - before if name == "orders" or name.startswith("revenue.")]
+        made = [name for name in _topics(kafka_config) - before if name == "purchases" or name.startswith("revenue.")]
         if made:
             with contextlib.suppress(Exception):  # as the topic fixture: cleanup, not the test
                 _delete_topics(kafka_config, sorted(made))
