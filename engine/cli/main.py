@@ -97,7 +97,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
         partitions=args.partitions,
     )
     print(
-        f"wrote {result.events} events to {args.topic} in {result.transactions} "
+        f"wrote {result.events} event{'s' if result.events != 1 else ''} to {args.topic} in {result.transactions} "
         f"transaction{'s' if result.transactions != 1 else ''} ({result.seconds:.2f}s)"
     )
     return 0

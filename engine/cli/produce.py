@@ -73,7 +73,7 @@ def produce(
             pass
     created = ensure_topics(settings, [TopicSpec(topic, partitions)])
     if created and progress:
-        eprint(f"created topic {topic} ({partitions} partitions)")
+        eprint(f"created topic {topic} ({partitions} partition{'s' if partitions != 1 else ''})")
     writer = TransactionalWriter(settings, f"refold-produce-{uuid.uuid4()}", timeout_ms=60_000)
     writer.initialise()
     started = time.monotonic()
