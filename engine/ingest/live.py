@@ -1,0 +1,205 @@
+"""The live rows of a topic, folded from its own changelog: what an ingest diffs against.
+
+Kafka is the truth: an ingest, a correction and a retraction read the topic's
+committed changelog (read_committed) to its end and fold it, event by event, into
+the multiset of live rows (docs/SEMANTICS.md): `+A`/`+C` add a copy of a row,
+`-R`/`-C` remove one copy of an equal row (`canonical_row`). A unit the engine
+would refuse (a retraction of a row that is not live, a `-C` without its `+C`, an
+undecodable value) changes nothing here either, and is counted.
+
+The rows are grouped by their primary-key columns (or, without a primary key, by
+the whole row) and kept in RocksDB in a temporary directory (`LocalTable`), so a
+topic larger than memory folds in bounded memory. The group key is the bytes the
+ingest writes as the message key: the JSON object of the primary-key columns
+(`message_key_bytes`), or the row's canonical bytes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import orjson
+from rocksdict import Options, Rdict
+
+from refold import environment
+from refold.codecs import JsonlCodec
+from refold.errors import RecordError, RecordSource
+from refold.kafka.io import read_to_end
+from refold.model.changelog import Op, Pairing, canonical_row, message_key_bytes
+from refold.model.reasons import Reason
+
+Row = dict[str, Any]
+
+
+class LocalTable:
+    """Sorted bytes → bytes in RocksDB under a fresh temporary directory (removed on
+    `close`): for state an ingest must not hold in memory. Not thread-safe."""
+
+    def __init__(self, root: Path | None = None, prefix: str = "refold-ingest-") -> None:
+        base = root or environment.home() / "tmp"
+        base.mkdir(parents=True, exist_ok=True)
+        self.directory = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        self._db: Rdict | None = Rdict(str(self.directory), options)
+
+    def _rdb(self) -> Rdict:
+        if self._db is None:
+            raise ValueError(f"the local table {self.directory} is closed")
+        return self._db
+
+    def get(self, key: bytes) -> bytes | None:
+        value = self._rdb().get(key)
+        return None if value is None else bytes(value)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self._rdb()[key] = value
+
+    def delete(self, key: bytes) -> None:
+        del self._rdb()[key]
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every entry, by key."""
+        it = self._rdb().iter()
+        try:
+            it.seek_to_first()
+            while it.valid():
+                yield bytes(it.key()), bytes(it.value())
+                it.next()
+        finally:
+            del it
+
+    def close(self) -> None:
+        db, self._db = self._db, None
+        if db is not None:
+            db.close()
+            del db
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> LocalTable:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+def group_of(row: Mapping[str, Any], key_columns: Sequence[str]) -> bytes | None:
+    """The group (and message) key of a row: the JSON object of its primary-key columns,
+    None when one is missing or null; without key columns, the row's canonical bytes."""
+    if not key_columns:
+        return canonical_row(row)
+    values = []
+    for column in key_columns:
+        value = row.get(column)
+        if value is None:
+            return None
+        values.append(value)
+    return message_key_bytes(key_columns, values)
+
+
+@dataclass
+class FoldReport:
+    """What folding a topic met: records read, units refused (as the engine refuses
+    them) with the first one's position and reason."""
+
+    records: int = 0
+    refused: int = 0
+    first_refused: str | None = None
+    ends: dict[int, int] = field(default_factory=dict)  # partition → next offset read
+
+    def refuse(self, where: str, reason: str) -> None:
+        self.refused += 1
+        if self.first_refused is None:
+            self.first_refused = f"{where}: {reason}"
+
+
+class LiveRows:
+    """Per group key, the live copies of rows (usually one), in a `LocalTable`."""
+
+    def __init__(self, key_columns: Sequence[str], table: LocalTable) -> None:
+        self.key_columns = tuple(key_columns)
+        self.table = table
+
+    def copies(self, group: bytes) -> list[Row]:
+        value = self.table.get(group)
+        return [] if value is None else list(orjson.loads(value))
+
+    def groups(self) -> Iterator[tuple[bytes, list[Row]]]:
+        """Every group with live rows, by group key."""
+        for group, value in self.table.items():
+            yield group, list(orjson.loads(value))
+
+    def apply(self, unit: Sequence[tuple[Op, Row]]) -> Reason | None:
+        """Apply a unit (one event, or a `-C` and its `+C`) whole, or nothing of it and
+        return why (`null key`, `not live`)."""
+        trial: dict[bytes, list[Row]] = {}
+        for op, row in unit:
+            group = group_of(row, self.key_columns)
+            if group is None:
+                return Reason.NULL_KEY
+            copies = trial.get(group)
+            if copies is None:
+                copies = trial[group] = self.copies(group)
+            if op.adds:
+                copies.append(row)
+                continue
+            wanted = canonical_row(row)
+            match = [i for i, copy in enumerate(copies) if canonical_row(copy) == wanted]
+            if not match:
+                return Reason.NOT_LIVE
+            copies.pop(match[-1])  # the latest copy goes
+        for group, copies in trial.items():
+            if copies:
+                self.table.put(group, orjson.dumps(copies))
+            elif self.table.get(group) is not None:
+                self.table.delete(group)
+        return None
+
+
+def fold_topic(settings: Mapping[str, Any], topic: str, live: LiveRows) -> FoldReport:
+    """Fold `topic`'s committed changelog, from the beginning to its current end, into
+    `live`. Each partition's `-C` pairs with the `+C` right after it (`Pairing`); a
+    refused unit changes nothing and is counted in the report."""
+    codec = JsonlCodec()
+    report = FoldReport()
+    pairings: dict[int, Pairing[tuple[Op, Row, str]]] = {}
+    for msg in read_to_end(settings, topic):
+        partition, offset = int(msg.partition() or 0), int(msg.offset() or 0)
+        report.records += 1
+        report.ends[partition] = offset + 1
+        where = f"{topic}[{partition}]@{offset}"
+        pairing = pairings.setdefault(partition, Pairing())
+        value = msg.value()
+        if value is None:  # a tombstone: not an event of a changelog topic
+            report.refuse(where, Reason.UNDECODABLE)
+            _settle(report, pairing.release(), None)
+            continue
+        try:
+            event = codec.decode(value, RecordSource(topic, partition, offset))
+        except RecordError as exc:
+            report.refuse(where, exc.reason)
+            _settle(report, pairing.release(), None)
+            continue
+        step = pairing.feed(event.op, msg.key(), (event.op, dict(event.row), where))
+        _settle(report, step.unpaired, step.orphan)
+        if step.unit is not None:
+            reason = live.apply([(op, row) for op, row, _ in step.unit])
+            if reason is not None:
+                report.refuse(step.unit[0][2], reason)
+    for pairing in pairings.values():
+        _settle(report, pairing.release(), None)
+    return report
+
+
+def _settle(report: FoldReport, unpaired: tuple[Op, Row, str] | None,
+            orphan: tuple[Op, Row, str] | None) -> None:
+    if unpaired is not None:
+        report.refuse(unpaired[2], Reason.UNPAIRED_CORRECT_FROM)
+    if orphan is not None:
+        report.refuse(orphan[2], Reason.ORPHAN_CORRECT_TO)
