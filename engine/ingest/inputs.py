@@ -103,6 +103,15 @@ def _batches(path: Path, fmt: str) -> Iterator[pa.RecordBatch]:
         yield from pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS)
 
 
+def _blank(path: Path) -> bool:
+    """Whether the file has nothing but white space (read only as far as it takes to see)."""
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 16):
+            if chunk.strip():
+                return False
+    return True
+
+
 def _kind(kind: pa.DataType) -> str:
     """The JSON kind an Arrow type becomes: what a column's type may not change from."""
     if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind):
@@ -169,6 +178,8 @@ def read_rows(
         first_line = 2 if file_format == "csv" else 1
         label = "row" if file_format == "parquet" else "line"
         seen = 0
+        if _blank(path):  # no rows (an empty snapshot); pyarrow's readers refuse empty files
+            continue
         batches = _batches(path, file_format)
         while True:
             try:

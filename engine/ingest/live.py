@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import Any
 
 import orjson
-from rocksdict import Options, Rdict
+from rocksdict import Options, Rdict, WriteOptions
 
 from refold import environment
 from refold.codecs import JsonlCodec
@@ -48,6 +48,10 @@ class LocalTable:
         options = Options(raw_mode=True)
         options.create_if_missing(True)
         self._db: Rdict | None = Rdict(str(self.directory), options)
+        unlogged = WriteOptions()
+        # scratch state, rebuilt from Kafka: no write-ahead log (a property; the stub says method)
+        unlogged.disable_wal = True  # type: ignore[method-assign,assignment]
+        self._db.set_write_options(unlogged)
 
     def _rdb(self) -> Rdict:
         if self._db is None:
@@ -89,6 +93,38 @@ class LocalTable:
         self.close()
 
 
+class MemoryTable:
+    """`LocalTable`'s contract in a dict (sorted on `items`): a test double, and for inputs
+    known to be small."""
+
+    def __init__(self) -> None:
+        self._data: dict[bytes, bytes] = {}
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._data.get(key)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self._data[key] = value
+
+    def delete(self, key: bytes) -> None:
+        del self._data[key]
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        return iter(sorted(self._data.items()))
+
+    def close(self) -> None:
+        self._data.clear()
+
+    def __enter__(self) -> MemoryTable:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+Table = LocalTable | MemoryTable
+
+
 def group_of(row: Mapping[str, Any], key_columns: Sequence[str]) -> bytes | None:
     """The group (and message) key of a row: the JSON object of its primary-key columns,
     None when one is missing or null; without key columns, the row's canonical bytes."""
@@ -122,7 +158,7 @@ class FoldReport:
 class LiveRows:
     """Per group key, the live copies of rows (usually one), in a `LocalTable`."""
 
-    def __init__(self, key_columns: Sequence[str], table: LocalTable) -> None:
+    def __init__(self, key_columns: Sequence[str], table: Table) -> None:
         self.key_columns = tuple(key_columns)
         self.table = table
 

@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from refold.errors import UserError
-from refold.ingest.live import LiveRows, LocalTable, Row, group_of
+from refold.ingest.live import LiveRows, Row, Table, group_of
 from refold.model.changelog import Op, canonical_row
 
 STRATEGIES = ("snapshot", "ledger", "upsert", "append")
@@ -114,7 +114,7 @@ def _merge_join(
             a, b = next(left, None), next(right, None)
 
 
-def snapshot(live: LiveRows, rows: Iterable[InputRow], scratch: LocalTable, *, now: int,
+def snapshot(live: LiveRows, rows: Iterable[InputRow], scratch: Table, *, now: int,
              compare_columns: Sequence[str] | None = None) -> Iterator[Change]:
     """The changelog that turns the live rows into the snapshot `rows`."""
     key_columns = live.key_columns
@@ -144,7 +144,7 @@ def snapshot(live: LiveRows, rows: Iterable[InputRow], scratch: LocalTable, *, n
             yield Change(Op.CORRECT_TO, new, event_time, group)
 
 
-def _multiset_snapshot(live: LiveRows, rows: Iterable[InputRow], scratch: LocalTable, *,
+def _multiset_snapshot(live: LiveRows, rows: Iterable[InputRow], scratch: Table, *,
                        now: int) -> Iterator[Change]:
     for item in rows:
         group = canonical_row(item.row)
@@ -161,7 +161,7 @@ def _multiset_snapshot(live: LiveRows, rows: Iterable[InputRow], scratch: LocalT
             yield Change(Op.RETRACT, old, now, group)
 
 
-def ledger(live: LiveRows, rows: Iterable[InputRow], scratch: LocalTable,
+def ledger(live: LiveRows, rows: Iterable[InputRow], scratch: Table,
            conflicts: list[str], *, skipped: int = 0) -> Iterator[Change]:
     """`+A` for each row whose key is new; a known key's row again is nothing, with
     other values a conflict (appended to `conflicts`, not applied)."""
@@ -181,7 +181,7 @@ def ledger(live: LiveRows, rows: Iterable[InputRow], scratch: LocalTable,
                              f"other values{first}; not applied")
 
 
-def upsert(live: LiveRows, rows: Iterable[InputRow], scratch: LocalTable, *,
+def upsert(live: LiveRows, rows: Iterable[InputRow], scratch: Table, *,
            skipped: int = 0) -> Iterator[Change]:
     """Each row replaces its key's row; a row marked deleted retracts it. (`skipped`:
     input rows a resumed ingest already wrote, for the changes' `after`.)"""
