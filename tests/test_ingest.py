@@ -257,3 +257,37 @@ def test_a_column_whose_type_changed_is_named(bootstrap_servers: str, topic, tmp
     assert caught.value.where.endswith("b.csv:line 2")
     assert "column 'score' is string here but number at" in str(caught.value)
     assert _events(settings, name) == []
+
+
+def test_upsert_tombstones_in_json_lines_and_standard_input(bootstrap_servers: str, topic) -> None:
+    settings = {"bootstrap.servers": bootstrap_servers}
+    name = topic(partitions=2)
+    lines = _jsonl([{"k": 1, "v": "a"}, {"k": 2, "v": "b"}, {"key": {"k": 1}, "value": None},
+                    {"k": 2, "v": "c"}, {"key": {"k": 3}, "value": None}])
+    done = _run(["ingest", name, "-", "--format", "jsonl", "--merge", "upsert", "--primary-key", "k"],
+                bootstrap_servers, stdin=lines)
+    assert done.returncode == 0, done.stderr.decode()
+    assert "wrote 2 +A, 1 -R, 1 -C, 1 +C" in done.stdout.decode()
+    assert _fold(settings, name, ["k"]) == {(2,): {"k": 2, "v": "c"}}
+    assert ("-R", {"k": 1, "v": "a"}) in _ops(settings, name)
+    # the same bytes again: the same identity, already committed
+    again = _run(["ingest", name, "--format", "jsonl", "--merge", "upsert", "--primary-key", "k"],
+                 bootstrap_servers, stdin=lines)
+    assert again.returncode == 0 and "already committed" in again.stdout.decode(), again.stderr.decode()
+
+
+def test_a_name_is_one_ingest(bootstrap_servers: str, topic, tmp_path: Path) -> None:
+    settings = {"bootstrap.servers": bootstrap_servers}
+    name = topic(partitions=1)
+    (tmp_path / "a.jsonl").write_bytes(_jsonl([{"id": 1}]))
+    (tmp_path / "b.jsonl").write_bytes(_jsonl([{"id": 2}]))
+    first = ingest(settings, name, [str(tmp_path / "a.jsonl")], merge_strategy="append", name="batch-1")
+    assert first.identity == "batch-1" and first.written == 1
+    refused = _run(["ingest", name, str(tmp_path / "b.jsonl"), "--merge", "append", "--name", "batch-1"],
+                   bootstrap_servers)
+    assert refused.returncode == 2
+    assert "ingest 'batch-1'" in refused.stderr.decode() and "was committed with other input" in \
+        refused.stderr.decode()
+    second = ingest(settings, name, [str(tmp_path / "a.jsonl")], merge_strategy="append", name="batch-2")
+    assert second.written == 1 and not second.already
+    assert [r for _op, r in _ops(settings, name)] == [{"id": 1}, {"id": 1}]

@@ -112,6 +112,14 @@ def _blank(path: Path) -> bool:
     return True
 
 
+def _has_tombstones(schema: pa.Schema) -> bool:
+    """Whether JSON lines of the form `{"key": {...}, "value": null}` are in this batch."""
+    names = schema.names
+    if "key" not in names or "value" not in names:
+        return False
+    return pa.types.is_struct(schema.field("key").type) and pa.types.is_null(schema.field("value").type)
+
+
 def _kind(kind: pa.DataType) -> str:
     """The JSON kind an Arrow type becomes: what a column's type may not change from."""
     if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind):
@@ -167,10 +175,13 @@ def read_rows(
     now: int,
     event_time_column: str | None = None,
     deleted_column: str | None = None,
+    tombstones: bool = False,
     names: Sequence[str] | None = None,
 ) -> Iterator[InputRow]:
     """Every row of every file, in order. `names[i]` names `paths[i]` in messages
-    (standard input: `<stdin>`). Raises BadInput for a row or a column it cannot take."""
+    (standard input: `<stdin>`). With `tombstones` (an upsert), a JSON line
+    `{"key": {...}, "value": null}` (what `refold consume` prints for a tombstone) is a
+    deleted row of that key. Raises BadInput for a row or a column it cannot take."""
     kinds: dict[str, tuple[str, str]] = {}  # column → (kind, where first seen)
     for number, path in enumerate(paths):
         name = names[number] if names is not None else str(path)
@@ -195,14 +206,22 @@ def read_rows(
                     raise BadInput(start, f"column {field.name!r} is a system column: an ingest takes rows, "
                                           "not events (`refold produce` writes a changelog as it is)")
                 kind = _kind(field.type)
-                if kind == "null":
+                if kind == "null" or (tombstones and field.name in ("key", "value")):
                     continue
                 before = kinds.setdefault(field.name, (kind, start))
                 if before[0] != kind:
                     raise BadInput(start, f"column {field.name!r} is {kind} here but {before[0]} "
                                           f"at {before[1]}: its type changed")
             plain = _needs_plain(batch.schema)
+            deletes = tombstones and file_format == "jsonl" and _has_tombstones(batch.schema)
             for row in batch.to_pylist():
+                if deletes:
+                    key, _value = row.pop("key"), row.pop("value")
+                    if isinstance(key, dict):
+                        row = {**{c: v for c, v in row.items() if v is not None}, **key}
+                        seen += 1
+                        yield InputRow(row, f"{name}:{label} {seen + first_line - 1}", now, deleted=True)
+                        continue
                 where = (f"{name}: row {seen + 1}" if file_format == "parquet"
                          else f"{name}:{label} {seen + first_line}")
                 seen += 1

@@ -230,7 +230,8 @@ def _ingest_fenced(settings: Mapping[str, Any], topic: str, writer: _TopicWriter
             tempfile.TemporaryFile(dir=_tmp_root()) as spool:
         live, result.fold = _live(settings, topic, primary_key, state)
         rows: Iterator[merge.InputRow] = inputs.read_rows(
-            paths, fmt, now=now, event_time_column=event_time_column, deleted_column=deleted_column, names=names)
+            paths, fmt, now=now, event_time_column=event_time_column, deleted_column=deleted_column,
+            tombstones=merge_strategy == "upsert", names=names)
         rows = itertools.islice(rows, skipped, None)
         if merge_strategy == "snapshot":
             changes = merge.snapshot(live, rows, scratch, now=now, compare_columns=compare_columns)
