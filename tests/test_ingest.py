@@ -291,3 +291,37 @@ def test_a_name_is_one_ingest(bootstrap_servers: str, topic, tmp_path: Path) -> 
     second = ingest(settings, name, [str(tmp_path / "a.jsonl")], merge_strategy="append", name="batch-2")
     assert second.written == 1 and not second.already
     assert [r for _op, r in _ops(settings, name)] == [{"id": 1}, {"id": 1}]
+
+
+def test_the_live_rows_are_kept_and_caught_up(bootstrap_servers: str, topic, tmp_path: Path) -> None:
+    from refold.ingest.store import store_directory
+
+    settings = {"bootstrap.servers": bootstrap_servers}
+    name = topic(partitions=2)
+
+    def snapshot(number: int, rows: list[dict[str, Any]]) -> Any:
+        path = tmp_path / f"s{number}.jsonl"
+        path.write_bytes(_jsonl(rows))
+        return ingest(settings, name, [str(path)], merge_strategy="snapshot", primary_key=["id"], now=number)
+
+    first = snapshot(1, ROWS)
+    assert first.fold is not None and first.fold.records == 0
+    second = snapshot(2, [*ROWS[:2], {"id": 4, "name": "Dana", "score": 70}])
+    assert second.fold is not None and second.fold.records == 3  # the first ingest's records, no more
+    third = snapshot(3, ROWS[:1])
+    assert third.fold is not None and third.fold.records == second.written == 2
+    stamp = store_directory(settings, name, ["id"]) / "stamp.json"
+    kept = orjson.loads(stamp.read_bytes())
+    assert kept["topic_id"] and set(kept["ends"]) == {"0", "1"}
+
+    # a stamp of another topic (deleted and created again), or past the end, or none: rebuilt
+    for bad in ({**kept, "topic_id": "another"}, {**kept, "ends": {"0": 10_000}}, None):
+        if bad is None:
+            stamp.unlink()
+        else:
+            stamp.write_bytes(orjson.dumps(bad))
+        change = correct(settings, name, ["id"], {"id": 1}, {"score": 101 + len(_ops(settings, name))})
+        assert change is not None
+    assert len(_ops(settings, name)) == 7 + 6
+    view = _fold(settings, name, ["id"])
+    assert list(view) == [(1,)] and view[(1,)]["score"] == 101 + 11

@@ -41,10 +41,17 @@ class LocalTable:
     """Sorted bytes → bytes in RocksDB under a fresh temporary directory (removed on
     `close`): for state an ingest must not hold in memory. Not thread-safe."""
 
-    def __init__(self, root: Path | None = None, prefix: str = "refold-ingest-") -> None:
-        base = root or environment.home() / "tmp"
-        base.mkdir(parents=True, exist_ok=True)
-        self.directory = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    def __init__(self, root: Path | None = None, prefix: str = "refold-ingest-", *,
+                 directory: Path | None = None) -> None:
+        """A fresh table under `root`, removed on `close`; or, given `directory`, the
+        table kept there (the caller holds its lock and removes it when it must)."""
+        self.keep = directory is not None
+        if directory is None:
+            base = root or environment.home() / "tmp"
+            base.mkdir(parents=True, exist_ok=True)
+            directory = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+        directory.mkdir(parents=True, exist_ok=True)
+        self.directory = directory
         options = Options(raw_mode=True)
         options.create_if_missing(True)
         self._db: Rdict | None = Rdict(str(self.directory), options)
@@ -79,12 +86,17 @@ class LocalTable:
         finally:
             del it
 
+    def flush(self) -> None:
+        """Everything put so far on disk (there is no write-ahead log)."""
+        self._rdb().flush(wait=True)
+
     def close(self) -> None:
         db, self._db = self._db, None
         if db is not None:
             db.close()
             del db
-        shutil.rmtree(self.directory, ignore_errors=True)
+        if not self.keep:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
     def __enter__(self) -> LocalTable:
         return self
@@ -147,7 +159,8 @@ class FoldReport:
     records: int = 0
     refused: int = 0
     first_refused: str | None = None
-    ends: dict[int, int] = field(default_factory=dict)  # partition → next offset read
+    ends: dict[int, int] = field(default_factory=dict)  # partition → next offset to read
+    held: dict[int, int] = field(default_factory=dict)  # partition → offset of a -C the end cut from its +C
 
     def refuse(self, where: str, reason: str) -> None:
         self.refused += 1
@@ -198,14 +211,17 @@ class LiveRows:
         return None
 
 
-def fold_topic(settings: Mapping[str, Any], topic: str, live: LiveRows) -> FoldReport:
-    """Fold `topic`'s committed changelog, from the beginning to its current end, into
-    `live`. Each partition's `-C` pairs with the `+C` right after it (`Pairing`); a
-    refused unit changes nothing and is counted in the report."""
+def fold_topic(settings: Mapping[str, Any], topic: str, live: LiveRows,
+               start: Mapping[int, int] | None = None) -> FoldReport:
+    """Fold `topic`'s committed changelog, from the beginning (or the offsets `start`)
+    to its current end, into `live`. Each partition's `-C` pairs with the `+C` right
+    after it (`Pairing`); a refused unit changes nothing and is counted in the report.
+    A `-C` the end cuts from its `+C` is left unapplied and unrefused (`held`): the
+    next fold starts at it."""
     codec = JsonlCodec()
-    report = FoldReport()
+    report = FoldReport(ends=dict(start or {}))
     pairings: dict[int, Pairing[tuple[Op, Row, str]]] = {}
-    for msg in read_to_end(settings, topic):
+    for msg in read_to_end(settings, topic, start=start):
         partition, offset = int(msg.partition() or 0), int(msg.offset() or 0)
         report.records += 1
         report.ends[partition] = offset + 1
@@ -228,8 +244,10 @@ def fold_topic(settings: Mapping[str, Any], topic: str, live: LiveRows) -> FoldR
             reason = live.apply([(op, row) for op, row, _ in step.unit])
             if reason is not None:
                 report.refuse(step.unit[0][2], reason)
-    for pairing in pairings.values():
-        _settle(report, pairing.release(), None)
+    for partition, pairing in pairings.items():
+        held = pairing.release()
+        if held is not None:
+            report.held[partition] = int(held[2].rsplit("@", 1)[1])
     return report
 
 

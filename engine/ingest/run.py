@@ -1,7 +1,8 @@
 """Ingest, correct and retract: read the topic's live rows, work out the changelog, write
 it transactionally, exactly once per ingest.
 
-Who writes to a topic here: one transactional producer per topic, transactional id
+The live rows come from `refold.ingest.store` (the topic's changelog folded, kept
+between runs with a stamp). Who writes to a topic here: one transactional producer per topic, transactional id
 `refold-ingest-<TOPIC>`. Its `init_transactions` fences every earlier ingest,
 correction or retraction of the topic still running (and aborts its open
 transaction) before this one reads the topic: so the live rows it diffs against
@@ -43,8 +44,9 @@ from refold import environment
 from refold.codecs import JsonlCodec
 from refold.errors import UserError
 from refold.ingest import inputs, merge
-from refold.ingest.live import FoldReport, LiveRows, LocalTable, Row, fold_topic, group_of
+from refold.ingest.live import FoldReport, LocalTable, Row, group_of
 from refold.ingest.merge import Change
+from refold.ingest.store import live_rows
 from refold.kafka.io import TopicSpec, ensure_topics, partitions_of, read_to_end
 from refold.kafka.transactions import TransactionalWriter, TransactionFailed
 from refold.model.changelog import ChangelogEvent, Op, canonical_row
@@ -129,12 +131,6 @@ def _last_record(settings: Mapping[str, Any], topic: str, identity: str) -> dict
             value = msg.value()
             found = None if value is None else orjson.loads(value)
     return found
-
-
-def _live(settings: Mapping[str, Any], topic: str, key_columns: Sequence[str],
-          table: LocalTable) -> tuple[LiveRows, FoldReport]:
-    live = LiveRows(key_columns, table)
-    return live, fold_topic(settings, topic, live)
 
 
 def _tmp_root() -> Path:
@@ -226,9 +222,8 @@ def _ingest_fenced(settings: Mapping[str, Any], topic: str, writer: _TopicWriter
         skipped = int(previous.get("input_rows") or 0)
         result.resumed_at = skipped
     result.changes.update((previous or {}).get("changes", {}))
-    with LocalTable(_tmp_root()) as state, LocalTable(_tmp_root()) as scratch, \
+    with live_rows(settings, topic, primary_key) as (live, result.fold), LocalTable(_tmp_root()) as scratch, \
             tempfile.TemporaryFile(dir=_tmp_root()) as spool:
-        live, result.fold = _live(settings, topic, primary_key, state)
         rows: Iterator[merge.InputRow] = inputs.read_rows(
             paths, fmt, now=now, event_time_column=event_time_column, deleted_column=deleted_column,
             tombstones=merge_strategy == "upsert", names=names)
@@ -302,8 +297,7 @@ def _key_group(primary_key: Sequence[str], key: Mapping[str, Any]) -> bytes:
 
 def _the_live_row(settings: Mapping[str, Any], topic: str, primary_key: Sequence[str],
                   group: bytes) -> Row:
-    with LocalTable(_tmp_root()) as table:
-        live, _report = _live(settings, topic, primary_key, table)
+    with live_rows(settings, topic, primary_key) as (live, _report):
         copies = live.copies(group)
     if not copies:
         raise NoLiveRow(f"{topic!r} has no live row for key {group.decode()}; nothing written")
