@@ -3,7 +3,8 @@ standard input), read with pyarrow in record batches, as `InputRow`s.
 
 Every row is made JSON-native (timestamps and dates become ISO-8601 strings,
 decimals strings) since that is what the topic holds and what rows compare by.
-Positions: a CSV row is named by its line (the header is line 1), a JSON-lines row
+In CSV an empty cell is null and a quoted `""` the empty string. Positions: a CSV
+row is named by its line (the header is line 1), a JSON-lines row
 by its line, a Parquet row by its row number (from 1).
 """
 
@@ -23,7 +24,6 @@ from typing import Any
 import orjson
 import pyarrow as pa
 import pyarrow.csv as pacsv
-import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from refold.codecs.jsonl import event_time_from_iso
@@ -94,10 +94,10 @@ def content_hash(paths: Sequence[Path], *parts: object) -> str:
 
 def _batches(path: Path, fmt: str) -> Iterator[pa.RecordBatch]:
     if fmt == "csv":
-        reader: Any = pacsv.open_csv(path, read_options=pacsv.ReadOptions(block_size=_BLOCK_BYTES))
-        yield from reader
-    elif fmt == "jsonl":
-        reader = pajson.open_json(path, read_options=pajson.ReadOptions(block_size=_BLOCK_BYTES))
+        # an empty cell is null, a quoted empty string "" is the empty string (PostgreSQL's COPY)
+        convert = pacsv.ConvertOptions(strings_can_be_null=True, quoted_strings_can_be_null=False)
+        reader: Any = pacsv.open_csv(path, read_options=pacsv.ReadOptions(block_size=_BLOCK_BYTES),
+                                     convert_options=convert)
         yield from reader
     else:
         yield from pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS)
@@ -112,12 +112,52 @@ def _blank(path: Path) -> bool:
     return True
 
 
-def _has_tombstones(schema: pa.Schema) -> bool:
-    """Whether JSON lines of the form `{"key": {...}, "value": null}` are in this batch."""
-    names = schema.names
-    if "key" not in names or "value" not in names:
-        return False
-    return pa.types.is_struct(schema.field("key").type) and pa.types.is_null(schema.field("value").type)
+def _forbidden(event_time_column: str | None) -> frozenset[str]:
+    """The columns an input row may not have: the system columns but `event_time`, and
+    that too when another column is the event time."""
+    if event_time_column and event_time_column != "event_time":
+        return frozenset({*_FORBIDDEN, "event_time"})
+    return frozenset(_FORBIDDEN)
+
+
+def _system_column(column: str) -> str:
+    return (f"column {column!r} is a system column: an ingest takes rows, not events "
+            "(`refold produce` writes a changelog as it is)")
+
+
+_JSON_KINDS = {bool: "boolean", int: "number", float: "number", str: "string", list: "list", dict: "object"}
+
+
+def _jsonl_rows(path: Path, name: str, kinds: dict[str, tuple[str, str]], forbidden: frozenset[str],
+                tombstones: bool) -> Iterator[tuple[dict[str, Any], str, bool]]:
+    """(row, where, deleted) per non-blank line. JSON lines are parsed as written (by
+    orjson, not pyarrow, whose type inference would turn ISO-8601 strings into
+    timestamps and name a bad line only within its block)."""
+    with open(path, "rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{name}:line {number}"
+            try:
+                row = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise BadInput(where, f"not JSON: {exc}") from exc
+            if type(row) is not dict:
+                raise BadInput(where, f"not a JSON object but a JSON {type(row).__name__}")
+            if tombstones and len(row) == 2 and row.get("value", 0) is None and type(row.get("key")) is dict:
+                yield row["key"], where, True
+                continue
+            for column, value in row.items():
+                if column in forbidden:
+                    raise BadInput(where, _system_column(column))
+                if value is None:
+                    continue
+                kind = _JSON_KINDS.get(type(value), "other")
+                before = kinds.setdefault(column, (kind, where))
+                if before[0] != kind:
+                    raise BadInput(where, f"column {column!r} is {kind} here but {before[0]} "
+                                          f"at {before[1]}: its type changed")
+            yield row, where, False
 
 
 def _kind(kind: pa.DataType) -> str:
@@ -189,6 +229,11 @@ def read_rows(
         first_line = 2 if file_format == "csv" else 1
         label = "row" if file_format == "parquet" else "line"
         seen = 0
+        if file_format == "jsonl":
+            for row, where, deleted in _jsonl_rows(path, name, kinds, _forbidden(event_time_column), tombstones):
+                yield (InputRow(row, where, now, deleted=True) if deleted
+                       else _input_row(row, where, now, event_time_column, deleted_column))
+            continue
         if _blank(path):  # no rows (an empty snapshot); pyarrow's readers refuse empty files
             continue
         batches = _batches(path, file_format)
@@ -201,27 +246,19 @@ def read_rows(
                 where = f"{name}: after {label} {seen + first_line - 1}" if seen else name
                 raise BadInput(where, f"cannot read it as {file_format}: {exc}") from exc
             start = f"{name}:{label} {seen + first_line}" if file_format != "parquet" else f"{name}: row {seen + 1}"
+            forbidden = _forbidden(event_time_column)
             for field in batch.schema:
-                if field.name in _FORBIDDEN:
-                    raise BadInput(start, f"column {field.name!r} is a system column: an ingest takes rows, "
-                                          "not events (`refold produce` writes a changelog as it is)")
+                if field.name in forbidden:
+                    raise BadInput(start, _system_column(field.name))
                 kind = _kind(field.type)
-                if kind == "null" or (tombstones and field.name in ("key", "value")):
+                if kind == "null":
                     continue
                 before = kinds.setdefault(field.name, (kind, start))
                 if before[0] != kind:
                     raise BadInput(start, f"column {field.name!r} is {kind} here but {before[0]} "
                                           f"at {before[1]}: its type changed")
             plain = _needs_plain(batch.schema)
-            deletes = tombstones and file_format == "jsonl" and _has_tombstones(batch.schema)
             for row in batch.to_pylist():
-                if deletes:
-                    key, _value = row.pop("key"), row.pop("value")
-                    if isinstance(key, dict):
-                        row = {**{c: v for c, v in row.items() if v is not None}, **key}
-                        seen += 1
-                        yield InputRow(row, f"{name}:{label} {seen + first_line - 1}", now, deleted=True)
-                        continue
                 where = (f"{name}: row {seen + 1}" if file_format == "parquet"
                          else f"{name}:{label} {seen + first_line}")
                 seen += 1
