@@ -4,10 +4,12 @@ the topic's changelog exactly as one run without a kill does."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -89,3 +91,40 @@ def test_kill_9_then_the_same_ingest_writes_each_change_once(bootstrap_servers: 
     assert _by_partition(settings, killed) == _by_partition(settings, clean)
     # the run that finished wrote the rest, or found it committed by a run killed after its commit
     assert b"wrote" in out or b"already committed" in out
+
+
+def test_a_second_writer_fences_a_running_ingest(bootstrap_servers: str, topic, tmp_path: Path) -> None:
+    """A correction into the topic while an ingest runs fences the ingest (one
+    transactional id per topic); the ingest run again finishes, each row once."""
+    from refold.ingest import correct
+    from refold.ingest.run import ingests_topic
+
+    settings = {"bootstrap.servers": bootstrap_servers}
+    name = topic(partitions=2)
+    rows = [{"id": i, "v": i} for i in range(3000)]
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(_jsonl(rows))
+    command = [*REFOLD, "--bootstrap-servers", bootstrap_servers, "ingest", name, str(path), "--merge", "append",
+               "--primary-key", "id", "--per-transaction", "2"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # until its first transactions are committed
+            with contextlib.suppress(Exception):
+                if any(True for _ in read_to_end(settings, ingests_topic(name))):
+                    break
+            time.sleep(0.2)
+        change = correct(settings, name, ["id"], {"id": 0}, {"v": -1})
+        assert change is not None
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 2, out + err
+    assert b"fenced" in err, err
+    finished = subprocess.run(command, capture_output=True, timeout=300, check=False)
+    assert finished.returncode == 0, finished.stderr.decode()
+    records = [r for rs in _by_partition(settings, name).values() for _k, r in rs]
+    assert sorted(r["id"] for r in records if r["op"] == "+A") == list(range(3000))
+    assert [(r["op"], r["v"]) for r in records if r["op"] != "+A"] == [("-C", 0), ("+C", -1)]
