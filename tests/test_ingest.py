@@ -325,3 +325,21 @@ def test_the_live_rows_are_kept_and_caught_up(bootstrap_servers: str, topic, tmp
     assert len(_ops(settings, name)) == 7 + 6
     view = _fold(settings, name, ["id"])
     assert list(view) == [(1,)] and view[(1,)]["score"] == 101 + 11
+
+
+def test_the_fold_refuses_what_the_engine_refuses(bootstrap_servers: str, topic, tmp_path: Path) -> None:
+    from refold.cli.produce import produce
+
+    settings = {"bootstrap.servers": bootstrap_servers}
+    name = topic(partitions=1)
+    events = [{"op": "+A", "id": 1, "v": "a"}, {"op": "-R", "id": 2, "v": "b"},  # not live
+              {"op": "-C", "id": 1, "v": "zz"}, {"op": "+C", "id": 1, "v": "c"},  # -C of a row not live
+              {"op": "+A", "id": 3, "v": "d"}]
+    produce(settings, name, [orjson.dumps(e) for e in events], ["id"], progress=False)
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(_jsonl([{"id": 1, "v": "a"}, {"id": 3, "v": "e"}]))
+    done = _run(["ingest", name, str(path), "--merge", "snapshot", "--primary-key", "id"], bootstrap_servers)
+    assert done.returncode == 0, done.stderr.decode()
+    err = done.stderr.decode()
+    assert "2 records of" in err and f"(first: {name}[0]@1: not live)" in err, err
+    assert "wrote 0 +A, 0 -R, 1 -C, 1 +C" in done.stdout.decode()  # only id 3 changed

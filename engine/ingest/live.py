@@ -187,6 +187,15 @@ class LiveRows:
     def apply(self, unit: Sequence[tuple[Op, Row]]) -> Reason | None:
         """Apply a unit (one event, or a `-C` and its `+C`) whole, or nothing of it and
         return why (`null key`, `not live`)."""
+        if len(unit) == 1 and unit[0][0].adds:  # the common case: one row added
+            row = unit[0][1]
+            group = group_of(row, self.key_columns)
+            if group is None:
+                return Reason.NULL_KEY
+            value = self.table.get(group)
+            self.table.put(group, b"[" + orjson.dumps(row) + b"]" if value is None
+                           else orjson.dumps([*orjson.loads(value), row]))
+            return None
         trial: dict[bytes, list[Row]] = {}
         for op, row in unit:
             group = group_of(row, self.key_columns)
@@ -220,40 +229,45 @@ def fold_topic(settings: Mapping[str, Any], topic: str, live: LiveRows,
     next fold starts at it."""
     codec = JsonlCodec()
     report = FoldReport(ends=dict(start or {}))
-    pairings: dict[int, Pairing[tuple[Op, Row, str]]] = {}
+    pairings: dict[int, Pairing[_Held]] = {}
     for msg in read_to_end(settings, topic, start=start):
         partition, offset = int(msg.partition() or 0), int(msg.offset() or 0)
         report.records += 1
         report.ends[partition] = offset + 1
-        where = f"{topic}[{partition}]@{offset}"
-        pairing = pairings.setdefault(partition, Pairing())
+        pairing = pairings.get(partition)
+        if pairing is None:
+            pairing = pairings[partition] = Pairing()
         value = msg.value()
         if value is None:  # a tombstone: not an event of a changelog topic
-            report.refuse(where, Reason.UNDECODABLE)
-            _settle(report, pairing.release(), None)
+            report.refuse(f"{topic}[{partition}]@{offset}", Reason.UNDECODABLE)
+            _settle(topic, report, pairing.release(), None)
             continue
         try:
             event = codec.decode(value, RecordSource(topic, partition, offset))
         except RecordError as exc:
-            report.refuse(where, exc.reason)
-            _settle(report, pairing.release(), None)
+            report.refuse(f"{topic}[{partition}]@{offset}", exc.reason)
+            _settle(topic, report, pairing.release(), None)
             continue
-        step = pairing.feed(event.op, msg.key(), (event.op, dict(event.row), where))
-        _settle(report, step.unpaired, step.orphan)
+        step = pairing.feed(event.op, msg.key(), (event.op, dict(event.row), partition, offset))
+        if step.unpaired is not None or step.orphan is not None:
+            _settle(topic, report, step.unpaired, step.orphan)
         if step.unit is not None:
-            reason = live.apply([(op, row) for op, row, _ in step.unit])
+            reason = live.apply([(item[0], item[1]) for item in step.unit])
             if reason is not None:
-                report.refuse(step.unit[0][2], reason)
+                first = step.unit[0]
+                report.refuse(f"{topic}[{first[2]}]@{first[3]}", reason)
     for partition, pairing in pairings.items():
         held = pairing.release()
         if held is not None:
-            report.held[partition] = int(held[2].rsplit("@", 1)[1])
+            report.held[partition] = held[3]
     return report
 
 
-def _settle(report: FoldReport, unpaired: tuple[Op, Row, str] | None,
-            orphan: tuple[Op, Row, str] | None) -> None:
+_Held = tuple[Op, Row, int, int]  # an event, its partition and offset
+
+
+def _settle(topic: str, report: FoldReport, unpaired: _Held | None, orphan: _Held | None) -> None:
     if unpaired is not None:
-        report.refuse(unpaired[2], Reason.UNPAIRED_CORRECT_FROM)
+        report.refuse(f"{topic}[{unpaired[2]}]@{unpaired[3]}", Reason.UNPAIRED_CORRECT_FROM)
     if orphan is not None:
-        report.refuse(orphan[2], Reason.ORPHAN_CORRECT_TO)
+        report.refuse(f"{topic}[{orphan[2]}]@{orphan[3]}", Reason.ORPHAN_CORRECT_TO)
