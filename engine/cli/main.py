@@ -103,6 +103,85 @@ def cmd_produce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _columns(text: str | None, option: str) -> list[str]:
+    columns = [c.strip() for c in (text or "").split(",") if c.strip()]
+    if text is not None and not columns:
+        raise UserError(f"{option} needs at least one column")
+    return columns
+
+
+def _json_object(text: str, option: str) -> dict[str, Any]:
+    import orjson
+
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise UserError(f"{option} must be a JSON object: {exc}") from exc
+    if not isinstance(value, dict):
+        raise UserError(f"{option} must be a JSON object, not {text!r}")
+    return value
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from refold.ingest import ingest
+
+    result = ingest(
+        _settings(args),
+        args.topic,
+        args.files or ["-"],
+        merge_strategy=args.merge,
+        primary_key=_columns(args.primary_key, "--primary-key"),
+        compare_columns=_columns(args.compare_columns, "--compare-columns") or None,
+        event_time_column=args.event_time,
+        deleted_column=args.deleted_column,
+        fmt=args.format,
+        name=args.name,
+        partitions=args.partitions,
+        per_transaction=args.per_transaction,
+    )
+    if result.fold is not None and result.fold.refused:
+        print(f"refold: warning: {result.fold.refused} records of {args.topic} change nothing, as the engine "
+              f"refuses them (first: {result.fold.first_refused})", file=sys.stderr)
+    for conflict in result.conflicts[:10]:
+        print(f"refold: conflict: {conflict}", file=sys.stderr)
+    if len(result.conflicts) > 10:
+        print(f"refold: ... {len(result.conflicts) - 10} more conflicts", file=sys.stderr)
+    counts = ", ".join(f"{result.changes.get(code, 0)} {code}" for code in ("+A", "-R", "-C", "+C"))
+    if result.already:
+        print(f"ingest {result.identity} was already committed to {args.topic} ({counts}); nothing written")
+        return 0
+    resumed = f", resumed after input row {result.resumed_at}" if result.resumed_at else ""
+    print(f"ingest {result.identity}: wrote {counts} to {args.topic} in {result.transactions} "
+          f"transaction{'s' if result.transactions != 1 else ''}{resumed} ({result.seconds:.2f}s)")
+    return 0
+
+
+def cmd_correct(args: argparse.Namespace) -> int:
+    import orjson
+
+    from refold.ingest import correct
+
+    change = correct(_settings(args), args.topic, _columns(args.primary_key, "--primary-key"),
+                     _json_object(args.key, "--key"), _json_object(args.set, "--set"), event_time=args.event_time)
+    if change is None:
+        print(f"the row of {args.key} already has those values; nothing written")
+        return 0
+    print(f"-C {orjson.dumps(change.old).decode()}")
+    print(f"+C {orjson.dumps(change.new).decode()}")
+    return 0
+
+
+def cmd_retract(args: argparse.Namespace) -> int:
+    import orjson
+
+    from refold.ingest import retract
+
+    change = retract(_settings(args), args.topic, _columns(args.primary_key, "--primary-key"),
+                     _json_object(args.key, "--key"), event_time=args.event_time)
+    print(f"-R {orjson.dumps(change.old).decode()}")
+    return 0
+
+
 def cmd_consume(args: argparse.Namespace) -> int:
     from refold.cli.consume import consume
 
@@ -211,6 +290,36 @@ def build_parser() -> argparse.ArgumentParser:
     produce.add_argument("--per-transaction", type=int, default=10_000, help="events per Kafka transaction")
     produce.add_argument("--partitions", type=int, default=3, help="partitions if the topic must be created")
     produce.set_defaults(func=cmd_produce)
+
+    ingest = sub.add_parser("ingest", help="write the changelog a snapshot, ledger, upsert or append batch means "
+                                           "against the topic's live rows, exactly once (docs/ingest.md)")
+    ingest.add_argument("topic")
+    ingest.add_argument("files", nargs="*", metavar="FILE",
+                        help="CSV, JSON-lines or Parquet files, folders or globs ('-' or none: stdin)")
+    ingest.add_argument("--merge", required=True, choices=["snapshot", "ledger", "upsert", "append"])
+    ingest.add_argument("--primary-key", metavar="COL[,COL]", help="the primary-key columns (the message key)")
+    ingest.add_argument("--compare-columns", metavar="COL,...",
+                        help="snapshot: a row changed only when one of these columns did")
+    ingest.add_argument("--event-time", metavar="COL", help="the column of each row's event time "
+                                                            "(default: the ingest's time)")
+    ingest.add_argument("--deleted-column", metavar="COL",
+                        help="upsert: a row whose COL is true retracts its key's row (COL is not written)")
+    ingest.add_argument("--format", choices=["csv", "jsonl", "parquet"], help="default: from the file names")
+    ingest.add_argument("--name", help="the ingest's identity (default: the SHA-256 of its input and options)")
+    ingest.add_argument("--partitions", type=int, default=3, help="partitions if the topic must be created")
+    ingest.add_argument("--per-transaction", type=int, default=10_000, help="changes per Kafka transaction")
+    ingest.set_defaults(func=cmd_ingest)
+
+    for verb, text in (("correct", "set columns of one row by its primary key: the exact -C/+C pair"),
+                       ("retract", "retract one row by its primary key: -R with the exact old row")):
+        keyed = sub.add_parser(verb, help=text)
+        keyed.add_argument("topic")
+        keyed.add_argument("--primary-key", required=True, metavar="COL[,COL]")
+        keyed.add_argument("--key", required=True, metavar="JSON", help="the key, e.g. '{\"id\": 7}'")
+        if verb == "correct":
+            keyed.add_argument("--set", required=True, metavar="JSON", help="the new values, e.g. '{\"score\": 90}'")
+        keyed.add_argument("--event-time", type=int, metavar="MS", help="epoch ms (default: now)")
+        keyed.set_defaults(func=cmd_correct if verb == "correct" else cmd_retract)
 
     consume = sub.add_parser("consume", help="print a topic's committed records as JSON lines")
     consume.add_argument("topic")
