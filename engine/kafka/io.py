@@ -23,7 +23,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
 
 from refold.errors import KafkaAuthError, PrerequisiteError, UserError
 
@@ -141,20 +141,30 @@ class TopicSpec:
     config: Mapping[str, str] = field(default_factory=dict)
 
 
-def ensure_topics(settings: Mapping[str, Any], specs: list[TopicSpec], timeout: float = 30.0) -> list[str]:
-    """Create the topics that do not exist yet; return the names created."""
+def ensure_topics(
+    settings: Mapping[str, Any],
+    specs: list[TopicSpec],
+    timeout: float = 30.0,
+    *,
+    replication_factor: int | None = None,
+) -> list[str]:
+    """Create the topics that do not exist yet; return the names created. Each gets
+    `replication_factor` replicas, by default min(3, the cluster's brokers): one on a
+    single broker, three on a production cluster (`replication_for`)."""
     admin = admin_client(settings)
-    existing = set(list_topics(admin, timeout).topics)
+    metadata = list_topics(admin, timeout)
+    existing = set(metadata.topics)
     missing = [s for s in specs if s.name not in existing]
     if not missing:
         return []
+    replicas = replication_factor or replication_for(len(metadata.brokers))
     new = []
     for spec in missing:
         config = {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
         if spec.compacted:
             config["cleanup.policy"] = "compact"
         config.update(spec.config)
-        new.append(NewTopic(spec.name, num_partitions=spec.partitions, config=config))
+        new.append(NewTopic(spec.name, num_partitions=spec.partitions, replication_factor=replicas, config=config))
     futures = admin.create_topics(new, operation_timeout=timeout, request_timeout=timeout)
     created = []
     for name, future in futures.items():
@@ -162,10 +172,65 @@ def ensure_topics(settings: Mapping[str, Any], specs: list[TopicSpec], timeout: 
             future.result()
             created.append(name)
         except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            code = exc.args[0].code()
+            if code == KafkaError.INVALID_REPLICATION_FACTOR:
+                raise PrerequisiteError(
+                    f"cannot create topic {name!r} with {replicas} replicas on a cluster of "
+                    f"{len(metadata.brokers)} brokers: {exc.args[0].str()} (lower replication_factor)"
+                ) from exc
+            if code != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise PrerequisiteError(f"cannot create topic {name!r}: {exc.args[0].str()}") from exc
     _wait_for_topics(admin, [s.name for s in missing], timeout)
     return created
+
+
+def replication_for(brokers: int) -> int:
+    """The replication factor of a topic Refold creates on a cluster of `brokers`."""
+    return max(1, min(3, brokers))
+
+
+def durability_warnings(settings: Mapping[str, Any], topics: list[str], timeout: float = 30.0) -> list[str]:
+    """What makes exactly-once weaker than the cluster allows, one sentence each: on a
+    cluster of several brokers, topics (of `topics`, and `__transaction_state`) with one
+    replica, whose loss loses committed records, or with an effective
+    `min.insync.replicas` of 1, where acks=all means one copy. Empty on one broker."""
+    admin = admin_client(settings)
+    metadata = list_topics(admin, timeout)
+    brokers = len(metadata.brokers)
+    if brokers < 2:
+        return []
+    warnings = []
+    present = [name for name in topics if name in metadata.topics and metadata.topics[name].partitions]
+    single = [
+        name for name in [*present, "__transaction_state"]
+        if name in metadata.topics
+        and any(len(p.replicas) < 2 for p in metadata.topics[name].partitions.values())
+    ]  # fmt: skip
+    if single:
+        warnings.append(
+            f"topics with a partition of one replica on a cluster of {brokers} brokers: "
+            f"{', '.join(single)} (a broker's loss loses their committed records; "
+            "Refold creates its topics with min(3, brokers) replicas)"
+        )
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, name) for name in present]
+    weak = []
+    if resources:
+        futures = admin.describe_configs(resources, request_timeout=timeout)
+        for resource, future in futures.items():
+            try:
+                entry = future.result().get("min.insync.replicas")
+            except KafkaException:
+                continue  # not allowed to describe it (ACLs): nothing to say
+            replicas = max(len(p.replicas) for p in metadata.topics[resource.name].partitions.values())
+            if entry is not None and entry.value == "1" and replicas > 1:
+                weak.append(resource.name)
+    if weak:
+        warnings.append(
+            f"topics with min.insync.replicas 1 on a cluster of {brokers} brokers: {', '.join(sorted(weak))} "
+            "(acks=all is then satisfied by the leader alone, and a leader's loss may lose a committed "
+            "transaction; set min.insync.replicas 2 on the brokers or the topics)"
+        )
+    return warnings
 
 
 def _wait_for_topics(admin: AdminClient, names: list[str], timeout: float) -> None:
