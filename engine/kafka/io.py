@@ -212,18 +212,12 @@ def durability_warnings(settings: Mapping[str, Any], topics: list[str], timeout:
             f"{', '.join(single)} (a broker's loss loses their committed records; "
             "Refold creates its topics with min(3, brokers) replicas)"
         )
-    resources = [ConfigResource(ConfigResource.Type.TOPIC, name) for name in present]
     weak = []
-    if resources:
-        futures = admin.describe_configs(resources, request_timeout=timeout)
-        for resource, future in futures.items():
-            try:
-                entry = future.result().get("min.insync.replicas")
-            except KafkaException:
-                continue  # not allowed to describe it (ACLs): nothing to say
-            replicas = max(len(p.replicas) for p in metadata.topics[resource.name].partitions.values())
-            if entry is not None and entry.value == "1" and replicas > 1:
-                weak.append(resource.name)
+    for name in present:
+        entry = _topic_setting(admin, name, "min.insync.replicas", timeout)
+        replicas = max(len(p.replicas) for p in metadata.topics[name].partitions.values())
+        if entry == "1" and replicas > 1:
+            weak.append(name)
     if weak:
         warnings.append(
             f"topics with min.insync.replicas 1 on a cluster of {brokers} brokers: {', '.join(sorted(weak))} "
@@ -231,6 +225,23 @@ def durability_warnings(settings: Mapping[str, Any], topics: list[str], timeout:
             "transaction; set min.insync.replicas 2 on the brokers or the topics)"
         )
     return warnings
+
+
+def _topic_setting(admin: AdminClient, topic: str, key: str, timeout: float) -> str | None:
+    """A topic's effective setting (its own, else the broker's default); None when it
+    may not be described (ACLs). A broker that has not yet seen a new topic says it
+    does not exist: asked again for a few seconds."""
+    deadline = time.monotonic() + min(timeout, 10.0)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    while True:
+        try:
+            entry = admin.describe_configs([resource], request_timeout=timeout)[resource].result().get(key)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() > deadline:
+                return None
+            time.sleep(0.2)
+            continue
+        return None if entry is None else str(entry.value)
 
 
 def _wait_for_topics(admin: AdminClient, names: list[str], timeout: float) -> None:
