@@ -76,6 +76,12 @@ def test_cluster_nodes_settings_and_status(cluster) -> None:
     lines = kafkacluster.report(info)
     assert "under-replicated partitions: 0" in "\n".join(lines)
     assert sum("alive" in line for line in lines) == 3
+    # `refold kafka status` in that home: each broker, the controller, the partitions.
+    shown = subprocess.run([sys.executable, "-m", "refold.cli.main", "kafka", "status"], capture_output=True,
+                           text=True, env={**os.environ, "REFOLD_HOME": str(home)}, timeout=60, check=False)
+    assert shown.returncode == 0, shown.stderr
+    assert f"broker 2  port {info.nodes[1].port}  alive" in shown.stdout
+    assert "active controller: " in shown.stdout and "under-replicated partitions: 0" in shown.stdout
     # The single broker refuses to start in a home where the cluster runs.
     with pytest.raises(Exception, match="cluster runs in this home"):
         localkafka.start(localkafka.free_port(), home=home, quiet=True)
