@@ -168,7 +168,7 @@ def start(
     base.mkdir(parents=True, exist_ok=True)
     with _locked(base):
         _refuse_beside_single_broker(home)
-        found = status(home)
+        found = configured(home)  # its nodes, running or not
         if found is not None and len(found.nodes) != brokers:
             raise PrerequisiteError(
                 f"the cluster in {base} has {len(found.nodes)} nodes, not {brokers}: "
@@ -194,8 +194,6 @@ def start_node(
         node = found.node(node_id)
         if node.alive:
             return node
-        _bindable(node.port, wait=10.0)  # the kernel may take a moment to release the ports
-        _bindable(node.controller_port, wait=10.0)
         info = _launch(base, found.nodes, timeout, quiet=True, die_with_parent=die_with_parent, only={node_id})
         return info.node(node_id)
 
@@ -325,9 +323,10 @@ def _launch(
     java = require_java()
     classpath = kafka_classpath()
     wanted = set(only) if only is not None else {node.node_id for node in nodes if not node.alive}
-    for node in nodes:
-        if node.node_id in wanted and not _bindable(node.port):
-            raise PrerequisiteError(f"port {node.port} on {HOST} (node {node.node_id}) is taken by another program")
+    for node in nodes:  # a node stopped a moment ago may hold its ports a little longer
+        for used in (node.port, node.controller_port) if node.node_id in wanted else ():
+            if not _bindable(used, wait=10.0):
+                raise PrerequisiteError(f"port {used} on {HOST} (node {node.node_id}) is taken by another program")
     voters = {node.node_id: node.controller_port for node in nodes}
     cluster_id = _cluster_id(nodes) or kafkaconfig.new_cluster_id()
     started = time.monotonic()
