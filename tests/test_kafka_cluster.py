@@ -115,6 +115,7 @@ def test_topics_take_three_replicas_and_weak_ones_are_named(cluster) -> None:
     futures = admin.create_topics([NewTopic(one, 1, 1), NewTopic(loose, 1, 3, config={"min.insync.replicas": "1"})])
     for future in futures.values():
         future.result(30)
+    assert replicas_of(admin, one, 1) == [1] and replicas_of(admin, loose, 1) == [3]
     warnings = durability_warnings(settings, [name, one, loose])
     assert len(warnings) == 2, warnings
     assert one in warnings[0] and "one replica" in warnings[0] and loose not in warnings[0]

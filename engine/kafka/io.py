@@ -195,12 +195,17 @@ def durability_warnings(settings: Mapping[str, Any], topics: list[str], timeout:
     replica, whose loss loses committed records, or with an effective
     `min.insync.replicas` of 1, where acks=all means one copy. Empty on one broker."""
     admin = admin_client(settings)
-    metadata = list_topics(admin, timeout)
+    settle = time.monotonic() + min(timeout, 5.0)  # a broker may learn of a new topic a moment late
+    while True:
+        metadata = list_topics(admin, timeout)
+        present = [name for name in topics if name in metadata.topics and metadata.topics[name].partitions]
+        if len(present) == len(set(topics)) or time.monotonic() > settle:
+            break
+        time.sleep(0.2)
     brokers = len(metadata.brokers)
     if brokers < 2:
         return []
     warnings = []
-    present = [name for name in topics if name in metadata.topics and metadata.topics[name].partitions]
     single = [
         name for name in [*present, "__transaction_state"]
         if name in metadata.topics
