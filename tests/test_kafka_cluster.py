@@ -14,6 +14,7 @@ the admin API, since the broker's jars do not bring Kafka's command-line tools).
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -37,7 +38,7 @@ from refold.dev.kafkacluster import ClusterInfo
 from refold.dev.testing import Workload, generate
 from refold.kafka.io import TopicSpec, durability_warnings, ensure_topics, open_transactions
 from refold.recovery.restore import load_checkpoints
-from refold.spark.job import engine_topics
+from refold.spark.job import engine_topics, prepare_topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -137,6 +138,40 @@ def replicas_of(admin: AdminClient, topic: str, partitions: int) -> list[int]:
     return list(wait_until(known, f"the partitions of {topic}", 30))
 
 
+def write_pipeline(tmp: Path, bootstrap: str, source: str, **extra: Any) -> Path:
+    name = f"k{uuid.uuid4().hex[:10]}"
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({
+        "pipeline": name,
+        "kafka": {"bootstrap.servers": bootstrap},
+        "source": {"topic": source},
+        "view": {"key": ["player_name"], "columns": COLUMNS},
+        "outputs": {"view": {"topic": f"{name}.view"}, "delta": {"topic": f"{name}.delta"}},
+        "trigger": "200ms",
+        "max_batch_events": 100,
+        "spark": {"master": "local[2]", "checkpoint_dir": str(tmp / "spark"),
+                  "conf": {"spark.ui.enabled": "false"}},
+        **extra,
+    }))
+    return path
+
+
+def test_a_pipeline_replication_factor_of_one_is_used_and_warned_about(cluster, tmp_path, caplog) -> None:
+    info, _home = cluster
+    settings = {"bootstrap.servers": info.bootstrap}
+    source = f"src-{uuid.uuid4().hex[:8]}"
+    ensure_topics(settings, [TopicSpec(source, 2)])
+    pipeline = load_pipeline(write_pipeline(tmp_path, info.bootstrap, source, replication_factor=1))
+    with caplog.at_level(logging.WARNING, logger="refold.spark.job"):
+        specs = prepare_topics(pipeline, settings, 2)
+    admin = AdminClient(settings)
+    assert {spec.name: replicas_of(admin, spec.name, spec.partitions)[0] for spec in specs} == {
+        spec.name: 1 for spec in specs}
+    [warning] = [record.getMessage() for record in caplog.records]
+    assert f"pipeline {pipeline.pipeline}: topics with a partition of one replica on a cluster of 3" in warning
+    assert pipeline.checkpoints_topic in warning and source not in warning
+
+
 # A pipeline through broker kills -------------------------------------------------------------
 
 
@@ -190,19 +225,7 @@ def test_pipeline_exact_through_coordinator_and_leader_kills(cluster, tmp_path) 
     source = f"src-{uuid.uuid4().hex[:8]}"
     ensure_topics(settings, [TopicSpec(source, 3)])
     events = load(settings, source, 800, seed=7)
-    name = f"k{uuid.uuid4().hex[:10]}"
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({
-        "pipeline": name,
-        "kafka": {"bootstrap.servers": info.bootstrap},
-        "source": {"topic": source},
-        "view": {"key": ["player_name"], "columns": COLUMNS},
-        "outputs": {"view": {"topic": f"{name}.view"}, "delta": {"topic": f"{name}.delta"}},
-        "trigger": "200ms",
-        "max_batch_events": 100,
-        "spark": {"master": "local[2]", "checkpoint_dir": str(tmp_path / "spark"),
-                  "conf": {"spark.ui.enabled": "false"}},
-    }))
+    path = write_pipeline(tmp_path, info.bootstrap, source)
     pipeline = load_pipeline(path)
     release, log = tmp_path / "release", tmp_path / "engine.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("REFOLD_TEST_")}
