@@ -19,8 +19,9 @@ Each node lives in `<home>/kafka-cluster/node-<id>/` (home: `refold.environment.
     broker.pid          the pid of the running JVM (its own process group)
 
 Ports: the brokers listen on `port, port+1, …` (9092… by default), the controllers on
-the next ones when free (else any free port, kept in server.properties for restarts:
-the quorum is static, so a node comes back on the controller port it had). The
+the next ones when free (else another free port below the kernel's ephemeral range,
+kept in server.properties for restarts: the quorum is static, so a node comes back
+on the controller port it had). The
 cluster's settings (`kafkaconfig.cluster_settings`): replication factor min(3, N) for
 every topic, the internal ones too, `min.insync.replicas` min(2, N), no unclean
 leader election. One heap of 384 MB per node: three nodes fit beside Spark.
@@ -31,6 +32,7 @@ A home holds the single broker or a cluster, never both running at once.
 from __future__ import annotations
 
 import json
+import random
 import signal
 import subprocess
 import time
@@ -39,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from refold.dev import kafkaconfig
-from refold.dev.localproc import HOST, ServerStartError, free_port
+from refold.dev.localproc import HOST, ServerStartError
 from refold.dev.localproc import bindable as _bindable
 from refold.dev.localproc import end_group as _end_group
 from refold.dev.localproc import kill_group as _kill_group
@@ -130,14 +132,28 @@ def cluster_home(home: Path | None = None) -> Path:
     return (home if home is not None else project_home()).resolve() / "kafka-cluster"
 
 
-def free_port_range(count: int, attempts: int = 50) -> int:
+def free_port_range(count: int, attempts: int = 200) -> int:
     """The first of `count` consecutive TCP ports on 127.0.0.1 that are free right now
-    (for tests that run a cluster beside other brokers)."""
+    (for tests that run a cluster beside other brokers). They are taken below the
+    kernel's ephemeral range: a port from that range that is free now may become the
+    local end of a node's own connection to another node before that node listens on it."""
+    low, high = _ephemeral_range()
+    top = (low if low > 11000 else 65536) - count
+    start = 10000 if low > 11000 else high + 1
     for _ in range(attempts):
-        first = free_port()
-        if first + count < 65536 and all(_bindable(first + i) for i in range(count)):
+        first = random.randrange(start, top)
+        if all(_bindable(first + i) for i in range(count)):
             return first
     raise PrerequisiteError(f"no {count} consecutive free ports on {HOST} after {attempts} tries")
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range of ports for outgoing connections (Linux; else its default)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 # Lifecycle ---------------------------------------------------------------------------------
@@ -304,7 +320,7 @@ def _new_layout(base: Path, port: int, brokers: int) -> tuple[NodeInfo, ...]:
     controllers: list[int] = []
     for index in range(brokers):
         wanted = port + brokers + index
-        controllers.append(wanted if _bindable(wanted) and wanted not in controllers else free_port())
+        controllers.append(wanted if _bindable(wanted) else free_port_range(1))
     return tuple(
         NodeInfo(index + 1, port + index, controllers[index], base / f"node-{index + 1}", None)
         for index in range(brokers)
