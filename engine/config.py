@@ -426,6 +426,8 @@ class Pipeline(_Model):
     transactional_id_prefix: str | None = None
     max_batch_events: Annotated[int, Field(ge=1)] = 200_000
     partitions: Annotated[int, Field(ge=1, le=1000)] = 4  # for topics the engine creates
+    # the replicas of each topic the engine creates; unset: min(3, the cluster's brokers)
+    replication_factor: Annotated[int, Field(ge=1, le=32)] | None = None
     # a re-grouping view's stage-2 shards (refold.runtime.exchange); "merged": one task merges
     # every partition; unset: settled at start (refold.recovery.layout)
     shards: Annotated[int, Field(ge=1, le=1000)] | Literal["merged"] | None = None

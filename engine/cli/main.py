@@ -250,9 +250,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    kafka = sub.add_parser("kafka", help="a local Apache Kafka broker (KRaft) under .refold/")
+    kafka = sub.add_parser("kafka", help="a local Apache Kafka broker or cluster (KRaft) under .refold/")
     kafka.add_argument("action", choices=["start", "stop", "status"])
-    kafka.add_argument("--port", type=int, default=9092)
+    kafka.add_argument("--port", type=int, default=9092,
+                       help="the broker's port; a cluster's brokers take this one and the next ones")
+    kafka.add_argument("--brokers", type=int, default=1,
+                       help="start: a KRaft cluster of this many nodes (3: replication factor 3, "
+                            "min.insync.replicas 2); default 1, the single broker")
     kafka.set_defaults(func=cmd_kafka)
 
     pg = sub.add_parser("pg", help="a local PostgreSQL server (Debian's binaries) under .refold/")

@@ -1,7 +1,8 @@
 """The local broker's files (`refold.dev.localkafka`): server.properties, log4j2.yaml and
 the storage format.
 
-Settings, chosen for one node: replication factor and min ISR 1 for the offsets and
+Settings, chosen for one node (a cluster's nodes, `refold.dev.kafkacluster`, add
+`cluster_settings` over them): replication factor and min ISR 1 for the offsets and
 transaction state topics (so transactions work), no initial rebalance delay, and
 automatic topic creation OFF: Refold creates every topic it uses on purpose, with
 its partition count and cleanup policy, and a typo in a topic name should fail
@@ -39,12 +40,22 @@ LOG4J = """Configuration:
 """
 
 
-def server_properties(base: Path, port: int, controller_port: int, security: Security | None = None) -> str:
-    """The text of server.properties for a node in `base` on these ports."""
+def server_properties(
+    base: Path,
+    port: int,
+    controller_port: int,
+    security: Security | None = None,
+    *,
+    node_id: int = 1,
+    voters: dict[int, int] | None = None,
+) -> str:
+    """The text of server.properties for a node in `base` on these ports. `voters`
+    (node id -> controller port) makes it a node of a cluster (`cluster_settings`)."""
+    quorum = voters if voters is not None else {node_id: controller_port}
     settings = {
         "process.roles": "broker,controller",
-        "node.id": "1",
-        "controller.quorum.voters": f"1@{HOST}:{controller_port}",
+        "node.id": str(node_id),
+        "controller.quorum.voters": ",".join(f"{node}@{HOST}:{cport}" for node, cport in sorted(quorum.items())),
         "listeners": f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
         "advertised.listeners": f"PLAINTEXT://{HOST}:{port}",
         "controller.listener.names": "CONTROLLER",
@@ -77,9 +88,30 @@ def server_properties(base: Path, port: int, controller_port: int, security: Sec
         "log.segment.delete.delay.ms": "1000",
         "log.initial.task.delay.ms": "1000",
     }
+    if voters is not None:
+        settings.update(cluster_settings(len(voters)))
     if security is not None:
         settings.update(security.broker_properties(port, controller_port))
     return "".join(f"{key}={value}\n" for key, value in settings.items())
+
+
+def cluster_settings(brokers: int) -> dict[str, str]:
+    """The durability settings of a cluster of `brokers` nodes: every topic (the
+    internal ones too) on min(3, brokers) replicas, a write acknowledged by acks=all
+    once min(2, brokers) of them have it, and no out-of-sync replica ever elected
+    leader (it would drop committed records, transaction markers among them)."""
+    replicas = str(min(3, brokers))
+    isr = str(min(2, brokers))
+    return {
+        "default.replication.factor": replicas,
+        "min.insync.replicas": isr,
+        "unclean.leader.election.enable": "false",
+        "offsets.topic.replication.factor": replicas,
+        "transaction.state.log.replication.factor": replicas,
+        "transaction.state.log.min.isr": isr,
+        "share.coordinator.state.topic.replication.factor": replicas,
+        "share.coordinator.state.topic.min.isr": isr,
+    }
 
 
 def configured_ports(base: Path) -> tuple[int, int, bool] | None:
@@ -102,13 +134,16 @@ def configured_ports(base: Path) -> tuple[int, int, bool] | None:
     return None
 
 
-def format_storage(jvm: list[str], properties: Path, log_file: Path, security: Security | None) -> None:
-    """Format the storage of a fresh node (static quorum: a cluster id is enough).
-    Secured mode adds its SCRAM users, salted and hashed."""
+def format_storage(
+    jvm: list[str], properties: Path, log_file: Path, security: Security | None, cluster_id: str | None = None
+) -> None:
+    """Format the storage of a fresh node (static quorum: a cluster id is enough; the
+    nodes of one cluster share theirs). Secured mode adds its SCRAM users, salted and
+    hashed."""
     scram = security.scram_arguments() if security is not None else []
     formatted = subprocess.run(
         [*jvm, "kafka.tools.StorageTool", "format", "--ignore-formatted",
-         f"--cluster-id={_new_cluster_id()}", "--config", str(properties), *scram],
+         f"--cluster-id={cluster_id or new_cluster_id()}", "--config", str(properties), *scram],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     if formatted.returncode != 0:
@@ -119,7 +154,7 @@ def format_storage(jvm: list[str], properties: Path, log_file: Path, security: S
         )
 
 
-def _new_cluster_id() -> str:
+def new_cluster_id() -> str:
     """A random cluster id as Kafka writes them (URL-safe base64 of 16 bytes)."""
     while True:
         text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")

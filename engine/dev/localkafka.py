@@ -13,7 +13,9 @@ Its jars come from Maven Central (`refold.spark.jars`); everything else lives un
 The settings, chosen for one node, and the storage format are in
 `refold.dev.kafkaconfig`. Secured mode (opt-in: `start(..., security=Security(...))`,
 SASL_SSL with SCRAM-SHA-512 and ACLs, a fresh home needed) is in
-`refold.dev.kafkasecurity`.
+`refold.dev.kafkasecurity`. A cluster of several nodes (`refold kafka start --brokers
+3`) is `refold.dev.kafkacluster`; a home runs one or the other, and `stop` and
+`status` here handle both.
 """
 
 from __future__ import annotations
@@ -111,6 +113,14 @@ def start(
     base = kafka_home(home)
     base.mkdir(parents=True, exist_ok=True)
     with _locked(base):
+        from refold.dev import kafkacluster
+
+        cluster = kafkacluster.status(home)
+        if cluster is not None:
+            raise PrerequisiteError(
+                f"a local Kafka cluster runs in this home ({cluster.bootstrap}): "
+                "`refold kafka stop` it first, or use another REFOLD_HOME"
+            )
         running = status(home)
         if running is not None:
             _say(quiet, f"Kafka already runs at {running.bootstrap} (pid {running.pid})")
@@ -121,12 +131,17 @@ def start(
 
 
 def stop(timeout: float = 30.0, *, home: Path | None = None) -> bool:
-    """Stop the broker cleanly: SIGTERM, then SIGKILL after `timeout` seconds.
+    """Stop the broker (and the home's cluster, `kafkacluster`, if one runs) cleanly:
+    SIGTERM, then SIGKILL after `timeout` seconds.
 
     Removes the pid file. Returns False when no broker ran.
     """
+    from refold.dev import kafkacluster
+
     base = kafka_home(home)
-    return stop_server(base, _pid_file(base), lambda: _running_pid(base), timeout)
+    single = stop_server(base, _pid_file(base), lambda: _running_pid(base), timeout)
+    cluster = kafkacluster.stop(timeout, home=home)
+    return single or cluster
 
 
 def status(home: Path | None = None) -> BrokerInfo | None:
@@ -215,6 +230,11 @@ def ensure_broker(bootstrap: str | None, *, start_local: bool = False) -> str:
     info = status()
     if info is not None:
         return info.bootstrap
+    from refold.dev import kafkacluster
+
+    cluster = kafkacluster.status()
+    if cluster is not None:
+        return cluster.bootstrap
     default = f"{HOST}:{DEFAULT_PORT}"
     if _listening(HOST, DEFAULT_PORT):
         return default
@@ -230,10 +250,18 @@ def ensure_broker(bootstrap: str | None, *, start_local: bool = False) -> str:
 
 
 def cli(args: argparse.Namespace) -> int:
-    """`refold kafka start|stop|status [--port N]`. Exit 1 from `status` when none runs."""
+    """`refold kafka start|stop|status [--port N] [--brokers N]`. Exit 1 from `status`
+    when none runs."""
+    from refold.dev import kafkacluster
+
     action = args.action
     if action == "start":
         port = getattr(args, "port", None) or DEFAULT_PORT
+        brokers = getattr(args, "brokers", None) or 1
+        if brokers > 1:
+            cluster = kafkacluster.start(port, brokers)
+            print("\n".join(kafkacluster.report(cluster)))
+            return 0
         info = start(port)
         print(f"Kafka runs at {info.bootstrap} (pid {info.pid})")
         print(f"  data {info.data_dir}")
@@ -243,6 +271,10 @@ def cli(args: argparse.Namespace) -> int:
         print("Kafka stopped" if stop() else "Kafka was not running")
         return 0
     if action == "status":
+        cluster = kafkacluster.status()
+        if cluster is not None:
+            print("\n".join(kafkacluster.report(cluster)))
+            return 0
         found = status()
         if found is None:
             print(f"Kafka is not running (data in {kafka_home() / 'data'})")

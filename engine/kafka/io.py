@@ -24,7 +24,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
 
 from refold.errors import KafkaAuthError, PrerequisiteError, UserError
 
@@ -162,20 +162,30 @@ class TopicSpec:
     config: Mapping[str, str] = field(default_factory=dict)
 
 
-def ensure_topics(settings: Mapping[str, Any], specs: list[TopicSpec], timeout: float = 30.0) -> list[str]:
-    """Create the topics that do not exist yet; return the names created."""
+def ensure_topics(
+    settings: Mapping[str, Any],
+    specs: list[TopicSpec],
+    timeout: float = 30.0,
+    *,
+    replication_factor: int | None = None,
+) -> list[str]:
+    """Create the topics that do not exist yet; return the names created. Each gets
+    `replication_factor` replicas, by default min(3, the cluster's brokers): one on a
+    single broker, three on a production cluster (`replication_for`)."""
     admin = admin_client(settings)
-    existing = set(list_topics(admin, timeout).topics)
+    metadata = list_topics(admin, timeout)
+    existing = set(metadata.topics)
     missing = [s for s in specs if s.name not in existing]
     if not missing:
         return []
+    replicas = replication_factor or replication_for(len(metadata.brokers))
     new = []
     for spec in missing:
         config = {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
         if spec.compacted:
             config["cleanup.policy"] = "compact"
         config.update(spec.config)
-        new.append(NewTopic(spec.name, num_partitions=spec.partitions, config=config))
+        new.append(NewTopic(spec.name, num_partitions=spec.partitions, replication_factor=replicas, config=config))
     futures = admin.create_topics(new, operation_timeout=timeout, request_timeout=timeout)
     created = []
     for name, future in futures.items():
@@ -183,10 +193,81 @@ def ensure_topics(settings: Mapping[str, Any], specs: list[TopicSpec], timeout: 
             future.result()
             created.append(name)
         except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            code = exc.args[0].code()
+            if code == KafkaError.INVALID_REPLICATION_FACTOR:
+                raise PrerequisiteError(
+                    f"cannot create topic {name!r} with {replicas} replicas on a cluster of "
+                    f"{len(metadata.brokers)} brokers: {exc.args[0].str()} (lower replication_factor)"
+                ) from exc
+            if code != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise PrerequisiteError(f"cannot create topic {name!r}: {exc.args[0].str()}") from exc
     _wait_for_topics(admin, [s.name for s in missing], timeout)
     return created
+
+
+def replication_for(brokers: int) -> int:
+    """The replication factor of a topic Refold creates on a cluster of `brokers`."""
+    return max(1, min(3, brokers))
+
+
+def durability_warnings(settings: Mapping[str, Any], topics: list[str], timeout: float = 30.0) -> list[str]:
+    """What makes exactly-once weaker than the cluster allows, one sentence each: on a
+    cluster of several brokers, topics (of `topics`, and `__transaction_state`) with one
+    replica, whose loss loses committed records, or with an effective
+    `min.insync.replicas` of 1, where acks=all means one copy. Empty on one broker."""
+    admin = admin_client(settings)
+    settle = time.monotonic() + min(timeout, 5.0)  # a broker may learn of a new topic a moment late
+    while True:
+        metadata = list_topics(admin, timeout)
+        present = [name for name in topics if name in metadata.topics and metadata.topics[name].partitions]
+        if len(present) == len(set(topics)) or time.monotonic() > settle:
+            break
+        time.sleep(0.2)
+    brokers = len(metadata.brokers)
+    if brokers < 2:
+        return []
+    warnings = []
+    single = [
+        name for name in [*present, "__transaction_state"]
+        if name in metadata.topics
+        and any(len(p.replicas) < 2 for p in metadata.topics[name].partitions.values())
+    ]  # fmt: skip
+    if single:
+        warnings.append(
+            f"topics with a partition of one replica on a cluster of {brokers} brokers: "
+            f"{', '.join(single)} (a broker's loss loses their committed records; "
+            "Refold creates its topics with min(3, brokers) replicas)"
+        )
+    weak = []
+    for name in present:
+        entry = _topic_setting(admin, name, "min.insync.replicas", timeout)
+        replicas = max(len(p.replicas) for p in metadata.topics[name].partitions.values())
+        if entry == "1" and replicas > 1:
+            weak.append(name)
+    if weak:
+        warnings.append(
+            f"topics with min.insync.replicas 1 on a cluster of {brokers} brokers: {', '.join(sorted(weak))} "
+            "(acks=all is then satisfied by the leader alone, and a leader's loss may lose a committed "
+            "transaction; set min.insync.replicas 2 on the brokers or the topics)"
+        )
+    return warnings
+
+
+def _topic_setting(admin: AdminClient, topic: str, key: str, timeout: float) -> str | None:
+    """A topic's effective setting (its own, else the broker's default); None when it
+    may not be described (ACLs). A broker that has not yet seen a new topic says it
+    does not exist: asked again for a few seconds."""
+    deadline = time.monotonic() + min(timeout, 10.0)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    while True:
+        try:
+            entry = admin.describe_configs([resource], request_timeout=timeout)[resource].result().get(key)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() > deadline:
+                return None
+            time.sleep(0.2)
+            continue
+        return None if entry is None else str(entry.value)
 
 
 def _wait_for_topics(admin: AdminClient, names: list[str], timeout: float) -> None:

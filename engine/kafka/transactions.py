@@ -96,6 +96,9 @@ class TransactionalWriter:
         self.label = label
         self._conf = producer_config(
             settings,
+            # A transactional.id makes the producer idempotent, and idempotence means
+            # acks=all: librdkafka refuses `enable.idempotence=false` or `acks` other than
+            # `all` beside it (tests/test_kafka_cluster.py checks both refusals).
             **{
                 "transactional.id": transactional_id,
                 "transaction.timeout.ms": timeout_ms,

@@ -73,7 +73,11 @@ class BatchProcessor:
         source = partitions_of(settings, pipeline.source.topic)
         pipeline = settle_layout(pipeline, settings, len(source))  # `shards` etc. as the engine settles them
         if exchanged(pipeline):
-            ensure_topics(settings, exchange_topics(pipeline, max(pipeline.partitions, len(source))))
+            ensure_topics(
+                settings,
+                exchange_topics(pipeline, max(pipeline.partitions, len(source))),
+                replication_factor=pipeline.replication_factor,
+            )
         self.pipeline = pipeline
         self.settings = settings
         self.executor = executor

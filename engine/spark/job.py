@@ -29,7 +29,7 @@ import orjson
 from refold import environment
 from refold.config import Pipeline
 from refold.errors import PrerequisiteError, RefoldError, UserError
-from refold.kafka.io import TopicSpec, ensure_topics, partitions_of
+from refold.kafka.io import TopicSpec, durability_warnings, ensure_topics, partitions_of
 from refold.ops.monitor import Monitor
 from refold.recovery.claims import claim_shards
 from refold.recovery.layout import (
@@ -50,6 +50,18 @@ from refold.spark.placement import run_shards
 from refold.spark.tasks import SUMMARY, ShardTask, reported_error, summary_offsets, summary_stats
 
 log = logging.getLogger(__name__)
+
+
+def prepare_topics(pipeline: Pipeline, settings: dict[str, Any], source_partitions: int) -> list[TopicSpec]:
+    """Create the engine's topics that do not exist yet (`engine_topics`, with the
+    pipeline's `replication_factor`, else min(3, brokers) replicas), and log a warning
+    for each durability setting that weakens exactly-once on a cluster of several
+    brokers (`durability_warnings`: one replica, or min.insync.replicas 1)."""
+    specs = engine_topics(pipeline, max(pipeline.partitions, source_partitions))
+    ensure_topics(settings, specs, replication_factor=pipeline.replication_factor)
+    for warning in durability_warnings(settings, [pipeline.source.topic, *(spec.name for spec in specs)]):
+        log.warning("pipeline %s: %s", pipeline.pipeline, warning)
+    return specs
 
 
 def engine_topics(pipeline: Pipeline, partitions: int) -> list[TopicSpec]:
@@ -229,7 +241,7 @@ def run_pipeline(
     except UserError as exc:
         raise UserError(f"source.topic: {exc}") from exc
     pipeline = settle_layout(pipeline, settings, len(partitions))
-    ensure_topics(settings, engine_topics(pipeline, max(pipeline.partitions, len(partitions))))
+    prepare_topics(pipeline, settings, len(partitions))
     check_view_partitions(pipeline, settings, len(partitions))
     own_spark = spark is None
     spark, start = _start_engine(pipeline, settings, partitions, spark)
