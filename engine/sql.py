@@ -35,16 +35,21 @@ starts: Refold runs a query only when it can run it exactly under retraction.
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass
 from typing import Any, Final
 
-import sqlglot
 from sqlglot import exp
+from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import ParseError, TokenError
+from sqlglot.tokens import TokenType
 
 DIALECT: Final = "spark"
 PLACE: Final = "place"  # the Top-N view's place column (SEMANTICS.md, Top-N views)
 MAX_N: Final = 10_000  # TopNSpec's bound
+STRUCTS: Final = ("window", "session_window")  # Spark's time-window functions, named as their result
+BOUNDS: Final = ("window_start", "window_end")  # a windowed view's columns (SEMANTICS.md, Windows)
+FLINK_WINDOWS: Final = ("tumble", "hop", "session", "cumulate")
 
 # aggregate function → (the view's aggregation, the name an unnamed aggregate gets)
 AGGREGATES: Final[dict[type[exp.Expression], tuple[str, str]]] = {
@@ -99,9 +104,8 @@ class SqlView:
 def translate(sql: str) -> SqlView:
     """The view spec of a query (see the module docstring); SqlError when Refold cannot
     run it exactly."""
-    _refuse_time_windows(sql)  # before parsing: the parser may not read Spark's window(…)
     try:
-        statements = [s for s in sqlglot.parse(sql, read=DIALECT) if s is not None]
+        statements = [s for s in _parse(sql) if s is not None]
     except ParseError as exc:
         first = exc.errors[0] if exc.errors else {}
         where = f" at line {first['line']}, column {first['col']}" if "line" in first else ""
@@ -121,21 +125,147 @@ def translate(sql: str) -> SqlView:
     return _grouped(query)
 
 
-TIME_WINDOWS: Final = ("window", "session_window", "tumble", "hop", "session", "cumulate")
-
-
-def _refuse_time_windows(sql: str) -> None:
-    """Event-time window functions (Spark's `window(…)`, Flink's `TUMBLE(…)`), which the
-    parser may not read at all: named, with their position."""
-    try:
-        tokens = sqlglot.tokenize(sql, read=DIALECT)
-    except TokenError:
-        return
+def _parse(sql: str) -> list[exp.Expr | None]:
+    """The statements of a query, parsed from its tokens so that Spark's `window(…)` reads
+    as the function it is (sqlglot takes the keyword WINDOW for a named-window clause)."""
+    dialect = Dialect.get_or_raise(DIALECT)
+    tokens = dialect.tokenize(sql)
     for token, following in itertools.pairwise(tokens):
-        if token.text.lower() in TIME_WINDOWS and following.text == "(":
+        if following.token_type != TokenType.L_PAREN:
+            continue
+        if token.text.lower() in FLINK_WINDOWS:
             column = token.col - (token.end - token.start)
-            raise SqlError(f"{token.text}(…) (line {token.line}, column {column}): windows over event time are "
-                           "not supported (a view reduces all of its keys' live rows, whatever their time)")
+            raise SqlError(f"{token.text}(…) (line {token.line}, column {column}): Flink's window functions "
+                           "(the table function TABLE(TUMBLE(TABLE t, DESCRIPTOR(ts), …)) and the group window "
+                           "TUMBLE(ts, …)) are not supported; write Spark's GROUP BY window(ts, '1 hour'), "
+                           "window(ts, '1 hour', '15 minutes') or session_window(ts, '30 minutes')")
+        if token.token_type == TokenType.WINDOW:
+            token.token_type = TokenType.VAR
+    return list(dialect.parser().parse(tokens, sql))
+
+
+@dataclass(frozen=True)
+class _TimeWindow:
+    """A `window(…)`/`session_window(…)` call: the struct Spark names after the function
+    (`window.start`, `session_window.end`) and the `view.window` it is."""
+
+    name: str
+    spec: dict[str, Any]
+    node: exp.Expression
+
+    @property
+    def session(self) -> bool:
+        return self.name == "session_window"
+
+
+def _time_window(node: exp.Expression) -> _TimeWindow | None:
+    """The time window a `window(ts, size[, slide])` or `session_window(ts, gap)` call is
+    (None: the node is not such a call)."""
+    if not isinstance(node, exp.Anonymous) or str(node.this).lower() not in STRUCTS:
+        return None
+    name = str(node.this).lower()
+    arguments = node.expressions
+    shown = f"{name}(…) {_at(node)}"
+    if name == "session_window":
+        if len(arguments) != 2:
+            raise SqlError(f"{shown}: write session_window(time_column, 'gap')")
+        time, gap = arguments
+        spec: dict[str, Any] = {"session": {"gap": _duration(gap, shown)}}
+    else:
+        if len(arguments) == 4:
+            raise SqlError(f"{shown}: a start time (window's fourth argument) is not supported: Refold's windows "
+                           "are aligned to the epoch (a 1 hour window starts on the hour, UTC)")
+        if len(arguments) not in (2, 3):
+            raise SqlError(f"{shown}: write window(time_column, 'size') or window(time_column, 'size', 'slide')")
+        time, size, *slide = arguments
+        spec = ({"hop": {"size": _duration(size, shown), "slide": _duration(slide[0], shown)}} if slide
+                else {"tumble": _duration(size, shown)})
+    if not isinstance(time, exp.Column):
+        raise SqlError(f"{shown}: its time is {time.sql(dialect=DIALECT)} {_at(time)}; a plain column is expected "
+                       "(ISO-8601 text or epoch milliseconds)")
+    return _TimeWindow(name, {"time": time.name, **spec}, node)
+
+
+# Spark's interval units → milliseconds (months and years have no fixed length)
+_INTERVAL_UNITS: Final = {"millisecond": 1, "second": 1000, "minute": 60_000, "hour": 3_600_000,
+                          "day": 86_400_000, "week": 604_800_000}
+_INTERVAL_PART: Final = re.compile(r"(\d+)\s*([a-z]+)")
+# a Refold duration in the largest unit that writes it whole: what `refold explain` prints
+_REFOLD_UNITS: Final = (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000))
+
+
+def _duration(node: exp.Expression, where: str) -> str:
+    """A Refold duration (`1h`, `15m`, `500ms`) of one of Spark's interval arguments: a
+    string ('1 hour', '15 minutes', '1 hour 30 minutes') or INTERVAL 1 HOUR."""
+    if isinstance(node, exp.Interval):
+        value, unit = node.this, node.args.get("unit")
+        text = f"{value.this if isinstance(value, exp.Literal) else value.sql(dialect=DIALECT)}"
+        if unit is not None:
+            text = f"{text} {unit.sql(dialect=DIALECT)}"
+    elif isinstance(node, exp.Literal) and node.is_string:
+        text = node.this
+    else:
+        raise SqlError(f"{where}: {node.sql(dialect=DIALECT)} {_at(node)} is not an interval: write e.g. "
+                       "'1 hour', '15 minutes' or INTERVAL 10 SECONDS")
+    millis = _interval_ms(text)
+    if millis is None:
+        raise SqlError(f"{where}: interval {text!r} {_at(node)}: write whole numbers of milliseconds, seconds, "
+                       "minutes, hours, days or weeks, e.g. '1 hour', '1 hour 30 minutes' (a window's length "
+                       "is fixed: no months or years)")
+    for unit, size in _REFOLD_UNITS:
+        if millis % size == 0:
+            return f"{millis // size}{unit}"
+    return f"{millis}ms"
+
+
+def _interval_ms(text: str) -> int | None:
+    """Milliseconds of a Spark interval string; None when it is not one Refold takes."""
+    words = text.strip().lower().removeprefix("interval").strip()
+    parts = _INTERVAL_PART.findall(words)
+    if not parts or _INTERVAL_PART.sub("", words).strip():
+        return None
+    millis = 0
+    for number, unit in parts:
+        size = _INTERVAL_UNITS.get(unit.removesuffix("s") if unit != "ms" else "millisecond")
+        if size is None:
+            return None
+        millis += int(number) * size
+    return millis or None
+
+
+def _window_reference(node: exp.Expression) -> exp.Column | None:
+    """The first reference to a window struct (`window`, `window.start`, `session_window.end`)
+    in an expression."""
+    for column in node.find_all(exp.Column):
+        if column.table.lower() in STRUCTS or (not column.table and column.name.lower() in STRUCTS):
+            return column
+    return None
+
+
+def _window_bound(item: exp.Expression, window: _TimeWindow | None) -> str | None:
+    """`window_start`/`window_end` for a selected `window.start`/`window.end` (with or
+    without AS window_start/window_end); None for an item that is not about the window;
+    SqlError for any other use of the window struct."""
+    name, value = (item.alias, item.this) if isinstance(item, exp.Alias) else (None, item)
+    reference = _window_reference(value)
+    if reference is None:
+        return None
+    struct = reference.table.lower() or reference.name.lower()
+    if window is None:
+        raise SqlError(f"{reference.sql(dialect=DIALECT)} {_at(reference)} without window(…) or session_window(…) "
+                       "in GROUP BY")
+    if struct != window.name:
+        raise SqlError(f"{reference.sql(dialect=DIALECT)} {_at(reference)}: the bounds of {window.name}(…) are "
+                       f"{window.name}.start and {window.name}.end")
+    if value is not reference or reference.name.lower() not in ("start", "end") or not reference.table:
+        raise SqlError(f"{value.sql(dialect=DIALECT)} {_at(value)}: a windowed view selects {window.name}.start and "
+                       f"{window.name}.end themselves (they come out as window_start and window_end); the whole "
+                       "window struct or expressions of it are not supported")
+    bound = f"window_{reference.name.lower()}"
+    if name and name != bound:
+        raise SqlError(f"{reference.sql(dialect=DIALECT)} AS {name!r} {_at(item)}: the window's bounds come out "
+                       f"as window_start and window_end (write AS {bound}, or no AS)")
+    return bound
 
 
 def _grouped(query: exp.Select) -> SqlView:
@@ -153,17 +283,35 @@ def _grouped(query: exp.Select) -> SqlView:
         if group.args.get(part):
             raise SqlError(f"GROUP BY {part.upper().replace('_', ' ')} {_at(group)}: not supported")
     key: list[str] = []
+    time_window: _TimeWindow | None = None
     for item in group.expressions:
+        found = _time_window(item)
+        if found is not None:
+            if time_window is not None:
+                raise SqlError(f"a second {found.name}(…) {_at(item)}: a view has one time window")
+            time_window = found
+            continue
         column = _column(item, "GROUP BY")
         if column in key:
             raise SqlError(f"GROUP BY names {column!r} twice {_at(item)}")
         key.append(column)
+    if time_window is not None:
+        for item in group.expressions:
+            if isinstance(item, exp.Column) and item.name in BOUNDS:
+                raise SqlError(f"GROUP BY {item.name} {_at(item)} beside {time_window.name}(…): the window's own "
+                               "columns have that name")
     selected: set[str] = set()
     columns: dict[str, dict[str, str]] = {}
     for item in query.expressions:
         name, value = (item.alias, item.this) if isinstance(item, exp.Alias) else (None, item)
         if isinstance(value, exp.Star):
             raise SqlError(f"SELECT * {_at(item)} in a grouped view: name the key columns and aggregates")
+        bound = _window_bound(item, time_window)
+        if bound is not None:
+            if bound in selected:
+                raise SqlError(f"{value.sql(dialect=DIALECT)} {_at(item)} is selected twice")
+            selected.add(bound)
+            continue
         if isinstance(value, exp.Column):
             column = _column(value, "SELECT")
             if column not in key:
@@ -175,16 +323,21 @@ def _grouped(query: exp.Select) -> SqlView:
             continue
         agg, column = _aggregate(value)
         name = name or (agg_name(value) if column == "*" else f"{agg_name(value)}_{column}")
-        if name in columns or name in key:
+        if name in columns or name in key or (time_window is not None and name in BOUNDS):
             raise SqlError(f"two output columns are named {name!r} {_at(item)}: name them apart with AS")
         columns[name] = {agg: column}
     missing = [column for column in key if column not in selected]
     if missing:
         raise SqlError(f"GROUP BY {', '.join(missing)} {_at(group)}: select the grouped columns too "
                        "(a view's rows carry their key)")
+    if time_window is not None and not set(BOUNDS) <= selected:
+        name = time_window.name
+        raise SqlError(f"{name}(…) {_at(time_window.node)}: select {name}.start and {name}.end too (a windowed "
+                       "view's rows carry their window as window_start and window_end)")
     if not columns:
         raise SqlError(f"SELECT {_at(query)}: a grouped view needs at least one aggregate")
-    return SqlView({"key": key, "columns": columns, **_where(query)}, table, table_at)
+    windowed = {"window": time_window.spec} if time_window is not None else {}
+    return SqlView({"key": key, "columns": columns, **windowed, **_where(query)}, table, table_at)
 
 
 def agg_name(node: exp.Expression) -> str:
@@ -236,6 +389,12 @@ def _top_n(outer: exp.Select, subquery: exp.Subquery) -> SqlView:
     if inner.args.get("group") is not None:
         raise SqlError(f"GROUP BY {_at(inner.args['group'])} inside a Top-N: ranking aggregates is not supported")
     table, table_at = _table(inner)
+    for item in [*inner.expressions, *outer.expressions]:
+        reference = _window_reference(item.this if isinstance(item, exp.Alias) else item)
+        if reference is not None:
+            raise SqlError(f"{reference.sql(dialect=DIALECT)} {_at(reference)} in a Top-N: a Top-N per window "
+                           "(ROW_NUMBER() OVER (PARTITION BY window(ts, …), …)) carries window_start and "
+                           "window_end in its rows itself")
     window: exp.Window | None = None
     inner_columns: list[str] | None = []
     for item in inner.expressions:
@@ -269,7 +428,17 @@ def _top_n(outer: exp.Select, subquery: exp.Subquery) -> SqlView:
         if window.args.get(part):
             raise SqlError(f"ROW_NUMBER() OVER (…) {_at(window)}: a window frame or a named window is not supported")
     partition_by = []
+    time_window: _TimeWindow | None = None
     for item in window.args.get("partition_by") or []:
+        found = _time_window(item)
+        if found is not None:
+            if found.session:
+                raise SqlError(f"session_window(…) {_at(item)} in a Top-N: a Top-N ranks per tumbling or hopping "
+                               "window (window(…)); session windows are not supported there")
+            if time_window is not None:
+                raise SqlError(f"a second window(…) {_at(item)}: a Top-N ranks per one time window")
+            time_window = found
+            continue
         column = _column(item, "PARTITION BY")
         if column not in partition_by:
             partition_by.append(column)
@@ -297,7 +466,8 @@ def _top_n(outer: exp.Select, subquery: exp.Subquery) -> SqlView:
     top_n: dict[str, Any] = {"n": n, "order_by": order_by, "partition_by": partition_by}
     if columns is not None:
         top_n["columns"] = [c for c in columns if c not in partition_by]
-    return SqlView({"top_n": top_n, **_where(inner)}, table, table_at)
+    windowed = {"window": time_window.spec} if time_window is not None else {}
+    return SqlView({"top_n": top_n, **windowed, **_where(inner)}, table, table_at)
 
 
 def _where(query: exp.Select) -> dict[str, str]:
