@@ -186,9 +186,9 @@ def _time_window(node: exp.Expression) -> _TimeWindow | None:
     return _TimeWindow(name, {"time": time.name, **spec}, node)
 
 
-# Spark's interval units → milliseconds (months and years have no fixed length)
-_INTERVAL_UNITS: Final = {"millisecond": 1, "second": 1000, "minute": 60_000, "hour": 3_600_000,
-                          "day": 86_400_000, "week": 604_800_000}
+# Spark's interval units → microseconds (months and years have no fixed length)
+_INTERVAL_UNITS: Final = {"microsecond": 1, "millisecond": 1000, "second": 1_000_000, "minute": 60_000_000,
+                          "hour": 3_600_000_000, "day": 86_400_000_000, "week": 604_800_000_000}
 _INTERVAL_PART: Final = re.compile(r"(\d+)\s*([a-z]+)")
 # a Refold duration in the largest unit that writes it whole: what `refold explain` prints
 _REFOLD_UNITS: Final = (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000))
@@ -209,9 +209,9 @@ def _duration(node: exp.Expression, where: str) -> str:
                        "'1 hour', '15 minutes' or INTERVAL 10 SECONDS")
     millis = _interval_ms(text)
     if millis is None:
-        raise SqlError(f"{where}: interval {text!r} {_at(node)}: write whole numbers of milliseconds, seconds, "
-                       "minutes, hours, days or weeks, e.g. '1 hour', '1 hour 30 minutes' (a window's length "
-                       "is fixed: no months or years)")
+        raise SqlError(f"{where}: interval {text!r} {_at(node)}: a window's length is a positive whole number of "
+                       "milliseconds, in weeks, days, hours, minutes, seconds, milliseconds or microseconds, e.g. "
+                       "'1 hour' or '1 hour 30 minutes' (months and years have no fixed length)")
     for unit, size in _REFOLD_UNITS:
         if millis % size == 0:
             return f"{millis // size}{unit}"
@@ -219,18 +219,19 @@ def _duration(node: exp.Expression, where: str) -> str:
 
 
 def _interval_ms(text: str) -> int | None:
-    """Milliseconds of a Spark interval string; None when it is not one Refold takes."""
+    """Milliseconds of a Spark interval string; None when it is not one Refold takes (a
+    window's length is a positive whole number of milliseconds)."""
     words = text.strip().lower().removeprefix("interval").strip()
     parts = _INTERVAL_PART.findall(words)
     if not parts or _INTERVAL_PART.sub("", words).strip():
         return None
-    millis = 0
+    micros = 0
     for number, unit in parts:
-        size = _INTERVAL_UNITS.get(unit.removesuffix("s") if unit != "ms" else "millisecond")
+        size = _INTERVAL_UNITS.get(unit.removesuffix("s"))
         if size is None:
             return None
-        millis += int(number) * size
-    return millis or None
+        micros += int(number) * size
+    return micros // 1000 if micros > 0 and micros % 1000 == 0 else None
 
 
 def _window_reference(node: exp.Expression) -> exp.Column | None:

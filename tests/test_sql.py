@@ -204,9 +204,11 @@ REFUSED = [
     ("SELECT k, window.start, window.end, SUM(v) FROM scores GROUP BY window(ts, '1 hour', '5 minutes', "
      "'1 minute'), k", r"window\(…\) \(line 1, column 65\): a start time .* aligned to the epoch"),
     ("SELECT k, window.start, window.end, SUM(v) FROM scores GROUP BY window(ts, '1 month'), k",
-     r"interval '1 month' \(line 1, column 76\): .*no months or years"),
+     r"interval '1 month' \(line 1, column 76\): .*months and years have no fixed length"),
     ("SELECT k, window.start, window.end, SUM(v) FROM scores GROUP BY window(ts, '10 microseconds'), k",
-     r"interval '10 microseconds'"),
+     r"interval '10 microseconds' .*: a window's length is a positive whole number of milliseconds"),
+    ("SELECT k, window.start, window.end, SUM(v) FROM scores GROUP BY window(ts, '0 seconds'), k",
+     r"interval '0 seconds' \(line 1, column 76\): a window's length is a positive"),
     ("SELECT k, window.start, window.end, SUM(v) FROM scores GROUP BY window(ts, 3600), k",
      r"3600 \(line 1, column 76\) is not an interval"),
     ("SELECT k, window.start, window.end, SUM(v) FROM scores GROUP BY window(ts + 1, '1 hour'), k",

@@ -1,0 +1,149 @@
+"""Windowed views written in SQL (`refold.sql`): Spark's `window(…)` and `session_window(…)`
+give the view their YAML twin gives, the lateness is written beside the query, and every
+use of a window Refold does not take is refused with its name and position."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from refold.config import Pipeline, ViewSpec, parse_pipeline
+from refold.errors import ConfigError
+from refold.sql import SqlError, translate
+
+HOURLY = ("SELECT k, window.start AS window_start, window.end AS window_end, SUM(x) AS total "
+          "FROM t GROUP BY window(ts, '1 hour'), k")
+
+
+def without_sql(view: ViewSpec) -> ViewSpec:
+    """The view a `sql` view is, as if written in YAML (the query itself left out)."""
+    return ViewSpec.model_validate(view.model_dump(exclude={"sql"}))
+
+
+TWINS = [
+    pytest.param(
+        {"sql": HOURLY},
+        {"key": ["k"], "columns": {"total": {"sum": "x"}}, "window": {"time": "ts", "tumble": "1h"}},
+        id="tumble",
+    ),
+    pytest.param(
+        {"sql": "SELECT k, window.start, window.end, SUM(x) AS total, COUNT(*) AS n FROM t "
+                "GROUP BY window(ts, '1 hour', '15 minutes'), k"},
+        {"key": ["k"], "columns": {"total": {"sum": "x"}, "n": {"count": "*"}},
+         "window": {"time": "ts", "hop": {"size": "1h", "slide": "15m"}}},
+        id="hop",
+    ),
+    pytest.param(
+        {"sql": "select user_id, session_window.start, session_window.end, count(*) as clicks\n"
+                "from t\ngroup by user_id, session_window(ts, '30 minutes')"},
+        {"key": ["user_id"], "columns": {"clicks": {"count": "*"}},
+         "window": {"time": "ts", "session": {"gap": "30m"}}},
+        id="session",
+    ),
+    pytest.param(
+        {"sql": "SELECT team, player, window.end, window.start, MAX(score) FROM t WHERE score > 0 "
+                "GROUP BY team, WINDOW(t.event_time, INTERVAL 1 DAY), player"},
+        {"key": ["team", "player"], "columns": {"max_score": {"max": "score"}}, "where": "score > 0",
+         "window": {"time": "event_time", "tumble": "1d"}},
+        id="tumble-where-interval-literal",
+    ),
+    pytest.param(
+        {"sql": HOURLY, "window": {"lateness": "10m"}},
+        {"key": ["k"], "columns": {"total": {"sum": "x"}},
+         "window": {"time": "ts", "tumble": "1h", "lateness": "10m"}},
+        id="lateness-beside-the-query",
+    ),
+    pytest.param(
+        {"sql": "SELECT * FROM (SELECT ROW_NUMBER() OVER (PARTITION BY window(ts, '1 day'), team "
+                "ORDER BY score DESC) AS place, * FROM t) WHERE place <= 3"},
+        {"top_n": {"n": 3, "order_by": {"score": "desc"}, "partition_by": ["team"]},
+         "window": {"time": "ts", "tumble": "1d"}},
+        id="top-n-per-window",
+    ),
+    pytest.param(
+        {"sql": "SELECT place, player, score FROM (SELECT ROW_NUMBER() OVER (PARTITION BY "
+                "window(ts, '1 hour', '30 minutes') ORDER BY score DESC) AS place, player, score FROM t) "
+                "WHERE place <= 10", "window": {"lateness": "1h"}},
+        {"top_n": {"n": 10, "order_by": {"score": "desc"}, "columns": ["player", "score"]},
+         "window": {"time": "ts", "hop": {"size": "1h", "slide": "30m"}, "lateness": "1h"}},
+        id="top-n-per-hop-with-lateness",
+    ),
+]
+
+
+@pytest.mark.parametrize(("sql_view", "yaml_view"), TWINS)
+def test_a_windowed_query_is_its_yaml_twin(sql_view: dict[str, Any], yaml_view: dict[str, Any]) -> None:
+    from_sql, from_yaml = ViewSpec.model_validate(sql_view), ViewSpec.model_validate(yaml_view)
+    assert without_sql(from_sql) == from_yaml
+    assert from_sql.window == from_yaml.window is not None
+    assert from_sql.sql == sql_view["sql"] and from_sql.sql_table == ("t", from_sql.sql_table[1])
+    # a view dumped with its spec (as `refold explain` and model_dump do) reads back as itself
+    assert ViewSpec.model_validate(from_sql.model_dump()) == from_sql
+
+
+@pytest.mark.parametrize(("interval", "duration"), [
+    ("'1 hour'", "1h"), ("'15 minutes'", "15m"), ("'10 seconds'", "10s"), ("'1 day'", "1d"),
+    ("'500 milliseconds'", "500ms"), ("'1 minute'", "1m"), ("'90 minutes'", "90m"), ("'60 minutes'", "1h"),
+    ("'1 hour 30 minutes'", "90m"), ("'2 weeks'", "14d"), ("'1500 milliseconds'", "1500ms"),
+    ("'3000 microseconds'", "3ms"), ("'interval 2 hours'", "2h"), ("'  5  MINUTES '", "5m"),
+    ("INTERVAL 1 HOUR", "1h"), ("INTERVAL '1' HOUR", "1h"), ("INTERVAL '1 hour'", "1h"),
+    ("INTERVAL 90 MINUTES", "90m"), ("INTERVAL 10 SECONDS", "10s"), ("INTERVAL 250 MILLISECONDS", "250ms"),
+])
+def test_spark_intervals_become_refold_durations(interval: str, duration: str) -> None:
+    """In the largest unit that writes the length whole: the form `refold explain` prints
+    and the YAML twin is written in."""
+    spec = translate(f"SELECT window.start, window.end, k, COUNT(*) AS n FROM t GROUP BY window(ts, {interval}), k")
+    assert spec.spec["window"] == {"time": "ts", "tumble": duration}
+    session = translate(f"SELECT session_window.start, session_window.end, k, COUNT(*) AS n FROM t "
+                        f"GROUP BY k, session_window(ts, {interval})")
+    assert session.spec["window"] == {"time": "ts", "session": {"gap": duration}}
+
+
+def test_the_bounds_come_out_as_window_start_and_window_end() -> None:
+    """With or without AS: Spark names them `window.start`; Refold's rows carry
+    `window_start`/`window_end` (docs/sql.md, Windows)."""
+    bare = translate("SELECT k, window.start, window.end, SUM(x) AS total FROM t GROUP BY window(ts, '1 hour'), k")
+    assert bare.spec == translate(HOURLY).spec
+    with pytest.raises(SqlError, match=r"window.end AS 'stop' \(line 2, column 8\): .*write AS window_end"):
+        translate("SELECT k, window.start,\n       window.end AS stop, SUM(x) FROM t GROUP BY window(ts, '1 hour'), k")
+
+
+@pytest.mark.parametrize(("view", "message"), [
+    ({"sql": HOURLY, "window": {"lateness": "10m", "tumble": "2h"}},
+     r"view: window: beside sql, write only the window's lateness; the query gives its time and kind \(tumble\)"),
+    ({"sql": HOURLY, "window": {"time": "other", "lateness": "10m"}}, r"the query gives its time and kind \(time\)"),
+    ({"sql": HOURLY, "window": "10m"}, r"view: window: beside sql, write only the window's lateness, e\.g\."),
+    ({"sql": "SELECT k, SUM(x) AS s FROM t GROUP BY k", "window": {"lateness": "1m"}},
+     r"view: window: the query has no window\(…\) or session_window\(…\)"),
+    ({"sql": HOURLY, "window": {"lateness": "soon"}}, r"view\.window: duration 'soon'"),
+    ({"sql": "SELECT k, window.start, window.end, SUM(x) AS s FROM t GROUP BY window(ts, '1 hour', '2 hours'), k"},
+     r"view\.window\.hop: hop: slide 2h is longer than size 1h"),
+])
+def test_what_a_windowed_sql_view_cannot_be_is_a_config_error(view: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_pipeline({"pipeline": "p", "source": {"topic": "t"}, "view": view, "outputs": {"view": {"topic": "o"}}})
+
+
+def validated(view: dict[str, Any], emit: str = "per_event") -> dict[str, Any] | str:
+    """The pipeline a view gives, as settings without the query text, or why it is refused."""
+    try:
+        pipeline = parse_pipeline({"pipeline": "p", "source": {"topic": "t"}, "view": view,
+                                   "outputs": {"view": {"topic": "o", "emit": emit}}})
+    except ConfigError as exc:
+        return str(exc)
+    assert isinstance(pipeline, Pipeline)
+    return pipeline.model_dump(exclude={"view": {"sql"}})
+
+
+@pytest.mark.parametrize(("sql_view", "yaml_view"), TWINS)
+@pytest.mark.parametrize("emit", ["per_event", "final"])
+def test_a_windowed_sql_pipeline_is_its_yaml_twin(sql_view: dict[str, Any], yaml_view: dict[str, Any],
+                                                  emit: str) -> None:
+    """Each setting checked across the pipeline (emit: final needs a lateness, …) holds
+    for the query as for its twin: both validate to the same pipeline, or both are
+    refused with the same reason."""
+    assert validated(sql_view, emit) == validated(yaml_view, emit)
+    if emit == "final" and "lateness" not in sql_view.get("window", {}):
+        assert validated(sql_view, emit) == ("pipeline: outputs.view.emit: final writes a window's result when "
+                                             "the window closes: it needs view.window with a lateness")
