@@ -23,11 +23,25 @@ Two query shapes, in Spark SQL's dialect (parsed by `sqlglot`, never by hand):
   outer) list of columns instead of `*` becomes `top_n.columns`, the row columns each
   output row carries.
 
+Either shape may be windowed over event time with Spark's own functions, which
+become `view.window` (docs/sql.md, Windows)::
+
+      SELECT team, window.start, window.end, SUM(score) AS total
+      FROM scores GROUP BY window(match_time, '1 hour'), team
+
+→ `window: {time: match_time, tumble: 1h}`; `window(ts, '1 hour', '15 minutes')` is a
+hop, `session_window(ts, '30 minutes')` a session, and `ROW_NUMBER() OVER (PARTITION BY
+window(ts, '1 day'), team …)` a Top-N per window. The bounds are selected as
+`window.start`/`window.end` and come out as `window_start`/`window_end`; intervals
+become Refold durations. The lateness is not the query's: it is written beside it
+(`view.window.lateness`, merged by `refold.config.ViewSpec`).
+
 The `FROM` table is the pipeline's source topic (a dotted name may be written as is,
 `FROM db.public.scores`, or quoted); its `WHERE` becomes the view's row filter
 (`where`, `refold.model.predicate`). Anything else — joins, `HAVING`,
 `DISTINCT`, windows other than `ROW_NUMBER`, a place bound that is not a literal,
-expressions inside aggregates, `ORDER BY`/`LIMIT` outside the window — is refused by
+expressions inside aggregates or of the window struct, Flink's `TUMBLE`/`HOP`,
+`ORDER BY`/`LIMIT` outside the window — is refused by
 `SqlError`, naming the construct and where it stands in the query, before anything
 starts: Refold runs a query only when it can run it exactly under retraction.
 """
@@ -391,7 +405,8 @@ def _top_n(outer: exp.Select, subquery: exp.Subquery) -> SqlView:
         raise SqlError(f"GROUP BY {_at(inner.args['group'])} inside a Top-N: ranking aggregates is not supported")
     table, table_at = _table(inner)
     for item in [*inner.expressions, *outer.expressions]:
-        reference = _window_reference(item.this if isinstance(item, exp.Alias) else item)
+        value = item.this if isinstance(item, exp.Alias) else item
+        reference = None if isinstance(value, exp.Window) else _window_reference(value)
         if reference is not None:
             raise SqlError(f"{reference.sql(dialect=DIALECT)} {_at(reference)} in a Top-N: a Top-N per window "
                            "(ROW_NUMBER() OVER (PARTITION BY window(ts, …), …)) carries window_start and "
@@ -476,6 +491,10 @@ def _where(query: exp.Select) -> dict[str, str]:
     where = query.args.get("where")
     if where is None:
         return {}
+    reference = _window_reference(where.this)
+    if reference is not None:
+        raise SqlError(f"WHERE … {reference.sql(dialect=DIALECT)} {_at(reference)}: WHERE filters the source rows, "
+                       "which have no window; a filter on windows is not supported")
     from refold.model.predicate import compile_condition
 
     try:
@@ -560,6 +579,9 @@ def _column(node: exp.Expression, context: str) -> str:
     """The name of a plain column reference (a table qualifier is allowed)."""
     if not isinstance(node, exp.Column):
         raise SqlError(f"{context} {node.sql(dialect=DIALECT)} {_at(node)}: a plain column is expected here")
+    if _window_reference(node) is not None:
+        raise SqlError(f"{context} {node.sql(dialect=DIALECT)} {_at(node)}: the window's bounds are not columns of "
+                       "the source rows; write window(ts, …) itself in GROUP BY or PARTITION BY")
     return node.name
 
 

@@ -217,6 +217,12 @@ REFUSED = [
      r"two output columns are named 'window_end' \(line 1, column 37\)"),
     ("SELECT window_start, window.start, window.end, SUM(v) FROM scores GROUP BY window(ts, '1 hour'), window_start",
      r"GROUP BY window_start \(line 1, column 98\) beside window\(…\)"),
+    ("SELECT k, window.start, window.end, SUM(v) FROM scores GROUP BY window(ts, '1 hour'), window.start, k",
+     r"GROUP BY window.start \(line 1, column 87\): the window's bounds are not columns of the source rows"),
+    ("SELECT k, window.start, window.end, SUM(v) FROM scores WHERE window.end > 0 GROUP BY window(ts, '1 hour'), k",
+     r"WHERE … window.end \(line 1, column 62\): WHERE filters the source rows, which have no window"),
+    ("SELECT * FROM (SELECT ROW_NUMBER() OVER (PARTITION BY window(ts, '1 hour') ORDER BY window.start DESC) AS "
+     "place, * FROM scores) WHERE place <= 3", r"ORDER BY window.start \(line 1, column 85\): the window's bounds"),
     ("SELECT * FROM (SELECT ROW_NUMBER() OVER (PARTITION BY session_window(ts, '1 hour') ORDER BY v DESC) AS place, "
      "* FROM scores) WHERE place <= 3", r"session_window\(…\) \(line 1, column 55\) in a Top-N"),
     ("SELECT * FROM (SELECT ROW_NUMBER() OVER (PARTITION BY window(ts, '1 hour') ORDER BY v DESC) AS place, "
