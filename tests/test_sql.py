@@ -179,12 +179,48 @@ REFUSED = [
     ("SELECT k, SUM(v) FROM scores GROUP BY window(event_time, '10 minutes'), k",
      r"window\(…\) \(line 1, column 39\): select window.start and window.end too"),
     ("SELECT k, SUM(v) FROM scores GROUP BY TUMBLE(event_time, INTERVAL '1' HOUR), k",
-     r"TUMBLE\(…\) \(line 1, column 39\): Flink's window functions .* are not supported"),
-    ("SELECT k, window_start, window_end, SUM(v) AS s\nFROM TABLE(\n  TUMBLE(TABLE scores, DESCRIPTOR(ts), "
+     r"TUMBLE\(…\) \(line 1, column 39\): of Flink's window functions Refold takes the table functions"),
+    ("SELECT k, window_start, window_end, SUM(v) AS s\nFROM TABLE(\n  CUMULATE(TABLE scores, DESCRIPTOR(ts), "
+     "INTERVAL '1' HOUR, INTERVAL '1' DAY)) GROUP BY window_start, window_end, k",
+     r"CUMULATE\(…\) \(line 3, column 3\): of Flink's window functions Refold takes .*TUMBLE.*HOP.*for sessions"),
+    ("SELECT k, window_start, window_end, SUM(v) FROM TABLE(SESSION(TABLE scores PARTITION BY k, DESCRIPTOR(ts), "
+     "INTERVAL '5' MINUTES)) GROUP BY window_start, window_end, k", r"SESSION\(…\) \(line 1, column 55\)"),
+    ("SELECT k, window_start, window_end, SUM(v) FROM TABLE(TUMBLE(TABLE scores, DESCRIPTOR(ts), INTERVAL '1' HOUR, "
+     "INTERVAL '5' MINUTES)) GROUP BY window_start, window_end, k",
+     r"TUMBLE\(…\) \(line 1, column 55\): an offset \(its last argument\) is not supported"),
+    ("SELECT k, window_start, window_end, SUM(v) FROM TABLE(TUMBLE(TABLE scores, ts, INTERVAL '1' HOUR)) "
+     "GROUP BY window_start, window_end, k", r"its time column ts \(line 1, column 76\): write DESCRIPTOR\(column\)"),
+    ("SELECT k, window_start, window_end, SUM(v) FROM TABLE(TUMBLE(TABLE (SELECT * FROM scores), DESCRIPTOR(ts), "
+     "INTERVAL '1' HOUR)) GROUP BY window_start, window_end, k", r"its table .* write TABLE topic"),
+    ("SELECT k, window_start, window_end, SUM(v) FROM TABLE(TUMBLE(TABLE scores, DESCRIPTOR(ts), INTERVAL '1' HOUR)) "
+     "GROUP BY window_start, k", r"GROUP BY \(line 1, column 121\) over TUMBLE\(…\): group by window_start and "
+     "window_end"),
+    ("SELECT k, window_start, SUM(v) FROM TABLE(TUMBLE(TABLE scores, DESCRIPTOR(ts), INTERVAL '1' HOUR)) "
+     "GROUP BY window_start, window_end, k", r"TUMBLE\(…\) \(line 1, column 43\): select window_start and window_end"),
+    ("SELECT k, window_start, window_end, window_time, SUM(v) FROM TABLE(TUMBLE(TABLE scores, DESCRIPTOR(ts), "
      "INTERVAL '1' HOUR)) GROUP BY window_start, window_end, k",
-     r"TUMBLE\(…\) \(line 3, column 3\): Flink's window functions \(the table function"),
-    ("SELECT * FROM TABLE(HOP(TABLE scores, DESCRIPTOR(ts), INTERVAL '5' MINUTES, INTERVAL '1' HOUR))",
-     r"HOP\(…\) \(line 1, column 21\): Flink's window functions"),
+     r"SELECT window_time \(line 1, column 37\): Refold's windowed rows have no time attribute"),
+    ("SELECT k, window_start, window_end, MAX(window_end) FROM TABLE(TUMBLE(TABLE scores, DESCRIPTOR(ts), "
+     "INTERVAL '1' HOUR)) GROUP BY window_start, window_end, k",
+     r"SELECT MAX\(window_end\) \(line 1, column 37\): .*expressions of them are not supported"),
+    ("SELECT k, window_start AS ws, window_end, SUM(v) FROM TABLE(TUMBLE(TABLE scores, DESCRIPTOR(ts), "
+     "INTERVAL '1' HOUR)) GROUP BY window_start, window_end, k", r"window_start AS 'ws' \(line 1, column 11\)"),
+    ("SELECT k, window.start, window.end, SUM(v) FROM TABLE(TUMBLE(TABLE scores, DESCRIPTOR(ts), "
+     "INTERVAL '1' HOUR)) GROUP BY window_start, window_end, k",
+     r"window.start \(line 1, column 11\): the bounds of TUMBLE\(…\) are the columns window_start and window_end"),
+    ("SELECT k, window_start, window_end, SUM(v) FROM TABLE(TUMBLE(TABLE scores, DESCRIPTOR(ts), INTERVAL '1' HOUR)) "
+     "WHERE window_end > 0 GROUP BY window_start, window_end, k",
+     r"WHERE … window_end \(line 1, column 118\): WHERE filters the source rows, before their window"),
+    ("SELECT k, window_start, window_end, SUM(v) FROM TABLE(TUMBLE(TABLE scores, DESCRIPTOR(ts), INTERVAL '1' HOUR)) "
+     "GROUP BY window_start, window_end, session_window(ts, '1 minute'), k",
+     r"a second session_window\(…\) \(line 1, column 147\): a view has one time window"),
+    ("SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY team ORDER BY v DESC) AS place "
+     "FROM TABLE(TUMBLE(TABLE scores, DESCRIPTOR(ts), INTERVAL '1' DAY))) WHERE place <= 3",
+     r"ROW_NUMBER\(\) OVER \(…\) \(line 1, column 26\) over TUMBLE\(…\): partition by window_start and "
+     "window_end"),
+    ("SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY window_start, window_end ORDER BY window_end DESC) "
+     "AS place FROM TABLE(TUMBLE(TABLE scores, DESCRIPTOR(ts), INTERVAL '1' DAY))) WHERE place <= 3",
+     r"ORDER BY window_end \(line 1, column 92\): a Top-N per window ranks within its window"),
     ("SELECT k, window, SUM(v) FROM scores GROUP BY window(ts, '1 hour'), k",
      r"window \(line 1, column 11\): a windowed view selects window.start and window.end themselves"),
     ("SELECT k, window.start, window.end + 1, SUM(v) FROM scores GROUP BY window(ts, '1 hour'), k",

@@ -1,6 +1,6 @@
-"""Windowed views written in SQL (`refold.sql`): Spark's `window(…)` and `session_window(…)`
-give the view their YAML twin gives, the lateness is written beside the query, and every
-use of a window Refold does not take is refused with its name and position."""
+"""Windowed views written in SQL (`refold.sql`): Spark's `window(…)` and `session_window(…)`,
+and Flink's window table functions `TUMBLE`/`HOP`, give the view their YAML twin gives; the
+lateness is written beside the query. (Refusals, with their name and position: test_sql.py.)"""
 
 from __future__ import annotations
 
@@ -69,6 +69,37 @@ TWINS = [
          "window": {"time": "ts", "hop": {"size": "1h", "slide": "30m"}, "lateness": "1h"}},
         id="top-n-per-hop-with-lateness",
     ),
+    pytest.param(
+        {"sql": "SELECT k, window_start, window_end, SUM(x) AS total\n"
+                "FROM TABLE(TUMBLE(TABLE t, DESCRIPTOR(ts), INTERVAL '1' HOUR))\n"
+                "GROUP BY window_start, window_end, k"},
+        {"key": ["k"], "columns": {"total": {"sum": "x"}}, "window": {"time": "ts", "tumble": "1h"}},
+        id="flink-tumble",
+    ),
+    pytest.param(
+        {"sql": "SELECT k, window_start, window_end, COUNT(*) AS n FROM TABLE(\n"
+                "  HOP(TABLE t, DESCRIPTOR(ts), INTERVAL '15' MINUTES, INTERVAL '1' HOUR))\n"
+                "WHERE x > 0 GROUP BY k, window_end, window_start", "window": {"lateness": "5m"}},
+        {"key": ["k"], "columns": {"n": {"count": "*"}}, "where": "x > 0",
+         "window": {"time": "ts", "hop": {"size": "1h", "slide": "15m"}, "lateness": "5m"}},
+        id="flink-hop-slide-before-size",
+    ),
+    pytest.param(
+        {"sql": "SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY window_start, window_end, team "
+                "ORDER BY score DESC) AS place FROM TABLE(TUMBLE(TABLE t, DESCRIPTOR(ts), INTERVAL '1' DAY))) "
+                "WHERE place <= 3"},
+        {"top_n": {"n": 3, "order_by": {"score": "desc"}, "partition_by": ["team"]},
+         "window": {"time": "ts", "tumble": "1d"}},
+        id="flink-window-top-n",
+    ),
+    pytest.param(
+        {"sql": "SELECT window_start, window_end, place, team, player FROM (SELECT window_start, window_end, team, "
+                "player, ROW_NUMBER() OVER (PARTITION BY window_start, window_end, team ORDER BY score DESC) AS "
+                "place FROM TABLE(TUMBLE(TABLE t, DESCRIPTOR(ts), INTERVAL '1' DAY))) WHERE place <= 3"},
+        {"top_n": {"n": 3, "order_by": {"score": "desc"}, "partition_by": ["team"], "columns": ["player"]},
+         "window": {"time": "ts", "tumble": "1d"}},
+        id="flink-window-top-n-columns",
+    ),
 ]
 
 
@@ -77,7 +108,7 @@ def test_a_windowed_query_is_its_yaml_twin(sql_view: dict[str, Any], yaml_view: 
     from_sql, from_yaml = ViewSpec.model_validate(sql_view), ViewSpec.model_validate(yaml_view)
     assert without_sql(from_sql) == from_yaml
     assert from_sql.window == from_yaml.window is not None
-    assert from_sql.sql == sql_view["sql"] and from_sql.sql_table == ("t", from_sql.sql_table[1])
+    assert from_sql.sql == sql_view["sql"] and from_sql.sql_table is not None and from_sql.sql_table[0] == "t"
     # a view dumped with its spec (as `refold explain` and model_dump do) reads back as itself
     assert ViewSpec.model_validate(from_sql.model_dump()) == from_sql
 
@@ -147,3 +178,14 @@ def test_a_windowed_sql_pipeline_is_its_yaml_twin(sql_view: dict[str, Any], yaml
     if emit == "final" and "lateness" not in sql_view.get("window", {}):
         assert validated(sql_view, emit) == ("pipeline: outputs.view.emit: final writes a window's result when "
                                              "the window closes: it needs view.window with a lateness")
+
+
+def test_the_table_function_names_its_table_where_it_stands() -> None:
+    """The pipeline checks a query's table against `source.topic`, pointing at `TABLE t`."""
+    view = translate("SELECT k, window_start, window_end, SUM(x) AS s\nFROM TABLE(TUMBLE(TABLE db.scores, "
+                     "DESCRIPTOR(ts), INTERVAL '1' HOUR)) GROUP BY window_start, window_end, k")
+    assert (view.table, view.table_at) == ("db.scores", "(line 2, column 25)")
+    with pytest.raises(ConfigError, match=r"FROM other \(line 1, column 70\) is not the source topic 't'"):
+        parse_pipeline({"pipeline": "p", "source": {"topic": "t"}, "outputs": {"view": {"topic": "o"}}, "view": {
+            "sql": "SELECT k, window_start, window_end, SUM(x) AS s FROM TABLE(HOP(TABLE other, DESCRIPTOR(ts), "
+                   "INTERVAL '1' MINUTE, INTERVAL '1' HOUR)) GROUP BY window_start, window_end, k"}})
