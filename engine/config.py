@@ -181,13 +181,15 @@ class ViewSpec(_Model):
     writes them ('10 seconds', '1 day', '500 milliseconds', `INTERVAL 1 HOUR`). The
     bounds must be selected and come out as `window_start` and `window_end`.
     `ROW_NUMBER() OVER (PARTITION BY window(ts, '1 day'), p ORDER BY …)` is a Top-N per
-    window. Spark SQL has no watermark clause: a `sql` view's lateness is written
+    window. Flink's `FROM TABLE(TUMBLE(TABLE topic, DESCRIPTOR(ts), INTERVAL '1' HOUR))`
+    (or `HOP(…, slide, size)`) with `window_start, window_end` in GROUP BY (or PARTITION
+    BY) is the same view. Spark SQL has no watermark clause: a `sql` view's lateness is written
     beside the query, `window: {lateness: 10m}`, its only window setting. Joins,
     HAVING, DISTINCT, RANK/DENSE_RANK, ORDER BY or LIMIT outside the window,
     expressions inside aggregates or of the window struct, a bound that is not a
-    number, `ASC` without `NULLS LAST` (Refold ranks nulls last), window's start time
-    and Flink's TUMBLE/HOP are refused before anything starts, naming the construct and
-    its line and column."""
+    number, `ASC` without `NULLS LAST` (Refold ranks nulls last), a window's start time
+    or offset, Flink's CUMULATE/SESSION and group windows are refused before anything
+    starts, naming the construct and its line and column."""
 
     key: list[str] = []
     columns: dict[str, ColumnSpec] = {}

@@ -33,14 +33,16 @@ become `view.window` (docs/sql.md, Windows)::
 hop, `session_window(ts, '30 minutes')` a session, and `ROW_NUMBER() OVER (PARTITION BY
 window(ts, '1 day'), team …)` a Top-N per window. The bounds are selected as
 `window.start`/`window.end` and come out as `window_start`/`window_end`; intervals
-become Refold durations. The lateness is not the query's: it is written beside it
+become Refold durations. Flink's window table functions are the same views:
+`FROM TABLE(TUMBLE(TABLE scores, DESCRIPTOR(match_time), INTERVAL '1' HOUR))` (or
+`HOP(…, slide, size)`) with `window_start, window_end` in GROUP BY or PARTITION BY. The lateness is not the query's: it is written beside it
 (`view.window.lateness`, merged by `refold.config.ViewSpec`).
 
 The `FROM` table is the pipeline's source topic (a dotted name may be written as is,
 `FROM db.public.scores`, or quoted); its `WHERE` becomes the view's row filter
 (`where`, `refold.model.predicate`). Anything else — joins, `HAVING`,
 `DISTINCT`, windows other than `ROW_NUMBER`, a place bound that is not a literal,
-expressions inside aggregates or of the window struct, Flink's `TUMBLE`/`HOP`,
+expressions inside aggregates or of the window's bounds, Flink's `CUMULATE`/`SESSION`,
 `ORDER BY`/`LIMIT` outside the window — is refused by
 `SqlError`, naming the construct and where it stands in the query, before anything
 starts: Refold runs a query only when it can run it exactly under retraction.
