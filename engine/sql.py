@@ -284,11 +284,12 @@ def _interval_ms(text: str) -> int | None:
     return micros // 1000 if micros > 0 and micros % 1000 == 0 else None
 
 
-def _window_reference(node: exp.Expression) -> exp.Column | None:
-    """The first reference to a window struct (`window`, `window.start`, `session_window.end`)
-    in an expression."""
+def _window_reference(node: exp.Expression, bare: bool = False) -> exp.Column | None:
+    """The first reference to a window struct's field (`window.start`, `session_window.end`)
+    in an expression; with `bare`, to the struct itself (`window`) too (without a time
+    window in the query, a column named `window` is the source row's)."""
     for column in node.find_all(exp.Column):
-        if column.table.lower() in STRUCTS or (not column.table and column.name.lower() in STRUCTS):
+        if column.table.lower() in STRUCTS or (bare and not column.table and column.name.lower() in STRUCTS):
             return column
     return None
 
@@ -303,7 +304,7 @@ def _window_bound(item: exp.Expression, window: _TimeWindow | None) -> str | Non
         if name and name != bound:
             raise SqlError(f"{bound} AS {name!r} {_at(item)}: the window's bounds keep their names")
         return bound
-    reference = _window_reference(value)
+    reference = _window_reference(value, bare=window is not None and not window.table_function)
     if reference is None:
         return None
     struct = reference.table.lower() or reference.name.lower()

@@ -189,3 +189,13 @@ def test_the_table_function_names_its_table_where_it_stands() -> None:
         parse_pipeline({"pipeline": "p", "source": {"topic": "t"}, "outputs": {"view": {"topic": "o"}}, "view": {
             "sql": "SELECT k, window_start, window_end, SUM(x) AS s FROM TABLE(HOP(TABLE other, DESCRIPTOR(ts), "
                    "INTERVAL '1' MINUTE, INTERVAL '1' HOUR)) GROUP BY window_start, window_end, k"}})
+
+
+def test_a_column_named_window_is_a_column_without_a_time_window() -> None:
+    """Only beside window(…) is a bare `window` Spark's struct (then refused when selected)."""
+    assert translate("SELECT k, MAX(window) AS w FROM t GROUP BY k").spec["columns"] == {"w": {"max": "window"}}
+    top = translate("SELECT * FROM (SELECT ROW_NUMBER() OVER (PARTITION BY session_window ORDER BY x DESC) AS place, "
+                    "session_window, x FROM t) WHERE place <= 1")
+    assert top.spec["top_n"]["partition_by"] == ["session_window"]
+    with pytest.raises(SqlError, match=r"window \(line 1, column 11\): a windowed view selects window.start"):
+        translate("SELECT k, window, window.start, window.end, SUM(x) FROM t GROUP BY window(ts, '1 hour'), k")
