@@ -299,6 +299,10 @@ def _window_bound(item: exp.Expression, window: _TimeWindow | None) -> str | Non
     without AS window_start/window_end); None for an item that is not about the window;
     SqlError for any other use of the window struct."""
     name, value = (item.alias, item.this) if isinstance(item, exp.Alias) else (None, item)
+    for call in value.find_all(exp.Anonymous):
+        if str(call.this).lower() in STRUCTS:
+            raise SqlError(f"{str(call.this).lower()}(…) {_at(call)} in SELECT: a windowed view groups by it and "
+                           f"selects {str(call.this).lower()}.start and .end (the struct itself is not supported)")
     bound = _table_function_bound(value, window, "SELECT")
     if bound is not None:
         if name and name != bound:

@@ -221,6 +221,8 @@ REFUSED = [
     ("SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY window_start, window_end ORDER BY window_end DESC) "
      "AS place FROM TABLE(TUMBLE(TABLE scores, DESCRIPTOR(ts), INTERVAL '1' DAY))) WHERE place <= 3",
      r"ORDER BY window_end \(line 1, column 92\): a Top-N per window ranks within its window"),
+    ("SELECT k, window(ts, '1 hour') AS w, SUM(v) FROM scores GROUP BY window(ts, '1 hour'), k",
+     r"window\(…\) \(line 1, column 11\) in SELECT: a windowed view groups by it and selects window.start"),
     ("SELECT k, window, SUM(v) FROM scores GROUP BY window(ts, '1 hour'), k",
      r"window \(line 1, column 11\): a windowed view selects window.start and window.end themselves"),
     ("SELECT k, window.start, window.end + 1, SUM(v) FROM scores GROUP BY window(ts, '1 hour'), k",
