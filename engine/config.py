@@ -183,10 +183,10 @@ class ViewSpec(_Model):
     `ROW_NUMBER() OVER (PARTITION BY window(ts, '1 day'), p ORDER BY …)` is a Top-N per
     window. Flink's `FROM TABLE(TUMBLE(TABLE topic, DESCRIPTOR(ts), INTERVAL '1' HOUR))`
     (or `HOP(…, slide, size)`) with `window_start, window_end` in GROUP BY (or PARTITION
-    BY) is the same view. Spark SQL has no watermark clause: a `sql` view's lateness is written
-    beside the query, `window: {lateness: 10m}`, its only window setting. Joins,
-    HAVING, DISTINCT, RANK/DENSE_RANK, ORDER BY or LIMIT outside the window,
-    expressions inside aggregates or of the window struct, a bound that is not a
+    BY) is the same view. Spark SQL has no watermark clause: a `sql` view's lateness is
+    written beside the query, `window: {lateness: 10m}`, its only window setting.
+    Joins, HAVING, DISTINCT, RANK/DENSE_RANK, ORDER BY or LIMIT outside the window,
+    expressions inside aggregates or of the window's bounds, a bound that is not a
     number, `ASC` without `NULLS LAST` (Refold ranks nulls last), a window's start time
     or offset, Flink's CUMULATE/SESSION and group windows are refused before anything
     starts, naming the construct and its line and column."""
@@ -294,8 +294,8 @@ def _sql_window(written: Any, translated: dict[str, Any] | None) -> dict[str, An
     if not isinstance(written, Mapping):
         raise ValueError("window: beside sql, write only the window's lateness, e.g. window: {lateness: 10m}")
     if translated is None:
-        raise ValueError("window: the query has no window(…) or session_window(…) in GROUP BY (or PARTITION BY); "
-                         "beside sql, view.window takes only the lateness of the query's window")
+        raise ValueError("window: the query has no time window (window(…), session_window(…) or a TUMBLE/HOP "
+                         "table function); beside sql, view.window takes only the lateness of the query's window")
     merged = {**translated, **({"lateness": written["lateness"]} if written.get("lateness") is not None else {})}
     others = sorted(name for name, setting in written.items() if name != "lateness" and setting is not None)
     # a view dumped with its spec (model_dump) reads back when the window is the query's

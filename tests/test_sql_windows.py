@@ -146,7 +146,7 @@ def test_the_bounds_come_out_as_window_start_and_window_end() -> None:
     ({"sql": HOURLY, "window": {"time": "other", "lateness": "10m"}}, r"the query gives its time and kind \(time\)"),
     ({"sql": HOURLY, "window": "10m"}, r"view: window: beside sql, write only the window's lateness, e\.g\."),
     ({"sql": "SELECT k, SUM(x) AS s FROM t GROUP BY k", "window": {"lateness": "1m"}},
-     r"view: window: the query has no window\(…\) or session_window\(…\)"),
+     r"view: window: the query has no time window \(window\(…\), session_window\(…\) or a TUMBLE/HOP"),
     ({"sql": HOURLY, "window": {"lateness": "soon"}}, r"view\.window: duration 'soon'"),
     ({"sql": "SELECT k, window.start, window.end, SUM(x) AS s FROM t GROUP BY window(ts, '1 hour', '2 hours'), k"},
      r"view\.window\.hop: hop: slide 2h is longer than size 1h"),
