@@ -35,8 +35,9 @@ window(ts, '1 day'), team …)` a Top-N per window. The bounds are selected as
 `window.start`/`window.end` and come out as `window_start`/`window_end`; intervals
 become Refold durations. Flink's window table functions are the same views:
 `FROM TABLE(TUMBLE(TABLE scores, DESCRIPTOR(match_time), INTERVAL '1' HOUR))` (or
-`HOP(…, slide, size)`) with `window_start, window_end` in GROUP BY or PARTITION BY. The lateness is not the query's: it is written beside it
-(`view.window.lateness`, merged by `refold.config.ViewSpec`).
+`HOP(…, slide, size)`) with `window_start, window_end` in GROUP BY or PARTITION BY.
+The lateness is not the query's: it is written beside it (`view.window.lateness`,
+merged by `refold.config.ViewSpec`).
 
 The `FROM` table is the pipeline's source topic (a dotted name may be written as is,
 `FROM db.public.scores`, or quoted); its `WHERE` becomes the view's row filter
@@ -164,8 +165,9 @@ def _parse(sql: str) -> list[exp.Expr | None]:
                                "session_window(ts, '30 minutes')")
             if token.token_type == TokenType.WINDOW:
                 token.token_type = TokenType.VAR
-        if (token.token_type == TokenType.TABLE and before[-1:] == [TokenType.L_PAREN] and following is not None
-                and following.token_type in (TokenType.VAR, TokenType.IDENTIFIER)):
+        if (token.token_type == TokenType.TABLE and index >= 2 and before[-1] == TokenType.L_PAREN
+                and tokens[index - 2].text.lower() in FLINK_TABLE_FUNCTIONS
+                and following is not None and following.token_type in (TokenType.VAR, TokenType.IDENTIFIER)):
             continue  # TUMBLE(TABLE t, …): the table is the call's first argument
         kept.append(token)
     return list(dialect.parser().parse(kept, sql))
