@@ -173,11 +173,23 @@ class ViewSpec(_Model):
     `AS` is named `<function>_<column>` (`count` for COUNT(*)). `SELECT * FROM (SELECT
     ROW_NUMBER() OVER (PARTITION BY p ORDER BY s DESC) AS place, * FROM topic WHERE …)
     WHERE place <= N` is a Top-N; a list of columns instead of `*` becomes
-    `top_n.columns`. `FROM` names the source topic. Joins, HAVING, DISTINCT,
-    RANK/DENSE_RANK, ORDER BY or LIMIT outside the window, expressions inside
-    aggregates, a bound that is not a number, and `ASC` without `NULLS LAST` (Refold
-    ranks nulls last) are refused before anything starts, naming the construct and its
-    line and column."""
+    `top_n.columns`. `FROM` names the source topic. Windows are Spark's functions:
+    `SELECT k, window.start, window.end, SUM(c) AS total FROM topic GROUP BY window(ts,
+    '1 hour'), k` is `window: {time: ts, tumble: 1h}`; `window(ts, '1 hour', '15
+    minutes')` a hop `{size: 1h, slide: 15m}`; `session_window(ts, '30 minutes')` a
+    session `{gap: 30m}` (its bounds: `session_window.start`/`.end`); intervals as Spark
+    writes them ('10 seconds', '1 day', '500 milliseconds', `INTERVAL 1 HOUR`). The
+    bounds must be selected and come out as `window_start` and `window_end`.
+    `ROW_NUMBER() OVER (PARTITION BY window(ts, '1 day'), p ORDER BY …)` is a Top-N per
+    window. Flink's `FROM TABLE(TUMBLE(TABLE topic, DESCRIPTOR(ts), INTERVAL '1' HOUR))`
+    (or `HOP(…, slide, size)`) with `window_start, window_end` in GROUP BY (or PARTITION
+    BY) is the same view. Spark SQL has no watermark clause: a `sql` view's lateness is
+    written beside the query, `window: {lateness: 10m}`, its only window setting.
+    Joins, HAVING, DISTINCT, RANK/DENSE_RANK, ORDER BY or LIMIT outside the window,
+    expressions inside aggregates or of the window's bounds, a bound that is not a
+    number, `ASC` without `NULLS LAST` (Refold ranks nulls last), a window's start time
+    or offset, Flink's CUMULATE/SESSION and group windows are refused before anything
+    starts, naming the construct and its line and column."""
 
     key: list[str] = []
     columns: dict[str, ColumnSpec] = {}
@@ -198,10 +210,13 @@ class ViewSpec(_Model):
         from refold.sql import translate
 
         translated = translate(sql).spec
+        window = _sql_window(value.get("window"), translated.get("window"))
+        if window is not None:
+            translated = {**translated, "window": window}
         written = {name: value[name] for name in ("key", "columns", "top_n", "where")
                    if value.get(name) not in (None, [], {})}
         # a view dumped with its spec (model_dump) reads back when the spec is the query's
-        if written and not _same_view(cls, written, translated):
+        if written and not _same_view(cls, {**written, "window": window}, translated):
             raise ValueError(f"write the view either as sql or as key/columns/top_n/where, not both "
                              f"({', '.join(written)})")
         return {**value, **translated}
@@ -269,6 +284,32 @@ class ViewSpec(_Model):
     @property
     def is_top_n(self) -> bool:
         return self.top_n is not None
+
+
+def _sql_window(written: Any, translated: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The window of a `sql` view: the query's, with the `lateness` written beside the
+    query (`view.window.lateness`: Spark SQL has no watermark clause)."""
+    if written is None:
+        return translated
+    if not isinstance(written, Mapping):
+        raise ValueError("window: beside sql, write only the window's lateness, e.g. window: {lateness: 10m}")
+    if translated is None:
+        raise ValueError("window: the query has no time window (window(…), session_window(…) or a TUMBLE/HOP "
+                         "table function); beside sql, view.window takes only the lateness of the query's window")
+    merged = {**translated, **({"lateness": written["lateness"]} if written.get("lateness") is not None else {})}
+    others = sorted(name for name, setting in written.items() if name != "lateness" and setting is not None)
+    # a view dumped with its spec (model_dump) reads back when the window is the query's
+    if others and not _same_window(written, merged):
+        raise ValueError(f"window: beside sql, write only the window's lateness; the query gives its "
+                         f"time and kind ({', '.join(others)})")
+    return merged
+
+
+def _same_window(written: Mapping[str, Any], merged: dict[str, Any]) -> bool:
+    try:
+        return WindowSpec.model_validate(written) == WindowSpec.model_validate(merged)
+    except ValidationError:
+        return False
 
 
 def _same_view(model: type[ViewSpec], written: dict[str, Any], translated: dict[str, Any]) -> bool:

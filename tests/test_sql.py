@@ -177,9 +177,94 @@ REFUSED = [
     ("SELECT * FROM (SELECT ROW_NUMBER() OVER (ORDER BY v DESC) AS place, * FROM scores) WHERE place <= 0",
      r"N must be within 1\.\.10000"),
     ("SELECT k, SUM(v) FROM scores GROUP BY window(event_time, '10 minutes'), k",
-     r"window\(…\) \(line 1, column 39\): windows over event time are not supported"),
+     r"window\(…\) \(line 1, column 39\): select window.start and window.end too"),
     ("SELECT k, SUM(v) FROM scores GROUP BY TUMBLE(event_time, INTERVAL '1' HOUR), k",
-     r"TUMBLE\(…\) \(line 1, column 39\): windows over event time"),
+     r"TUMBLE\(…\) \(line 1, column 39\): of Flink's window functions Refold takes the table functions"),
+    ("SELECT k, window_start, window_end, SUM(v) AS s\nFROM TABLE(\n  CUMULATE(TABLE scores, DESCRIPTOR(ts), "
+     "INTERVAL '1' HOUR, INTERVAL '1' DAY)) GROUP BY window_start, window_end, k",
+     r"CUMULATE\(…\) \(line 3, column 3\): of Flink's window functions Refold takes .*TUMBLE.*HOP.*for sessions"),
+    ("SELECT k, window_start, window_end, SUM(v) FROM TABLE(SESSION(TABLE scores PARTITION BY k, DESCRIPTOR(ts), "
+     "INTERVAL '5' MINUTES)) GROUP BY window_start, window_end, k", r"SESSION\(…\) \(line 1, column 55\)"),
+    ("SELECT k, window_start, window_end, SUM(v) FROM TABLE(TUMBLE(TABLE scores, DESCRIPTOR(ts), INTERVAL '1' HOUR, "
+     "INTERVAL '5' MINUTES)) GROUP BY window_start, window_end, k",
+     r"TUMBLE\(…\) \(line 1, column 55\): an offset \(its last argument\) is not supported"),
+    ("SELECT k, window_start, window_end, SUM(v) FROM TABLE(TUMBLE(TABLE scores, ts, INTERVAL '1' HOUR)) "
+     "GROUP BY window_start, window_end, k", r"its time column ts \(line 1, column 76\): write DESCRIPTOR\(column\)"),
+    ("SELECT k, window_start, window_end, SUM(v) FROM TABLE(TUMBLE(TABLE (SELECT * FROM scores), DESCRIPTOR(ts), "
+     "INTERVAL '1' HOUR)) GROUP BY window_start, window_end, k", r"its table .* write TABLE topic"),
+    ("SELECT k, window_start, window_end, SUM(v) FROM TABLE(TUMBLE(TABLE scores, DESCRIPTOR(ts), INTERVAL '1' HOUR)) "
+     "GROUP BY window_start, k", r"GROUP BY \(line 1, column 121\) over TUMBLE\(…\): group by window_start and "
+     "window_end"),
+    ("SELECT k, window_start, SUM(v) FROM TABLE(TUMBLE(TABLE scores, DESCRIPTOR(ts), INTERVAL '1' HOUR)) "
+     "GROUP BY window_start, window_end, k", r"TUMBLE\(…\) \(line 1, column 43\): select window_start and window_end"),
+    ("SELECT k, window_start, window_end, window_time, SUM(v) FROM TABLE(TUMBLE(TABLE scores, DESCRIPTOR(ts), "
+     "INTERVAL '1' HOUR)) GROUP BY window_start, window_end, k",
+     r"SELECT window_time \(line 1, column 37\): Refold's windowed rows have no time attribute"),
+    ("SELECT k, window_start, window_end, MAX(window_end) FROM TABLE(TUMBLE(TABLE scores, DESCRIPTOR(ts), "
+     "INTERVAL '1' HOUR)) GROUP BY window_start, window_end, k",
+     r"SELECT MAX\(window_end\) \(line 1, column 37\): .*expressions of them are not supported"),
+    ("SELECT k, window_start AS ws, window_end, SUM(v) FROM TABLE(TUMBLE(TABLE scores, DESCRIPTOR(ts), "
+     "INTERVAL '1' HOUR)) GROUP BY window_start, window_end, k", r"window_start AS 'ws' \(line 1, column 11\)"),
+    ("SELECT k, window.start, window.end, SUM(v) FROM TABLE(TUMBLE(TABLE scores, DESCRIPTOR(ts), "
+     "INTERVAL '1' HOUR)) GROUP BY window_start, window_end, k",
+     r"window.start \(line 1, column 11\): the bounds of TUMBLE\(…\) are the columns window_start and window_end"),
+    ("SELECT k, window_start, window_end, SUM(v) FROM TABLE(TUMBLE(TABLE scores, DESCRIPTOR(ts), INTERVAL '1' HOUR)) "
+     "WHERE window_end > 0 GROUP BY window_start, window_end, k",
+     r"WHERE … window_end \(line 1, column 118\): WHERE filters the source rows, before their window"),
+    ("SELECT k, window_start, window_end, SUM(v) FROM TABLE(TUMBLE(TABLE scores, DESCRIPTOR(ts), INTERVAL '1' HOUR)) "
+     "GROUP BY window_start, window_end, session_window(ts, '1 minute'), k",
+     r"a second session_window\(…\) \(line 1, column 147\): a view has one time window"),
+    ("SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY team ORDER BY v DESC) AS place "
+     "FROM TABLE(TUMBLE(TABLE scores, DESCRIPTOR(ts), INTERVAL '1' DAY))) WHERE place <= 3",
+     r"ROW_NUMBER\(\) OVER \(…\) \(line 1, column 26\) over TUMBLE\(…\): partition by window_start and "
+     "window_end"),
+    ("SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY window_start, window_end ORDER BY window_end DESC) "
+     "AS place FROM TABLE(TUMBLE(TABLE scores, DESCRIPTOR(ts), INTERVAL '1' DAY))) WHERE place <= 3",
+     r"ORDER BY window_end \(line 1, column 92\): a Top-N per window ranks within its window"),
+    ("SELECT k, window(ts, '1 hour') AS w, SUM(v) FROM scores GROUP BY window(ts, '1 hour'), k",
+     r"window\(…\) \(line 1, column 11\) in SELECT: a windowed view groups by it and selects window.start"),
+    ("SELECT k, window, SUM(v) FROM scores GROUP BY window(ts, '1 hour'), k",
+     r"window \(line 1, column 11\): a windowed view selects window.start and window.end themselves"),
+    ("SELECT k, window.start, window.end + 1, SUM(v) FROM scores GROUP BY window(ts, '1 hour'), k",
+     r"window.end \+ 1 \(line 1, column 25\): .*expressions of it are not supported"),
+    ("SELECT k, CAST(window.start AS STRING), window.end, SUM(v) FROM scores GROUP BY window(ts, '1 hour'), k",
+     r"CAST\(window.start AS STRING\) \(line 1, column 16\): .*the whole window struct or expressions"),
+    ("SELECT k, window.start, window.end, MAX(window.end) FROM scores GROUP BY window(ts, '1 hour'), k",
+     r"MAX\(window.end\) \(line 1, column 37\)"),
+    ("SELECT k, window.start AS ws, window.end, SUM(v) FROM scores GROUP BY window(ts, '1 hour'), k",
+     r"window.start AS 'ws' \(line 1, column 11\): the window's bounds come out as window_start and window_end"),
+    ("SELECT k, window.start, window.end, SUM(v) FROM scores GROUP BY session_window(ts, '5 minutes'), k",
+     r"window.start \(line 1, column 11\): the bounds of session_window\(…\) are session_window.start"),
+    ("SELECT k, window.start, window.end, SUM(v) FROM scores GROUP BY k",
+     r"window.start \(line 1, column 11\) without window\(…\) or session_window\(…\) in GROUP BY"),
+    ("SELECT k, window.start, window.end, SUM(v) FROM scores GROUP BY window(ts, '1 hour'), window(ts, '1 day'), k",
+     r"a second window\(…\) \(line 1, column 87\): a view has one time window"),
+    ("SELECT k, window.start, window.end, SUM(v) FROM scores GROUP BY window(ts, '1 hour', '5 minutes', "
+     "'1 minute'), k", r"window\(…\) \(line 1, column 65\): a start time .* aligned to the epoch"),
+    ("SELECT k, window.start, window.end, SUM(v) FROM scores GROUP BY window(ts, '1 month'), k",
+     r"interval '1 month' \(line 1, column 76\): .*months and years have no fixed length"),
+    ("SELECT k, window.start, window.end, SUM(v) FROM scores GROUP BY window(ts, '10 microseconds'), k",
+     r"interval '10 microseconds' .*: a window's length is a positive whole number of milliseconds"),
+    ("SELECT k, window.start, window.end, SUM(v) FROM scores GROUP BY window(ts, '0 seconds'), k",
+     r"interval '0 seconds' \(line 1, column 76\): a window's length is a positive"),
+    ("SELECT k, window.start, window.end, SUM(v) FROM scores GROUP BY window(ts, 3600), k",
+     r"3600 \(line 1, column 76\) is not an interval"),
+    ("SELECT k, window.start, window.end, SUM(v) FROM scores GROUP BY window(ts + 1, '1 hour'), k",
+     r"its time is ts \+ 1 \(line 1, column 72\); a plain column is expected"),
+    ("SELECT k, window.start, window.end, SUM(v) AS window_end FROM scores GROUP BY window(ts, '1 hour'), k",
+     r"two output columns are named 'window_end' \(line 1, column 37\)"),
+    ("SELECT window_start, window.start, window.end, SUM(v) FROM scores GROUP BY window(ts, '1 hour'), window_start",
+     r"GROUP BY window_start \(line 1, column 98\) beside window\(…\)"),
+    ("SELECT k, window.start, window.end, SUM(v) FROM scores GROUP BY window(ts, '1 hour'), window.start, k",
+     r"GROUP BY window.start \(line 1, column 87\): the window's bounds are not columns of the source rows"),
+    ("SELECT k, window.start, window.end, SUM(v) FROM scores WHERE window.end > 0 GROUP BY window(ts, '1 hour'), k",
+     r"WHERE … window.end \(line 1, column 62\): WHERE filters the source rows, which have no window"),
+    ("SELECT * FROM (SELECT ROW_NUMBER() OVER (PARTITION BY window(ts, '1 hour') ORDER BY window.start DESC) AS "
+     "place, * FROM scores) WHERE place <= 3", r"ORDER BY window.start \(line 1, column 85\): the window's bounds"),
+    ("SELECT * FROM (SELECT ROW_NUMBER() OVER (PARTITION BY session_window(ts, '1 hour') ORDER BY v DESC) AS place, "
+     "* FROM scores) WHERE place <= 3", r"session_window\(…\) \(line 1, column 55\) in a Top-N"),
+    ("SELECT * FROM (SELECT ROW_NUMBER() OVER (PARTITION BY window(ts, '1 hour') ORDER BY v DESC) AS place, "
+     "window.start, v FROM scores) WHERE place <= 3", r"window.start \(line 1, column 103\) in a Top-N"),
     ("SELECT k, SUM(v) FROM scores WHERE v + 1 > 2 GROUP BY k",
      r"WHERE v \+ 1: a column or a literal is expected here \(line 1, column 36\)"),
     ("SELECT k, SUM(v) FROM scores WHERE UPPER(k) = 'A' GROUP BY k", r"WHERE UPPER\(k\): a column or a literal"),
