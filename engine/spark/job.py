@@ -12,12 +12,7 @@ checkpoint directory is kept only while it agrees with Kafka's offsets.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
-import os
-import re
-import socket
-import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
@@ -28,7 +23,7 @@ import orjson
 
 from refold import environment
 from refold.config import Pipeline
-from refold.errors import PrerequisiteError, RefoldError, UserError
+from refold.errors import RefoldError, UserError
 from refold.kafka.io import TopicSpec, durability_warnings, ensure_topics, partitions_of
 from refold.ops.monitor import Monitor
 from refold.recovery.claims import claim_shards
@@ -46,6 +41,11 @@ from refold.runtime.processor import BatchStats, together, with_outputs
 from refold.runtime.shards import check_state_partitions, exchanged, plan_shards, stage2_shards
 from refold.runtime.tops import rank_pipeline, ranked_globally, tops_topic
 from refold.spark import logs
+from refold.spark.launch import check_master as check_master
+from refold.spark.launch import java_options as java_options
+from refold.spark.launch import limit_malloc_arenas
+from refold.spark.launch import local_with_retries as local_with_retries
+from refold.spark.launch import spark_session as spark_session
 from refold.spark.placement import run_shards
 from refold.spark.tasks import SUMMARY, ShardTask, reported_error, summary_offsets, summary_stats
 
@@ -87,99 +87,6 @@ def engine_topics(pipeline: Pipeline, partitions: int) -> list[TopicSpec]:
     if pipeline.outputs.delta is not None:
         specs.append(TopicSpec(pipeline.outputs.delta.topic, partitions))
     return specs
-
-
-def spark_session(master: str = "local[2]", conf: dict[str, str] | None = None, name: str = "refold") -> Any:
-    """A local-friendly Spark session with Spark's Kafka connector on the classpath. The
-    driver's JVM logs to `<home>/logs/<name>.log` (`refold.spark.logs`), not the terminal."""
-    _limit_malloc_arenas()  # before py4j's threads exist
-    from pyspark import SparkConf
-    from pyspark.sql import SparkSession
-
-    from refold.spark.jars import spark_jars
-
-    # Python workers (materialization writers on executors) need this interpreter's packages
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    check_master(master)
-    log = None if logs.on_terminal() else logs.log_file(name)
-    options = {
-        "spark.master": local_with_retries(master),
-        "spark.app.name": name,
-        "spark.jars": ",".join(str(p) for p in spark_jars()),
-        "spark.driver.bindAddress": "127.0.0.1",
-        "spark.driver.host": "127.0.0.1",
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.sql.shuffle.partitions": "2",
-        "spark.python.worker.reuse": "true",
-        "spark.python.daemon.module": "refold.spark.daemon",  # pyspark without its zip: see there
-        "spark.sql.streaming.kafka.useDeprecatedOffsetFetching": "false",
-        **java_options(master, log),
-        **(conf or {}),
-    }
-    if log is not None:  # the driver's JVM, its output to the log file
-        logs.launch_jvm(SparkConf(loadDefaults=False).setAll(list(options.items())), log)
-    builder = SparkSession.builder
-    for key, value in options.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
-    return spark
-
-
-def check_master(master: str, timeout: float = 3.0) -> None:
-    """A standalone master (`spark://host:port`, several for a standby pair) must answer
-    before Spark starts: Spark itself would retry for a minute and end in pages of
-    stack traces. Raises PrerequisiteError naming the master and what to do."""
-    found = re.fullmatch(r"spark://(.+)", master.strip())
-    if found is None:
-        return  # local[N], or a resource manager Spark reaches its own way
-    refused = []
-    for address in found.group(1).split(","):
-        host, _, port = address.strip().rpartition(":")
-        try:
-            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
-            return
-        except ValueError:
-            raise PrerequisiteError(f"spark.master {master!r}: {address!r} is not host:port") from None
-        except OSError as exc:
-            refused.append(f"{address.strip()}: {exc.strerror or exc}")
-    raise PrerequisiteError(
-        f"the Spark master {master} does not answer ({'; '.join(refused)}): start one with "
-        "`refold spark start` (a local standalone cluster), or set spark.master to local[2] "
-        "to run Spark inside refold"
-    )
-
-
-# On a cluster the JVMs' own work is small: the executors fetch Kafka and hand Arrow
-# batches to the Python workers, the driver plans each batch. Their C2 compiler threads
-# kept compiling batch after batch and cost more than they saved there; C1 alone cut
-# the executors' and the driver's JVM CPU and raised a 2-executor run's throughput
-# (bench.tasks workers: docs/PERFORMANCE.md). Local mode keeps HotSpot's default: its
-# one JVM is the whole of Spark, and C1 alone measured no faster there. A `spark.conf`
-# entry for either key replaces Refold's.
-_CLUSTER_JIT = "-XX:TieredStopAtLevel=1"
-
-
-def java_options(master: str, log: Path | None = None) -> dict[str, str]:
-    """The driver's (and, on a cluster, the executors') JVM options Refold starts Spark with:
-    the driver's logging to `log` through Refold's log4j2 configuration (`refold.spark.logs`),
-    or WARN and above on the terminal when `log` is None."""
-    logging_options = " ".join(logs.driver_options(log)) if log is not None else "-Dlog4j2.level=WARN"
-    if master.strip().startswith("local"):
-        return {"spark.driver.extraJavaOptions": logging_options}
-    return {"spark.driver.extraJavaOptions": f"{logging_options} {_CLUSTER_JIT}",
-            "spark.executor.extraJavaOptions": _CLUSTER_JIT}
-
-
-def local_with_retries(master: str, attempts: int = 4) -> str:
-    """`local[N]` as `local[N,attempts]`: in local mode Spark runs a failed task once
-    unless the master says otherwise (`spark.task.maxFailures` is for clusters), and a
-    shard's task that lost its Python worker should run again, as on a cluster."""
-    found = re.fullmatch(r"local(?:\[(\d+|\*)\])?", master.strip())
-    if found is None:
-        return master
-    return f"local[{found.group(1) or 1},{attempts}]"
 
 
 def spark_checkpoint_dir(pipeline: Pipeline) -> Path:
@@ -229,7 +136,7 @@ def run_pipeline(
     open), reads the committed checkpoints for the starting offsets, and runs each
     micro-batch's shards as Spark tasks (`refold.spark.tasks`). `log_format`: the batch
     lines' (`refold.ops.monitor`), "text" or "json"; by default text on a terminal."""
-    _limit_malloc_arenas()
+    limit_malloc_arenas()
     if spark is None:
         check_master(pipeline.spark.master)  # before any topic is made
     # --bootstrap-servers, else REFOLD_BOOTSTRAP_SERVERS, else the pipeline's kafka:, else local
@@ -389,24 +296,6 @@ def _raise_failure(progress: Progress, query: Any) -> None:
     query_error = query.exception() if query is not None else None
     if query_error is not None:
         raise RefoldError(f"the streaming query failed: {logs.first_line(query_error)}") from query_error
-
-
-def _limit_malloc_arenas(arenas: int = 2) -> None:
-    """Two glibc malloc arenas instead of 8 per core (what `MALLOC_ARENA_MAX=2` does).
-
-    Batches arrive on py4j's callback threads, and glibc gives threads arenas of their
-    own: state freed in one arena was not reused by the next batch's thread, so the
-    heap kept growing (measured, four 60k-key pipelines in one process: RSS 775 → 1,872
-    MiB with the default, 781 → 802 MiB with two arenas set before Spark starts). Called
-    before py4j's threads exist: an arena a thread already has stays. No effect off glibc."""
-    try:
-        libc = ctypes.CDLL(None)
-        libc.mallopt(_M_ARENA_MAX, arenas)
-    except (OSError, AttributeError):
-        pass
-
-
-_M_ARENA_MAX = -8  # glibc's malloc.h
 
 
 class _Batches:
