@@ -333,7 +333,7 @@ def delta_key_names(spec: ViewSpec) -> tuple[str, ...]:
 def window_deltas(spec: ViewSpec, batches: Sequence[Sequence[Sequence[SourceEvent]]]) -> list[dict[str, Any]]:
     """Delta rows per batch of units of a tumble or hop grouped view: each batch's
     accepted contributions per output key (view key and window bounds)."""
-    from refold.reference import _delta_row
+    from refold.reference_deltas import _delta_row
 
     assert spec.window is not None
     if spec.window.kind == "session" or spec.top_n is not None:
