@@ -14,7 +14,6 @@ import orjson
 
 from refold.config import ViewSpec
 from refold.reduce import SourceEvent, value_order
-from refold.reference import _Model
 
 
 def reference_deltas(spec: ViewSpec, batches: Sequence[Sequence[Sequence[SourceEvent]]]) -> list[dict[str, Any]]:
@@ -24,6 +23,8 @@ def reference_deltas(spec: ViewSpec, batches: Sequence[Sequence[Sequence[SourceE
         from refold.reference_windows import window_deltas
 
         return window_deltas(spec, batches)
+    from refold.reference import _Model  # the reference re-exports this module
+
     model = _Model(spec)
     out: list[dict[str, Any]] = []
     for batch in batches:

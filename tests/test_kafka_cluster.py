@@ -33,7 +33,7 @@ from engine_runs import assert_exact
 
 from refold.cli.produce import produce
 from refold.config import load_pipeline
-from refold.dev import kafkacluster, kafkaconfig, localkafka
+from refold.dev import kafkacluster, kafkaconfig, kafkahealth, localkafka
 from refold.dev.kafkacluster import ClusterInfo
 from refold.dev.testing import Workload, generate
 from refold.kafka.io import TopicSpec, durability_warnings, ensure_topics, open_transactions
@@ -74,7 +74,7 @@ def test_cluster_nodes_settings_and_status(cluster) -> None:
                  "offsets.topic.replication.factor=3", "process.roles=broker,controller"):
         assert line in text.splitlines(), line
     assert kafkacluster.active_controller(info) in {1, 2, 3}
-    lines = kafkacluster.report(info)
+    lines = kafkahealth.report(info)
     assert "under-replicated partitions: 0" in "\n".join(lines)
     assert sum("alive" in line for line in lines) == 3
     # `refold kafka status` in that home: each broker, the controller, the partitions.
@@ -252,7 +252,7 @@ def test_pipeline_exact_through_coordinator_and_leader_kills(cluster, tmp_path) 
         wait_until(lambda: coordinator_of(settings, pipeline.transactional_id(shard))[1] not in {-1, coordinator},
                    f"a new leader of __transaction_state[{partition}]")
         kafkacluster.start_node(coordinator, home=home, die_with_parent=True)
-        wait_until(lambda: not kafkacluster.describe(info).under_replicated, "no under-replicated partitions", 90)
+        wait_until(lambda: not kafkahealth.describe(info).under_replicated, "no under-replicated partitions", 90)
         # 2. kill -9 of the leader of source partition 0, and more events into the
         #    source while it is down (`refold produce` rides through too).
         leader = leader_of(settings, source, 0)

@@ -252,7 +252,7 @@ def ensure_broker(bootstrap: str | None, *, start_local: bool = False) -> str:
 def cli(args: argparse.Namespace) -> int:
     """`refold kafka start|stop|status [--port N] [--brokers N]`. Exit 1 from `status`
     when none runs."""
-    from refold.dev import kafkacluster
+    from refold.dev import kafkacluster, kafkahealth
 
     action = args.action
     if action == "start":
@@ -260,7 +260,7 @@ def cli(args: argparse.Namespace) -> int:
         brokers = getattr(args, "brokers", None) or 1
         if brokers > 1:
             cluster = kafkacluster.start(port, brokers)
-            print("\n".join(kafkacluster.report(cluster)))
+            print("\n".join(kafkahealth.report(cluster)))
             return 0
         info = start(port)
         print(f"Kafka runs at {info.bootstrap} (pid {info.pid})")
@@ -273,7 +273,7 @@ def cli(args: argparse.Namespace) -> int:
     if action == "status":
         cluster = kafkacluster.status()
         if cluster is not None:
-            print("\n".join(kafkacluster.report(cluster)))
+            print("\n".join(kafkahealth.report(cluster)))
             return 0
         found = status()
         if found is None:
