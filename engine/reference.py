@@ -39,7 +39,10 @@ class ReferenceResult:
     changes: list[ViewChange] = field(default_factory=list)
     view: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)
     rejected: list[tuple[int, str]] = field(default_factory=list)  # (unit index, reason)
+    # one per event of a refused unit: (unit index, the event's index in the unit, reason)
+    dead_letters: list[tuple[int, int, str]] = field(default_factory=list)
     unchanged: int = 0  # table-source records that meant no change (`reference_table`)
+    watermark: int | None = None  # a windowed view with lateness: the watermark at the end
 
 
 def merge_partitions(partitions: Mapping[int, Sequence[SourceEvent]]) -> list[list[SourceEvent]]:
@@ -95,6 +98,37 @@ def _column_value(column: str) -> Any:
     return lambda copy: value_order(copy[0][column])
 
 
+def group_outputs(spec: ViewSpec, group: tuple[Any, ...], copies: list[Copy],
+                  bounds: Mapping[str, Any] | None = None, key_bounds: tuple[Any, ...] = ()) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """The output rows of one group's live copies by output key. A window's group gives
+    its `bounds` (the window columns each row carries right after the group's columns)
+    and `key_bounds` (those of them in the output key, right after the group's)."""
+    if not copies:
+        return {}
+    top_n = spec.top_n
+    if top_n is None:
+        row: dict[str, Any] = dict(zip(spec.key, group, strict=True))
+        row.update(bounds or {})
+        for name, column in spec.columns.items():
+            row[name] = _reduce(column.agg, column.column, copies)
+        return {(*group, *key_bounds): row}
+    ranked = sorted(copies, key=lambda copy: copy[1])  # ties: the earlier tag first
+    for order_column, direction in reversed(list(top_n.order_by.items())):
+        present = [c for c in ranked if c[0].get(order_column) is not None]
+        absent = [c for c in ranked if c[0].get(order_column) is None]
+        present.sort(key=_column_value(order_column), reverse=direction == "desc")  # stable either way
+        ranked = present + absent  # stable sorts, nulls last
+    out = {}
+    for place, (copy_row, _tag) in enumerate(ranked[: top_n.n], start=1):
+        row = dict(zip(top_n.partition_by, group, strict=True))
+        row.update(bounds or {})
+        row["place"] = place
+        kept = copy_row if top_n.columns is None else {c: copy_row[c] for c in top_n.columns if c in copy_row}
+        row.update({k: v for k, v in kept.items() if k not in row})
+        out[(*group, *key_bounds, place)] = row
+    return out
+
+
 class _Model:
     """Live copies per group and a from-scratch output per group."""
 
@@ -115,29 +149,7 @@ class _Model:
 
     def outputs(self, group: tuple[Any, ...]) -> dict[tuple[Any, ...], dict[str, Any]]:
         """The output rows of one group by output key, recomputed from its live copies."""
-        copies = self.live.get(group, [])
-        if not copies:
-            return {}
-        top_n = self.spec.top_n
-        if top_n is None:
-            row: dict[str, Any] = dict(zip(self.spec.key, group, strict=True))
-            for name, column in self.spec.columns.items():
-                row[name] = _reduce(column.agg, column.column, copies)
-            return {group: row}
-        ranked = sorted(copies, key=lambda copy: copy[1])  # ties: the earlier tag first
-        for order_column, direction in reversed(list(top_n.order_by.items())):
-            present = [c for c in ranked if c[0].get(order_column) is not None]
-            absent = [c for c in ranked if c[0].get(order_column) is None]
-            present.sort(key=_column_value(order_column), reverse=direction == "desc")  # stable either way
-            ranked = present + absent  # stable sorts, nulls last
-        out = {}
-        for place, (copy_row, _tag) in enumerate(ranked[: top_n.n], start=1):
-            row = dict(zip(top_n.partition_by, group, strict=True))
-            row["place"] = place
-            kept = copy_row if top_n.columns is None else {c: copy_row[c] for c in top_n.columns if c in copy_row}
-            row.update({k: v for k, v in kept.items() if k not in row})
-            out[(*group, place)] = row
-        return out
+        return group_outputs(self.spec, group, self.live.get(group, []))
 
     def outputs_of(self, groups: Iterable[tuple[Any, ...]]) -> dict[tuple[Any, ...], dict[str, Any]]:
         """The output rows of several groups by output key."""
@@ -153,38 +165,44 @@ class _Model:
 
     def check(self, unit: Sequence[SourceEvent]) -> str | None:
         """Why the unit is refused, or None. Nothing changes."""
-        if len(unit) == 1 and unit[0].op is Op.CORRECT_TO:
-            return Reason.ORPHAN_CORRECT_TO
-        if len(unit) == 1 and unit[0].op is Op.CORRECT_FROM:
-            return Reason.UNPAIRED_CORRECT_FROM
-        for event in unit:  # first the shape of every event, then liveness
-            group = self.group_of(event.row)
-            if group is None:
-                return Reason.NULL_KEY
-            problem = key_problem(group)
-            if problem is not None:
-                return problem[0]
-            if scalar_problem(event.row, self.scalar_columns) is not None:
-                return Reason.SCHEMA_MISMATCH
-            if self.spec.top_n is None:
-                for column in {c.column for c in self.spec.columns.values() if c.agg in ("sum", "avg")}:
-                    value = event.row.get(column)
-                    if value is not None and type(value) not in (int, float):
-                        return Reason.SCHEMA_MISMATCH
+        refused = self.refusal(unit)
+        return None if refused is None else refused[1]
+
+    def refusal(self, unit: Sequence[SourceEvent]) -> tuple[int, str] | None:
+        """The refused event's index in the unit and why, or None. Nothing changes."""
+        problem = self.shape_problem(unit)
+        if problem is not None:
+            return problem
         trial: dict[tuple[Any, ...], list[Copy]] = {}
-        for event in unit:
+        for index, event in enumerate(unit):
             group = self.group_of(event.row)
             assert group is not None
             if group not in trial:
                 trial[group] = list(self.live.get(group, []))
-            copies = trial[group]
-            if event.op.adds:
-                copies.append((event.row, event.tag))
-            else:
-                match = [i for i, (row, _) in enumerate(copies) if canonical_row(row) == canonical_row(event.row)]
-                if not match:
-                    return Reason.NOT_LIVE
-                copies.pop(max(match, key=lambda i: copies[i][1]))
+            if not take_copy(trial[group], event):
+                return index, Reason.NOT_LIVE
+        return None
+
+    def shape_problem(self, unit: Sequence[SourceEvent]) -> tuple[int, str] | None:
+        """The unit's pairing, then the shape of every event (its key, its values)."""
+        if len(unit) == 1 and unit[0].op is Op.CORRECT_TO:
+            return 0, Reason.ORPHAN_CORRECT_TO
+        if len(unit) == 1 and unit[0].op is Op.CORRECT_FROM:
+            return 0, Reason.UNPAIRED_CORRECT_FROM
+        for index, event in enumerate(unit):
+            group = self.group_of(event.row)
+            if group is None:
+                return index, Reason.NULL_KEY
+            problem = key_problem(group)
+            if problem is not None:
+                return index, problem[0]
+            if scalar_problem(event.row, self.scalar_columns) is not None:
+                return index, Reason.SCHEMA_MISMATCH
+            if self.spec.top_n is None:
+                for column in {c.column for c in self.spec.columns.values() if c.agg in ("sum", "avg")}:
+                    value = event.row.get(column)
+                    if value is not None and type(value) not in (int, float):
+                        return index, Reason.SCHEMA_MISMATCH
         return None
 
     def apply(self, event: SourceEvent) -> SourceEvent:
@@ -192,55 +210,115 @@ class _Model:
         group = self.group_of(event.row)
         assert group is not None
         copies = self.live.setdefault(group, [])
-        if event.op.adds:
-            copies.append((event.row, event.tag))
-            return event
-        match = [i for i, (row, _) in enumerate(copies) if canonical_row(row) == canonical_row(event.row)]
-        index = max(match, key=lambda i: copies[i][1])  # the latest copy goes
-        _row, tag = copies.pop(index)
+        applied = apply_copy(copies, event)
         if not copies:
             del self.live[group]
-        return SourceEvent(event.op, event.row, tag)
+        return applied
 
 
-def reference_changelog(spec: ViewSpec, units: Sequence[Sequence[SourceEvent]]) -> ReferenceResult:
-    model = _Model(spec)
+def take_copy(copies: list[Copy], event: SourceEvent) -> bool:
+    """Add the event's copy, or remove the latest live copy of an equal row (False: none)."""
+    if event.op.adds:
+        copies.append((event.row, event.tag))
+        return True
+    match = [i for i, (row, _) in enumerate(copies) if canonical_row(row) == canonical_row(event.row)]
+    if not match:
+        return False
+    copies.pop(max(match, key=lambda i: copies[i][1]))
+    return True
+
+
+def apply_copy(copies: list[Copy], event: SourceEvent) -> SourceEvent:
+    """Apply a checked event to a group's copies; return it as a contribution (a removal
+    carries the removed copy's tag: the latest copy of an equal row goes)."""
+    if event.op.adds:
+        copies.append((event.row, event.tag))
+        return event
+    match = [i for i, (row, _) in enumerate(copies) if canonical_row(row) == canonical_row(event.row)]
+    index = max(match, key=lambda i: copies[i][1])
+    _row, tag = copies.pop(index)
+    return SourceEvent(event.op, event.row, tag)
+
+
+def reference_changelog(spec: ViewSpec, units: Sequence[Sequence[SourceEvent]], emit: str = "per_event") -> ReferenceResult:
+    """The changelog, dead letters and final view of one shard's units in input order.
+    A windowed view (`view.window`) keeps one watermark over all the units given (the
+    engine keeps one per shard: give the units of one shard). `emit`: the view output's
+    `emit` (`final` needs a window with lateness)."""
+    model = _model_of(spec, emit)
     result = ReferenceResult()
     condition = compile_condition(parse_condition(spec.where)) if spec.where is not None else None
     for index, unit in enumerate(units):
+        positions = list(range(len(unit)))
         if condition is not None:
-            kept = _filtered(condition, unit, index, result)
+            kept = _kept(condition, unit, index, result)
             if not kept:  # refused, or nothing of it passes
                 continue
-            unit = kept
-        _step(model, unit, index, result)
-    result.view = model.outputs_of(model.live)
+            positions = [position for position, _ in kept]
+            unit = [event for _, event in kept]
+        _step(model, unit, index, result, positions)
+    _finish(model, result)
     return result
 
 
-def _filtered(condition: Condition, unit: Sequence[SourceEvent], index: int,
-              result: ReferenceResult) -> list[SourceEvent] | None:
-    """What of the unit passes `view.where`: the events whose rows pass, where a
-    correction pair that loses its old side is an append of the new row and one that
-    loses its new side a retraction of the old (the filtered changelog). None, and the
-    refusal recorded, when the condition cannot compare one of its rows."""
-    try:
-        passes = [condition(event.row) is True for event in unit]
-    except FilterTypeError:
-        result.rejected.append((index, Reason.SCHEMA_MISMATCH))
-        return None
-    kept = [event for event, passed in zip(unit, passes, strict=True) if passed]
+def _model_of(spec: ViewSpec, emit: str) -> Any:
+    """The model of the view: `_Model`, or a windowed one (refold.reference_windows)."""
+    if spec.window is not None:
+        from refold.reference_windows import WindowModel
+
+        return WindowModel(spec, emit)
+    if emit != "per_event":
+        raise ValueError(f"emit {emit!r}: the reference writes an unwindowed view per event only")
+    return _Model(spec)
+
+
+def _finish(model: Any, result: ReferenceResult) -> None:
+    if isinstance(model, _Model):
+        result.view = model.outputs_of(model.live)
+    else:
+        result.view = model.view()
+        result.watermark = model.watermark()
+
+
+def _kept(condition: Condition, unit: Sequence[SourceEvent], index: int,
+          result: ReferenceResult) -> list[tuple[int, SourceEvent]] | None:
+    """What of the unit passes `view.where`, each kept event with its index in the unit:
+    the events whose rows pass, where a correction pair that loses its old side is an
+    append of the new row and one that loses its new side a retraction of the old (the
+    filtered changelog). None, and the refusal recorded, when the condition cannot
+    compare one of its rows."""
+    passes = []
+    for position, event in enumerate(unit):
+        try:
+            passes.append(condition(event.row) is True)
+        except FilterTypeError:
+            refuse(result, index, range(len(unit)), position, Reason.SCHEMA_MISMATCH)
+            return None
+    kept = [(position, event) for position, (event, passed) in enumerate(zip(unit, passes, strict=True)) if passed]
     if len(unit) == 2 and unit[0].op is Op.CORRECT_FROM and len(kept) == 1:
-        only = kept[0]
-        return [SourceEvent(Op.RETRACT if only is unit[0] else Op.APPEND, only.row, only.tag)]
+        position, only = kept[0]
+        return [(position, SourceEvent(Op.RETRACT if position == 0 else Op.APPEND, only.row, only.tag))]
     return kept
 
 
-def _step(model: _Model, unit: Sequence[SourceEvent], index: int, result: ReferenceResult) -> bool:
+def refuse(result: ReferenceResult, index: int, positions: Sequence[int], refused: int, reason: str) -> None:
+    """Record a refused unit: its reason, and a dead letter per event (`positions`: the
+    events' indexes in the unit as read; `refused`: the refused one's): the refused
+    event's with `reason`, any other's as the other half of a refused pair."""
+    result.rejected.append((index, reason))
+    for position in positions:
+        result.dead_letters.append((index, position, reason if position == refused else Reason.CORRECTION_PAIR_REJECTED))
+
+
+def _step(model: Any, unit: Sequence[SourceEvent], index: int, result: ReferenceResult,
+          positions: Sequence[int] | None = None) -> bool:
     """Apply one unit, or record why it is refused (False)."""
-    reason = model.check(unit)
-    if reason is not None:
-        result.rejected.append((index, reason))
+    positions = list(range(len(unit))) if positions is None else positions
+    if not isinstance(model, _Model):
+        return bool(model.step(unit, index, result, positions))
+    refused = model.refusal(unit)
+    if refused is not None:
+        refuse(result, index, positions, positions[refused[0]], refused[1])
         return False
     names = model.key_names()
     groups: list[tuple[Any, ...]] = []
@@ -253,16 +331,24 @@ def _step(model: _Model, unit: Sequence[SourceEvent], index: int, result: Refere
     for event in unit:
         model.apply(event)
     after = model.outputs_of(groups)
+    result.changes.extend(changes_between(before, after, names))
+    return True
+
+
+def changes_between(before: Mapping[tuple[Any, ...], dict[str, Any]], after: Mapping[tuple[Any, ...], dict[str, Any]],
+                    names: tuple[str, ...]) -> list[ViewChange]:
+    """The records that take the output rows `before` to `after`, ordered by output key."""
+    changes = []
     for key in sorted(set(before) | set(after), key=lambda k: orjson.dumps(list(k))):
         old, new = before.get(key), after.get(key)
         if old is None and new is not None:
-            result.changes.append(ViewChange(Op.APPEND, key, new, names))
+            changes.append(ViewChange(Op.APPEND, key, new, names))
         elif old is not None and new is None:
-            result.changes.append(ViewChange(Op.RETRACT, key, old, names))
+            changes.append(ViewChange(Op.RETRACT, key, old, names))
         elif old is not None and new is not None and canonical_row(old) != canonical_row(new):
-            result.changes.append(ViewChange(Op.CORRECT_FROM, key, old, names))
-            result.changes.append(ViewChange(Op.CORRECT_TO, key, new, names))
-    return True
+            changes.append(ViewChange(Op.CORRECT_FROM, key, old, names))
+            changes.append(ViewChange(Op.CORRECT_TO, key, new, names))
+    return changes
 
 
 # One record of a table source (docs/SEMANTICS.md, "Table sources"): its key (None: a
@@ -272,7 +358,8 @@ def _step(model: _Model, unit: Sequence[SourceEvent], index: int, result: Refere
 TableRecord = tuple[tuple[Any, ...] | None, str, dict[str, Any] | None, dict[str, Any] | None, Tag]
 
 
-def reference_table(spec: ViewSpec, partitions: Mapping[int, Sequence[TableRecord]]) -> ReferenceResult:
+def reference_table(spec: ViewSpec, partitions: Mapping[int, Sequence[TableRecord]],
+                    emit: str = "per_event") -> ReferenceResult:
     """The view of a table source (`source.form: upsert`, `format: debezium-json`): the
     records of each partition in order, the partitions merged by tag. Per key, the row
     the key last put into the view; each record is the unit it means against that row:
@@ -284,7 +371,7 @@ def reference_table(spec: ViewSpec, partitions: Mapping[int, Sequence[TableRecor
       or `before` itself for a key without a row (none: `not live`).
 
     A refused unit leaves the key's row as it was."""
-    model = _Model(spec)
+    model = _model_of(spec, emit)
     result = ReferenceResult()
     condition = compile_condition(parse_condition(spec.where)) if spec.where is not None else None
     last: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -322,10 +409,11 @@ def reference_table(spec: ViewSpec, partitions: Mapping[int, Sequence[TableRecor
             else:
                 unit = [SourceEvent(Op.RETRACT, taken, tag)]
         if condition is not None:  # the table's row changes whether or not the view sees it
-            kept = _filtered(condition, unit, index, result)
+            kept = _kept(condition, unit, index, result)
             if kept is None:
                 continue
-            applied = _step(model, kept, index, result) if kept else True
+            positions = [position for position, _ in kept]
+            applied = _step(model, [event for _, event in kept], index, result, positions) if kept else True
         else:
             applied = _step(model, unit, index, result)
         if applied and key is not None:
@@ -333,7 +421,7 @@ def reference_table(spec: ViewSpec, partitions: Mapping[int, Sequence[TableRecor
                 last.pop(key, None)
             else:
                 last[key] = row
-    result.view = model.outputs_of(model.live)
+    _finish(model, result)
     return result
 
 
@@ -366,7 +454,12 @@ def fold_changelog(changes: Iterable[ViewChange]) -> dict[tuple[Any, ...], dict[
 
 
 def reference_deltas(spec: ViewSpec, batches: Sequence[Sequence[Sequence[SourceEvent]]]) -> list[dict[str, Any]]:
-    """Delta rows per batch of units: each batch's accepted contributions per key."""
+    """Delta rows per batch of units: each batch's accepted contributions per key (a
+    tumble or hop view: per view key and window, `refold.reference_windows`)."""
+    if spec.window is not None:
+        from refold.reference_windows import window_deltas
+
+        return window_deltas(spec, batches)
     model = _Model(spec)
     out: list[dict[str, Any]] = []
     for batch in batches:
@@ -384,8 +477,9 @@ def reference_deltas(spec: ViewSpec, batches: Sequence[Sequence[Sequence[SourceE
     return out
 
 
-def _delta_row(spec: ViewSpec, key: tuple[Any, ...], signed: list[tuple[int, SourceEvent]]) -> dict[str, Any]:
-    row: dict[str, Any] = dict(zip(spec.key, key, strict=True))
+def _delta_row(spec: ViewSpec, key: tuple[Any, ...], signed: list[tuple[int, SourceEvent]],
+               names: Sequence[str] | None = None) -> dict[str, Any]:
+    row: dict[str, Any] = dict(zip(spec.key if names is None else names, key, strict=True))
     row["_count"] = sum(sign for sign, _ in signed)
     for name, column in spec.columns.items():
         agg, col = column.agg, column.column
@@ -411,10 +505,12 @@ def _delta_row(spec: ViewSpec, key: tuple[Any, ...], signed: list[tuple[int, Sou
 
 
 def fold_deltas(spec: ViewSpec, delta_rows: Iterable[dict[str, Any]]) -> dict[tuple[Any, ...], dict[str, Any]]:
-    """Combine delta rows per key, then apply each aggregation: the view they add up to."""
+    """Combine delta rows per key, then apply each aggregation: the view they add up to
+    (a windowed view's rows are keyed by the view key and the window bounds)."""
+    names = (*spec.key, "window_start", "window_end") if spec.window is not None else tuple(spec.key)
     acc: dict[tuple[Any, ...], dict[str, Any]] = {}
     for delta in delta_rows:
-        key = tuple(delta[c] for c in spec.key)
+        key = tuple(delta[c] for c in names)
         state = acc.setdefault(key, {"_count": 0})
         state["_count"] += delta["_count"]
         for name, column in spec.columns.items():
@@ -437,7 +533,7 @@ def fold_deltas(spec: ViewSpec, delta_rows: Iterable[dict[str, Any]]) -> dict[tu
     for key, state in acc.items():
         if state["_count"] <= 0:
             continue
-        row: dict[str, Any] = dict(zip(spec.key, key, strict=True))
+        row: dict[str, Any] = dict(zip(names, key, strict=True))
         for name, column in spec.columns.items():
             value = state.get(name)
             if column.agg in ("sum", "count"):
