@@ -372,7 +372,7 @@ class ShardProcessor:
         Past `spark.state_cache_keys` held keys the reducer starts empty first, unless
         not `forget` (the native core holds a batch it read: `_read_natively` saw to it)."""
         assert self.store is not None
-        if self.pipeline.view.window is not None or (self.materializations and self.materializations.backfilling):
+        if self.pipeline.view.window is not None or (self.materializations is not None and self.materializations.backfilling):
             if not self.held_all:  # (a windowed view's windows close by the watermark: it holds them all)
                 self._forget_reducer()
                 self.reducer.restore(whole_state(self.store))
