@@ -18,6 +18,7 @@ from refold.kafka.io import ensure_topics, read_to_end
 from refold.model.changelog import Op
 from refold.model.reasons import Reason
 from refold.ops.explain import explain
+from refold.ops.verify import verify
 from refold.recovery.records import decode_dead_letter
 from refold.reduce import Rejected, SourceEvent, make_reducer
 from refold.reduce.windowed import event_time_of, time_text
@@ -417,3 +418,5 @@ def test_the_engine_runs_a_windowed_view_with_lateness_through_a_restart(
     assert any(reason == Reason.LATE for _o, reason in expected_letters)
     if emit == "final":
         assert {op for op, _row in expected} == {"+A"}
+    report = verify(pipeline, settings)  # `refold verify`: the reference, one watermark per shard
+    assert report.anomalies == [] and report.view_records == len(view)
