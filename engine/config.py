@@ -173,10 +173,7 @@ class ViewSpec(_Model):
     `AS` is named `<function>_<column>` (`count` for COUNT(*)). `SELECT * FROM (SELECT
     ROW_NUMBER() OVER (PARTITION BY p ORDER BY s DESC) AS place, * FROM topic WHERE …)
     WHERE place <= N` is a Top-N; a list of columns instead of `*` becomes
-    `top_n.columns`. `GROUP BY window(ts, '1 hour'), k` (or `window(ts, '1 hour', '15
-    minutes')`, `session_window(ts, '30 minutes')`) with `window.start` and `window.end`
-    selected is a windowed view (`window`; its `lateness` written beside the query:
-    `window: {lateness: 10m}`). `FROM` names the source topic. Joins, HAVING, DISTINCT,
+    `top_n.columns`. `FROM` names the source topic. Joins, HAVING, DISTINCT,
     RANK/DENSE_RANK, ORDER BY or LIMIT outside the window, expressions inside
     aggregates, a bound that is not a number, and `ASC` without `NULLS LAST` (Refold
     ranks nulls last) are refused before anything starts, naming the construct and its
@@ -201,19 +198,8 @@ class ViewSpec(_Model):
         from refold.sql import translate
 
         translated = translate(sql).spec
-        if isinstance(value.get("window"), Mapping) and "window" in translated:
-            # a lateness has no SQL form: written beside the query (the rest, if written, is the query's)
-            written_window = {k: v for k, v in value["window"].items() if v is not None}
-            lateness = written_window.pop("lateness", None)
-            if written_window and written_window != translated["window"]:
-                raise ValueError("view.window: the query's window is "
-                                 f"{translated['window']}; beside sql write only window: {{lateness: …}}")
-            translated["window"] = {**translated["window"], **({"lateness": lateness} if lateness else {})}
-            value = {k: v for k, v in value.items() if k != "window"}
-        written = {name: value[name] for name in ("key", "columns", "top_n", "where", "window")
+        written = {name: value[name] for name in ("key", "columns", "top_n", "where")
                    if value.get(name) not in (None, [], {})}
-        if written and "window" in translated:
-            written["window"] = translated["window"]  # (checked above)
         # a view dumped with its spec (model_dump) reads back when the spec is the query's
         if written and not _same_view(cls, written, translated):
             raise ValueError(f"write the view either as sql or as key/columns/top_n/where, not both "

@@ -22,16 +22,11 @@ Two query shapes, in Spark SQL's dialect (parsed by `sqlglot`, never by hand):
   → `top_n: {n: 3, order_by: {score: desc}, partition_by: [league]}`; an inner (or
   outer) list of columns instead of `*` becomes `top_n.columns`, the row columns each
   output row carries.
-- a grouped view per event-time window, as Spark writes it: `GROUP BY window(ts, '1
-  hour'), team` (a tumble; `window(ts, '1 hour', '15 minutes')` a hop,
-  `session_window(ts, '30 minutes')` a session) with `window.start` and `window.end` in
-  the select list → `view.window` (`refold.sqlwindows`).
 
 The `FROM` table is the pipeline's source topic (a dotted name may be written as is,
 `FROM db.public.scores`, or quoted); its `WHERE` becomes the view's row filter
 (`where`, `refold.model.predicate`). Anything else — joins, `HAVING`,
-`DISTINCT`, window functions other than `ROW_NUMBER`, Flink's window table functions,
-an event-time window in a Top-N, a place bound that is not a literal,
+`DISTINCT`, windows other than `ROW_NUMBER`, a place bound that is not a literal,
 expressions inside aggregates, `ORDER BY`/`LIMIT` outside the window — is refused by
 `SqlError`, naming the construct and where it stands in the query, before anything
 starts: Refold runs a query only when it can run it exactly under retraction.
@@ -39,14 +34,13 @@ starts: Refold runs a query only when it can run it exactly under retraction.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any, Final
 
 import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
-
-from refold.sqlwindows import RENAMED, SqlWindowError, bound_of, is_window, renamed, window_of
 
 DIALECT: Final = "spark"
 PLACE: Final = "place"  # the Top-N view's place column (SEMANTICS.md, Top-N views)
@@ -105,10 +99,7 @@ class SqlView:
 def translate(sql: str) -> SqlView:
     """The view spec of a query (see the module docstring); SqlError when Refold cannot
     run it exactly."""
-    try:
-        sql = renamed(sql, DIALECT)  # before parsing: the parser does not read Spark's window(…)
-    except SqlWindowError as exc:
-        raise SqlError(str(exc)) from None
+    _refuse_time_windows(sql)  # before parsing: the parser may not read Spark's window(…)
     try:
         statements = [s for s in sqlglot.parse(sql, read=DIALECT) if s is not None]
     except ParseError as exc:
@@ -130,6 +121,23 @@ def translate(sql: str) -> SqlView:
     return _grouped(query)
 
 
+TIME_WINDOWS: Final = ("window", "session_window", "tumble", "hop", "session", "cumulate")
+
+
+def _refuse_time_windows(sql: str) -> None:
+    """Event-time window functions (Spark's `window(…)`, Flink's `TUMBLE(…)`), which the
+    parser may not read at all: named, with their position."""
+    try:
+        tokens = sqlglot.tokenize(sql, read=DIALECT)
+    except TokenError:
+        return
+    for token, following in itertools.pairwise(tokens):
+        if token.text.lower() in TIME_WINDOWS and following.text == "(":
+            column = token.col - (token.end - token.start)
+            raise SqlError(f"{token.text}(…) (line {token.line}, column {column}): windows over event time are "
+                           "not supported (a view reduces all of its keys' live rows, whatever their time)")
+
+
 def _grouped(query: exp.Select) -> SqlView:
     _refuse_parts(query)
     table, table_at = _table(query)
@@ -145,13 +153,7 @@ def _grouped(query: exp.Select) -> SqlView:
         if group.args.get(part):
             raise SqlError(f"GROUP BY {part.upper().replace('_', ' ')} {_at(group)}: not supported")
     key: list[str] = []
-    time_window: dict[str, Any] | None = None
     for item in group.expressions:
-        if is_window(item):
-            if time_window is not None:
-                raise SqlError(f"a second window {_at(item)}: a view groups by one window")
-            time_window = _window(item)
-            continue
         column = _column(item, "GROUP BY")
         if column in key:
             raise SqlError(f"GROUP BY names {column!r} twice {_at(item)}")
@@ -160,13 +162,6 @@ def _grouped(query: exp.Select) -> SqlView:
     columns: dict[str, dict[str, str]] = {}
     for item in query.expressions:
         name, value = (item.alias, item.this) if isinstance(item, exp.Alias) else (None, item)
-        if (bound := bound_of(value)) is not None or is_window(value):
-            if bound is None or time_window is None or (name and name != bound):
-                raise SqlError(f"{value.sql(dialect=DIALECT).replace(RENAMED, 'window')} {_at(item)}: "
-                               + ("select window.start and window.end (as window_start, window_end)" if time_window
-                                  else "a window bound needs GROUP BY window(…) or session_window(…)"))
-            selected.add(bound)
-            continue
         if isinstance(value, exp.Star):
             raise SqlError(f"SELECT * {_at(item)} in a grouped view: name the key columns and aggregates")
         if isinstance(value, exp.Column):
@@ -183,24 +178,13 @@ def _grouped(query: exp.Select) -> SqlView:
         if name in columns or name in key:
             raise SqlError(f"two output columns are named {name!r} {_at(item)}: name them apart with AS")
         columns[name] = {agg: column}
-    if time_window is not None and (bounds := [b for b in ("window_start", "window_end") if b not in selected]):
-        raise SqlError(f"GROUP BY window(…) {_at(group)}: select window.start and window.end too (not "
-                       f"{', '.join(bounds)}): a windowed view's rows carry their window")
     missing = [column for column in key if column not in selected]
     if missing:
         raise SqlError(f"GROUP BY {', '.join(missing)} {_at(group)}: select the grouped columns too "
                        "(a view's rows carry their key)")
     if not columns:
         raise SqlError(f"SELECT {_at(query)}: a grouped view needs at least one aggregate")
-    windowed = {"window": time_window} if time_window is not None else {}
-    return SqlView({"key": key, "columns": columns, **_where(query), **windowed}, table, table_at)
-
-
-def _window(node: exp.Anonymous) -> dict[str, Any]:
-    try:
-        return window_of(node, _at(node))
-    except SqlWindowError as exc:
-        raise SqlError(str(exc)) from None
+    return SqlView({"key": key, "columns": columns, **_where(query)}, table, table_at)
 
 
 def agg_name(node: exp.Expression) -> str:
@@ -236,10 +220,6 @@ def _aggregate(node: exp.Expression) -> tuple[str, str]:
 
 
 def _top_n(outer: exp.Select, subquery: exp.Subquery) -> SqlView:
-    for node in outer.walk():
-        if is_window(node) or bound_of(node) is not None:
-            raise SqlError(f"a window over event time {_at(node)} in a Top-N query: not supported in SQL yet "
-                           "(write top_n with view.window)")
     inner = subquery.this
     if not isinstance(inner, exp.Select):
         raise SqlError(f"the subquery {_at(subquery)} is not a SELECT")

@@ -256,25 +256,6 @@ def test_the_hourly_example_corrects_an_open_hour_and_dead_letters_an_event_for_
     assert "# output key: team, window_start, window_end" in text and "lateness 15m" in text
 
 
-@pytest.mark.parametrize(("group_by", "bounds", "window"), [
-    ("window(at, '1 hour')", "window.start, window.end", {"tumble": "1h"}),
-    ("window(at, INTERVAL 1 HOUR, '15 minutes')", "window.start AS window_start, window.end", {
-        "hop": {"size": "1h", "slide": "15m"}}),
-    ("window(at, '1 hour 30 minutes')", "window.start, window.end", {"tumble": "90m"}),
-    ("session_window(at, '30 minutes')", "session_window.start, session_window.end", {"session": {"gap": "30m"}}),
-])
-def test_a_windowed_query_is_its_yaml_twin(group_by: str, bounds: str, window: dict[str, Any]) -> None:
-    sql = (f"SELECT team, {bounds}, SUM(points) AS points, COUNT(*) AS plays FROM hourly_scores "
-           f"GROUP BY {group_by}, team")
-    twin = ViewSpec.model_validate({"key": ["team"], "columns": {"points": {"sum": "points"}, "plays": {"count": "*"}},
-                                    "window": {"time": "at", **window, "lateness": "15m"}})
-    view = ViewSpec.model_validate({"sql": sql, "window": {"lateness": "15m"}})  # a lateness has no SQL form
-    assert (view.key, view.columns, view.window) == (twin.key, twin.columns, twin.window)
-    assert ViewSpec.model_validate(view.model_dump(by_alias=True)) == view  # a dumped view reads back
-    with pytest.raises(ValueError, match="beside sql write only window"):
-        ViewSpec.model_validate({"sql": sql, "window": {"time": "other", "tumble": "1h"}})
-
-
 # a windowed view's shards on a real broker -----------------------------------------------
 
 def _records(rows: list[dict[str, Any]], start: int) -> list[InputRecord]:
