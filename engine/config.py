@@ -107,9 +107,9 @@ class SessionSpec(_Model):
 class WindowSpec(_Model):
     """`view.window`: the view groups (or ranks) per event-time window of the row's `time`
     column (ISO-8601 text or epoch milliseconds). Exactly one of `tumble`, `hop`,
-    `session`. `lateness`: the horizon after which a window closes (docs/SEMANTICS.md,
-    Windows); none: windows never close. Windows are aligned to the epoch (a 1h tumble
-    starts on the hour, UTC); `window_end` is exclusive."""
+    `session`. `lateness`: the horizon after which a window closes (docs/windows.md);
+    none: windows never close. Windows are aligned to the epoch (a 1h tumble starts on
+    the hour, UTC); `window_end` is exclusive."""
 
     time: str
     tumble: str | None = None
@@ -497,8 +497,8 @@ class Pipeline(_Model):
         if self.outputs.view is not None and self.outputs.view.emit == "final" and (self.view.window is None or self.view.window.lateness is None):
             raise ValueError("outputs.view.emit: final writes a window's result when the window closes: "
                              "it needs view.window with a lateness")
-        if self.view.window is not None:
-            raise ValueError("view.window: windowed views are not supported by this version yet")
+        if (refusal := self.window_refusal()) is not None:
+            raise ValueError(refusal)
         if self.view.is_top_n and self.outputs.delta is not None:
             raise ValueError("outputs.delta: delta updates are defined for grouped views, not top_n")
         for i, entry in enumerate(self.outputs.materialize):
@@ -520,10 +520,38 @@ class Pipeline(_Model):
             raise ValueError(f"shards: {refusal}")
         return self
 
+    def window_refusal(self) -> str | None:
+        """Why the pipeline's windowed view cannot run as written (None: it can, or it has
+        no window)."""
+        window = self.view.window
+        if window is None:
+            return None
+        if window.kind == "session" and self.view.top_n is not None:
+            return "view.window.session: a Top-N ranks per tumble or hop window, not per session"
+        if window.kind == "session" and (self.outputs.delta is not None
+                                         or any(m.delta is not None for m in self.outputs.materialize)):
+            return ("outputs.delta: delta updates are keyed by the output key, and a session's key "
+                    "(its start) moves as sessions merge and split: not defined for session windows")
+        if self.outputs.view is not None and self.outputs.view.emit == "per_batch":
+            return "outputs.view.emit: per_batch is not supported for windowed views (view.window) yet"
+        if isinstance(self.shards, int):
+            return ("shards: a windowed view's watermark advances in one shard's input order: it runs "
+                    "co-partitioned or merged (leave shards out)")
+        if self.source.form != "changelog" or self.source.format == "debezium-json":
+            return "view.window: windowed views read a changelog source (form: changelog, not debezium-json) yet"
+        if self.outputs.materialize:
+            return "outputs.materialize: not supported for windowed views (view.window) yet"
+        names = set(self.view.top_n.partition_by if self.view.top_n is not None else [*self.view.key, *self.view.columns])
+        if taken := sorted(names & {"window_start", "window_end"}):
+            return f"view.window: {', '.join(taken)} is the name of a window bound in the output; rename the column"
+        return None
+
     def shards_refusal(self) -> str | None:
         """Why the view cannot re-group in shards (None: it can): they are for a view that
         re-groups a jsonl changelog keyed by `source.key`."""
         view_key = self.view.top_n.partition_by if self.view.top_n is not None else self.view.key
+        if self.view.window is not None:
+            return "a windowed view's watermark advances in one shard's input order: it runs merged"
         if not self.source.key:
             return ("a re-grouping view in shards needs source.key, the columns the source's messages are "
                     "keyed by (its stage 1 checks each key's rows)")

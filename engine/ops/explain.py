@@ -22,10 +22,41 @@ def view_spec(pipeline: Pipeline) -> dict[str, Any]:
     """The `view:` mapping of the pipeline's view without its `sql` (the YAML twin)."""
     view = pipeline.view
     where = {"where": view.where} if view.where is not None else {}
+    if view.window is not None:
+        where["window"] = view.window.model_dump(exclude_none=True)
     if view.top_n is not None:
         return {"top_n": view.top_n.model_dump(exclude_none=True), **where}
     return {"key": list(view.key),
             "columns": {name: {spec.agg: spec.column} for name, spec in view.columns.items()}, **where}
+
+
+def output_key_of(pipeline: Pipeline) -> list[str]:
+    """The view output's key columns."""
+    view = pipeline.view
+    bounds = [] if view.window is None else ["window_start"] if view.window.kind == "session" else [
+        "window_start", "window_end"]
+    if view.top_n is not None:
+        return [*view.top_n.partition_by, *bounds, "place"]
+    return [*view.key, *bounds]
+
+
+def window_text(pipeline: Pipeline) -> str:
+    """What a windowed view's window does, in a line."""
+    window = pipeline.view.window
+    assert window is not None
+    if window.kind == "tumble":
+        what = f"tumble {window.tumble} over {window.time}"
+    elif window.kind == "hop":
+        assert window.hop is not None
+        what = f"hop {window.hop.size} every {window.hop.slide} over {window.time}"
+    else:
+        assert window.session is not None
+        what = f"sessions of {', '.join(pipeline.view.key)} with a gap of {window.session.gap} over {window.time}"
+    if window.lateness is None:
+        return what + "; no lateness: windows never close (exact forever, state grows with the windows)"
+    return (what + f"; lateness {window.lateness}: a window closes when the shard's watermark (its largest "
+            "event time applied minus the lateness) reaches its end, and later events for it are dead "
+            "letters (late)")
 
 
 def explain(pipeline: Pipeline) -> str:
@@ -36,8 +67,10 @@ def explain(pipeline: Pipeline) -> str:
         lines += ["# the view's SQL:", *("#   " + line for line in view.sql.strip().splitlines()),
                   "# is this view spec (the same as writing it in the pipeline file):"]
     lines.append(yaml.safe_dump({"view": view_spec(pipeline)}, sort_keys=False, default_flow_style=None).rstrip())
-    output_key = [*view.top_n.partition_by, "place"] if view.top_n is not None else list(view.key)
+    output_key = output_key_of(pipeline)
     lines.append(f"# output key: {', '.join(output_key)}")
+    if view.window is not None:
+        lines.append(f"# window: {window_text(pipeline)}")
     keys = ", ".join(message_key(pipeline)) or "(none)"
     if co_partitioned(pipeline):
         lines.append(f"# shards: one per partition of {pipeline.source.topic} (messages keyed by {keys}, "

@@ -24,11 +24,13 @@ from refold.errors import RecordError
 from refold.kafka.io import partitions_of, read_to_end
 from refold.model.changelog import Op
 from refold.model.forms import RETRACT_FORM
+from refold.ops.explain import output_key_of
 from refold.recovery.layout import settle_layout
 from refold.recovery.records import view_partitioning
 from refold.reduce import SourceEvent, ViewChange
 from refold.reduce.values import key_bytes
 from refold.reference import (
+    ReferenceResult,
     TableRecord,
     fold_changelog,
     fold_deltas,
@@ -106,10 +108,7 @@ def read_table_source(
 
 
 def output_key(pipeline: Pipeline, row: Mapping[str, Any]) -> tuple[Any, ...]:
-    top_n = pipeline.view.top_n
-    if top_n is not None:
-        return (*(row[c] for c in top_n.partition_by), row["place"])
-    return tuple(row[c] for c in pipeline.view.key)
+    return tuple(row[c] for c in output_key_of(pipeline))
 
 
 def read_view_changes(pipeline: Pipeline, settings: Mapping[str, Any],
@@ -206,7 +205,7 @@ def verify(pipeline: Pipeline, settings: Mapping[str, Any], *, exact_order: bool
     else:
         partitions, report.dead_letters = read_source(pipeline, settings)
         report.events = sum(len(v) for v in partitions.values())
-        expected = reference_changelog(pipeline.view, merge_partitions(partitions))
+        expected = _expected(pipeline, settled, partitions)
         if homes is not None:
             for partition, events in partitions.items():
                 homes.update((_group_of(event.row, grouping), partition) for event in events)
@@ -222,7 +221,7 @@ def verify(pipeline: Pipeline, settings: Mapping[str, Any], *, exact_order: bool
         want = expected.changes
         if spec.form == "retract":
             want = [ViewChange(RETRACT_FORM[c.op], c.key, c.row) for c in want]
-        if spec.emit == "per_event" and (exact_order or (co_partitioned(pipeline) and not pipeline.view.is_top_n)):
+        if spec.emit in ("per_event", "final") and (exact_order or (co_partitioned(pipeline) and not pipeline.view.is_top_n)):
             _compare_sequences(report, by_key(want), by_key(actual))
         try:
             folded = fold_changelog(actual) if spec.form == "changelog" else _fold_retract(actual)
@@ -241,6 +240,21 @@ def verify(pipeline: Pipeline, settings: Mapping[str, Any], *, exact_order: bool
         _compare_views(report, expected.view, fold_deltas(pipeline.view, deltas), "folded deltas")
     _compare_tables(report, pipeline, expected.view)
     return report
+
+
+def _expected(pipeline: Pipeline, settled: Pipeline, partitions: dict[int, list[SourceEvent]]) -> ReferenceResult:
+    """The reference over the input. A windowed view's watermark is its shard's: for a
+    co-partitioned one, the reference runs per source partition."""
+    view, emit = pipeline.view, pipeline.outputs.view.emit if pipeline.outputs.view is not None else "per_event"
+    if view.window is None or not co_partitioned(settled):
+        return reference_changelog(view, merge_partitions(partitions), emit if view.window is not None else "per_event")
+    result = ReferenceResult()
+    for partition in sorted(partitions):
+        part = reference_changelog(view, merge_partitions({partition: partitions[partition]}), emit)
+        result.changes += part.changes
+        result.view.update(part.view)
+        result.rejected += part.rejected
+    return result
 
 
 def read_tables(entry: Any) -> tuple[dict[tuple[Any, ...], dict[str, Any]] | None, list[dict[str, Any]] | None]:
@@ -288,9 +302,9 @@ def _check_partitions(report: Report, pipeline: Pipeline, homes: Mapping[tuple[A
     shard (the pipeline as settled), in the partition of the one shard that writes them:
     a co-partitioned view's group's source partition (`homes`), a re-grouping view's
     stage-2 shard, else 0 (a merged view, a global Top-N's stage 3)."""
-    by_shard, top_n = view_partitioning(pipeline) == "shard", pipeline.view.is_top_n
+    by_shard, grouping = view_partitioning(pipeline) == "shard", len(view_key(pipeline.view))
     for key, partitions in placed.items():
-        group = key[:-1] if top_n else key  # a Top-N's output key ends with the place
+        group = key[:grouping]  # (a Top-N's output key ends with the place; a windowed one's with the window)
         if not by_shard:
             want = partitions if len(partitions) == 1 else None
         elif ranked_globally(pipeline):

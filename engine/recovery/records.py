@@ -128,6 +128,8 @@ class DeadLetter:
     key: bytes | None
     value: bytes | None
     pipeline: str
+    # more headers (name, value), after the others: a late event's window and watermark (not in the record's value)
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 def dead_letter_headers(letter: DeadLetter) -> list[tuple[str, bytes]]:
@@ -142,6 +144,7 @@ def dead_letter_headers(letter: DeadLetter) -> list[tuple[str, bytes]]:
         ("refold.offset", str(letter.offset).encode()),
         ("refold.pipeline", letter.pipeline.encode()),
     ]
+    headers += [(name, value.encode()) for name, value in letter.headers]
     return headers
 
 

@@ -18,10 +18,14 @@ from refold.reduce.statecodec import decode_state, encode_state
 from refold.reduce.topn import TopNReducer
 from refold.reduce.types import Rejected, SourceEvent, Tag, ViewChange, ViewReducer
 from refold.reduce.values import compact_changes, key_problem, scalar_problem, value_order
+from refold.reduce.windowed import WindowedReducer, whole_state
 
 
-def make_reducer(spec: ViewSpec) -> ViewReducer:
-    """The reducer of one view: Top-N when the spec has `top_n`, grouped otherwise."""
+def make_reducer(spec: ViewSpec, emit: str = "per_event") -> ViewReducer:
+    """The reducer of one view: windowed when the spec has `window` (`emit`: the view
+    output's), else Top-N when it has `top_n`, grouped otherwise."""
+    if spec.window is not None:
+        return WindowedReducer(spec, emit)
     if spec.top_n is not None:
         return TopNReducer(spec)
     return GroupedReducer(spec)
@@ -40,4 +44,5 @@ __all__ = [
     "make_reducer",
     "scalar_problem",
     "value_order",
+    "whole_state",
 ]

@@ -41,11 +41,14 @@ class ViewChange(NamedTuple):
 class Rejected(Exception):
     """A unit was refused; the reducer's state is exactly as before the call."""
 
-    def __init__(self, reason: str, index: int, detail: str | None = None) -> None:
+    def __init__(
+        self, reason: str, index: int, detail: str | None = None, *, headers: tuple[tuple[str, str], ...] = ()
+    ) -> None:
         super().__init__(f"{reason} (event {index} of the unit)" + (f": {detail}" if detail else ""))
         self.reason = reason
         self.index = index
         self.detail = detail
+        self.headers = headers  # a windowed view's late event: its window and the watermark, as headers
 
 
 class ViewReducer(Protocol):

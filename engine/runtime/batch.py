@@ -30,7 +30,7 @@ from refold.errors import RecordError, RecordSource
 from refold.model.changelog import ChangelogEvent, Op, Pairing
 from refold.model.reasons import Reason
 from refold.recovery.records import DeadLetter, PendingRecord
-from refold.reduce import SourceEvent
+from refold.reduce import Rejected, SourceEvent
 from refold.runtime.shards import KeyCheck
 
 
@@ -103,7 +103,10 @@ class DeadLetters:
     pipeline: str
     strict: bool
 
-    def add(self, out: Outgoing, record: InputRecord, reason: str, detail: str | None = None) -> None:
+    def add(
+        self, out: Outgoing, record: InputRecord, reason: str, detail: str | None = None,
+        headers: tuple[tuple[str, str], ...] = (),
+    ) -> None:
         if self.strict:
             raise RecordError(reason, RecordSource(self.topic, record.partition, record.offset), detail=detail)
         out.dlq.append(
@@ -117,17 +120,27 @@ class DeadLetters:
                 key=record.key,
                 value=record.value,
                 pipeline=self.pipeline,
+                headers=headers,
             )
         )
 
-    def refuse(self, out: Outgoing, unit: Sequence[Item], refused_index: int, reason: str) -> None:
+    def rejected(self, out: Outgoing, unit: Sequence[Item], rejected: Rejected) -> None:
+        """`refuse` of a unit the reducer refused: a windowed view's own refusals (`late`,
+        `bad event time`) with their detail and headers; the others' details stay out."""
+        shown = rejected.reason in (Reason.LATE, Reason.BAD_TIME)
+        self.refuse(out, unit, rejected.index, rejected.reason, rejected.detail if shown else None, rejected.headers)
+
+    def refuse(
+        self, out: Outgoing, unit: Sequence[Item], refused_index: int, reason: str, detail: str | None = None,
+        headers: tuple[tuple[str, str], ...] = (),
+    ) -> None:
         """A unit the reducer refused: one dead letter per input record (a Debezium update
-        is a pair from one record) — the refused event's with `reason`, the other half of
-        a refused pair as such."""
+        is a pair from one record) — the refused event's with `reason` (and `detail`,
+        `headers`), the other half of a refused pair as such."""
         refused = unit[refused_index][1]
         for index, (_event, record) in enumerate(unit):
             if index == refused_index:
-                self.add(out, record, reason)
+                self.add(out, record, reason, detail, headers)
             elif record is not refused:
                 self.add(out, record, Reason.CORRECTION_PAIR_REJECTED)
 

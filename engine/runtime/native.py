@@ -55,6 +55,8 @@ def why_not(pipeline: Pipeline) -> str | None:
     if refold_native is None:
         return "the native core (refold_native) is not built: `make setup` builds it from native/"
     outputs = pipeline.outputs
+    if pipeline.view.window is not None:
+        return "windowed views (view.window) reduce in Python"
     if ranked_globally(pipeline):
         return "a global Top-N in shards ranks its shards' rows in Python (refold.runtime.tops)"
     if is_table(pipeline):

@@ -37,7 +37,9 @@ class Renderer:
     def __init__(self, pipeline: Pipeline) -> None:
         self.view_spec = pipeline.outputs.view
         self.delta_spec = pipeline.outputs.delta
-        self.key_columns = pipeline.view.key
+        window = pipeline.view.window
+        # a delta's message key: the output key (a tumble or hop window's view key and bounds)
+        self.key_columns = [*pipeline.view.key, *(("window_start", "window_end") if window is not None else ())]
         self.view_encoder, self.delta_encoder = output_encoders(pipeline)
 
     def view(self, changes: Sequence[UnitChanges]) -> list[tuple[bytes, bytes | None, int | None]]:

@@ -60,7 +60,7 @@ from refold.recovery.records import (
     view_partitioning,
 )
 from refold.recovery.restore import load_checkpoints
-from refold.reduce import Rejected, make_reducer
+from refold.reduce import Rejected, make_reducer, whole_state
 from refold.reduce.values import key_bytes
 from refold.reduce.where import condition_of, filter_units
 from refold.runtime.batch import BatchStats, DeadLetters, InputRecord, Outgoing, Unit, UnitReader
@@ -71,7 +71,6 @@ from refold.runtime.render import Renderer, UnitChanges
 from refold.runtime.shards import KeyCheck, checkpoint_key, shard_writer
 from refold.runtime.tables import LastRows, TableReader, is_table, reduce_table_rows, touched_by
 from refold.state import Recovery, ShardId, ShardStore, Stamp, bring_to
-from refold.state.store import VIEW_RECORD_FIRST
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +158,7 @@ class ShardProcessor:
         return self.pipeline.state_topic
 
     def _new_reducer(self) -> Any:
-        return make_reducer(self.pipeline.view)
+        return make_reducer(self.pipeline.view, self.pipeline.outputs.view.emit if self.pipeline.outputs.view else "per_event")
 
     def _new_core(self) -> Any:  # (a new one each time the reducer starts empty)
         return native_core(self.pipeline)
@@ -373,10 +372,10 @@ class ShardProcessor:
         Past `spark.state_cache_keys` held keys the reducer starts empty first, unless
         not `forget` (the native core holds a batch it read: `_read_natively` saw to it)."""
         assert self.store is not None
-        if self.materializations is not None and self.materializations.backfilling:
-            if not self.held_all:
+        if self.pipeline.view.window is not None or (self.materializations is not None and self.materializations.backfilling):
+            if not self.held_all:  # (a windowed view's windows close by the watermark: it holds them all)
                 self._forget_reducer()
-                self.reducer.restore(self.store.items(VIEW_RECORD_FIRST))
+                self.reducer.restore(whole_state(self.store))
                 self.held_all = True
             return
         if self.held_all:
@@ -412,7 +411,7 @@ class ShardProcessor:
             try:
                 changes.append((self.reducer.apply([event for event, _ in unit]), unit[0][0].tag[0]))
             except Rejected as rejected:
-                self.dead_letters.refuse(out, unit, rejected.index, rejected.reason)
+                self.dead_letters.rejected(out, unit, rejected)
         return changes
 
     def _reduce_natively(self, units: Sequence[Unit], out: Outgoing) -> bool:
