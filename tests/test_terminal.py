@@ -79,9 +79,15 @@ def test_the_demo_prints_refold_lines_only(bootstrap_servers: str, refold_home: 
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     assert foreign_lines(out) == [], out
-    # the batch lines a person reads, each with the lag after its batch: all 6 events read
+    # the batch lines a person reads, each with the lag after its batch: all events read
     batches = [line for line in done.stderr.splitlines() if "] batch " in line]
-    assert len(batches) == 2 and all("6 events" in line and "lag 0 ·" in line for line in batches), done.stderr
+    assert len(batches) == 3 and all("lag 0 ·" in line for line in batches), done.stderr
+    assert ["6 events" in line for line in batches] == [True, True, False], done.stderr
+    assert "10 events → 12 outputs, 1 dead letter ·" in batches[2], done.stderr
+    # the windowed view: the late event is a dead letter naming its closed window
+    dead = done.stdout.split("the dead letters (why each event was refused)", 1)[1].splitlines()
+    assert dead[3].split() == ["late", "8", "2024-05-01T09:00:00Z", "2024-05-01T10:00:00Z",
+                               "2024-05-01T10:05:00Z"], done.stdout
     # Spark's own log is a file, named once
     named = [line for line in done.stdout.splitlines() if line.startswith("== Spark's own log: ")]
     assert len(named) == 1, done.stdout
@@ -135,7 +141,7 @@ def test_the_batch_line_gives_the_records_still_to_read_after_the_batch(
         assert second["lag"] == 4 and second["dead_letters"] == 1
     else:
         assert lines[0].startswith(f"[{pipeline.pipeline}] batch 1: 6 events → 8 outputs, 0 dead letters · lag 0 · ")
-        assert " · lag 4 · " in lines[1] and "1 dead letters" in lines[1] and lines[1].endswith("events/s")
+        assert " · lag 4 · " in lines[1] and "1 dead letter ·" in lines[1] and lines[1].endswith("events/s")
 
 
 # librdkafka's own lines ------------------------------------------------------------------

@@ -1,9 +1,12 @@
-"""`make demo`: the RFC-015 match scores through a top-2 leaderboard (RFC-015's own SQL) and per-player totals.
+"""`make demo`: the RFC-015 match scores through a top-2 leaderboard (RFC-015's own SQL) and
+per-player totals; then hourly scores per team, a windowed view whose input has a late
+correction and an event too late for its hour.
 
 Starts the local broker (unless REFOLD_BOOTSTRAP_SERVERS names another), produces
-the six match results, runs both example pipelines until idle in one Spark
-session, and prints each view changelog, the final views and the tables they are
-materialized into (the leaderboard: SQLite and Delta Lake, under `<home>/demo/`).
+the six match results and the hourly scores, runs the example pipelines until idle in
+one Spark session, and prints each view changelog, the final views, the tables they are
+materialized into (the leaderboard: SQLite and Delta Lake, under `<home>/demo/`) and the
+windowed view's dead letters.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from refold.cli.produce import produce
 from refold.config import Pipeline, parse_pipeline
 from refold.connectors.settings import DeltaSettings, SQLiteSettings
 from refold.environment import home as project_home
+from refold.kafka.io import read_to_end
 from refold.ops.verify import read_view_changes
 from refold.reference import fold_changelog
 from refold.spark import logs
@@ -85,6 +89,17 @@ def _delta_rows(path: str, table: str) -> list[dict[str, Any]]:
     return [view[key] for key in sorted(view, key=repr)]
 
 
+def _dead_letters(pipeline: Pipeline, settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pipeline's dead letters: reason, source offset, and a late event's window and
+    watermark (their headers)."""
+    shown = ("refold.reason", "refold.offset", "refold.window_start", "refold.window_end", "refold.watermark")
+    rows = []
+    for msg in read_to_end(settings, pipeline.dlq_topic):
+        headers = {name: value.decode() for name, value in msg.headers() or []}
+        rows.append({name.removeprefix("refold."): headers.get(name) for name in shown})
+    return rows
+
+
 def _cell(value: Any) -> str:
     return "null" if value is None else str(value)
 
@@ -103,6 +118,11 @@ def main() -> int:
     folder = project_home() / "demo"
     folder.mkdir(parents=True, exist_ok=True)
     pipelines = [_pipeline(name, run_id, source, bootstrap, folder) for name in ("leaderboard", "totals")]
+    hourly_source = f"hourly_scores-{run_id}"
+    lines = (EXAMPLES / "hourly_scores.jsonl").read_bytes().splitlines()
+    result = produce(settings, hourly_source, lines, ["team"], partitions=1, progress=False)
+    print(f"== produced {result.events} hourly scores to {hourly_source} (a late correction, a late event)\n")
+    pipelines.append(_pipeline("hourly", run_id, hourly_source, bootstrap, folder))
     spark = spark_session(name="refold-demo")
     if logs.current_log() is not None:
         print(f"== Spark's own log: {logs.current_log()}")
@@ -138,6 +158,10 @@ def main() -> int:
             if isinstance(entry, DeltaSettings) and entry.view:
                 print(f"\n== {pipeline.pipeline}: materialized into Delta Lake, table {entry.path}/{entry.view}")
                 print(_table(_delta_rows(entry.path, entry.view)))
+    for pipeline in pipelines:
+        if pipeline.view.window is not None:
+            print(f"\n== {pipeline.dlq_topic}: the dead letters (why each event was refused)")
+            print(_table(_dead_letters(pipeline, settings)))
     print(
         "\nThe broker keeps running: `.venv/bin/refold consume <topic> --from-beginning --until-idle 2`"
         " to look around, `make kafka-stop` to stop it."

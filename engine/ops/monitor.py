@@ -248,8 +248,8 @@ class Monitor:
     def _line(self, stats: BatchStats, lag: int | None, rate: float) -> str:
         if self.format == "text":
             return (
-                f"[{self.pipeline.pipeline}] batch {stats.batch}: {stats.records_in:,} events → "
-                f"{stats.records_out:,} outputs, {stats.dead_letters:,} dead letters · "
+                f"[{self.pipeline.pipeline}] batch {stats.batch}: {_count(stats.records_in, 'event')} → "
+                f"{_count(stats.records_out, 'output')}, {_count(stats.dead_letters, 'dead letter')} · "
                 f"lag {'?' if lag is None else f'{lag:,}'} · {_rate(rate)} events/s"
             )
         return orjson.dumps({
@@ -267,6 +267,11 @@ class Monitor:
             "lag": lag,
             "events_per_second": round(rate, 1),
         }).decode()
+
+
+def _count(number: int, noun: str) -> str:
+    """`1 event`, `1,000 events`."""
+    return f"{number:,} {noun}{'' if number == 1 else 's'}"
 
 
 def _rate(rate: float) -> str:
