@@ -88,11 +88,14 @@ def test_entrypoint_refuses_to_start_without_its_settings(tmp_path: Path) -> Non
 def test_dockerfile_installs_the_entrypoint_as_a_non_root_user() -> None:
     lines = dockerfile()
     froms = [line for line in lines if line.startswith("FROM ")]
-    assert len(froms) == 3 and all("python:3.11" in line for line in froms[1:])
-    # the native core is built from source in a Rust stage and installed into the venv
+    assert len(froms) == 4 and all("python:3.11" in line for line in froms[2:])
+    # the native core is built from source in a Rust stage (or taken from the image the
+    # NATIVE_WHEELS build argument names, which defaults to that stage) and installed into the venv
     assert froms[0].startswith("FROM rust:") and froms[0].endswith(" AS native")
+    assert "ARG NATIVE_WHEELS=native" in lines[: lines.index(froms[0])]
+    assert froms[1] == "FROM ${NATIVE_WHEELS} AS native-wheels"
     assert any("pip wheel" in line and "./native" in line for line in lines)
-    assert any(line.startswith("COPY --from=native ") for line in lines)
+    assert any(line.startswith("COPY --from=native-wheels /wheels ") for line in lines)
     assert any("pip install" in line and "/wheels/refold_native-" in line for line in lines)
     runtime = lines[lines.index(froms[-1]):]
     assert any("openjdk-17-jre-headless" in line for line in runtime)
