@@ -126,13 +126,15 @@ def produce_file(bootstrap: str, topic: str, path: Path) -> None:
 class Engine:
     """The engine container on a pipeline file, against the host's broker."""
 
-    def __init__(self, podman: Podman, image: str, pipeline_file: Path, bootstrap: str, metrics_port: int) -> None:
+    def __init__(self, podman: Podman, image: str, pipeline_file: Path, bootstrap: str, metrics_port: int,
+                 kafka_config: Path) -> None:
         self.podman, self.name = podman, f"refold-e2e-{uuid.uuid4().hex[:8]}"
         self.metrics_port = metrics_port
         self.started = time.monotonic()
         podman("run", "-d", "--name", self.name, "--network=host", "--init",
                "-e", f"REFOLD_BOOTSTRAP_SERVERS={bootstrap}", "-e", f"REFOLD_METRICS_PORT={metrics_port}",
-               "-v", f"{pipeline_file}:/pipeline/pipeline.yaml:ro", image, timeout=120)
+               "-v", f"{pipeline_file}:/pipeline/pipeline.yaml:ro",
+               "-v", f"{kafka_config}:/run/secrets/kafka.properties:ro", image, timeout=120)
 
     def logs(self) -> list[dict[str, Any]]:
         done = self.podman("logs", self.name, check=False)
@@ -199,12 +201,19 @@ def test_engine_container_end_to_end_across_a_stop(podman: Podman, image: str, e
     tmp_path.chmod(0o755)  # readable by the container's user
     pipeline = load_pipeline(pipeline_file)
 
+    # Kafka client settings from a mounted secret file (the entrypoint's default path)
+    kafka_config = tmp_path / "kafka.properties"
+    kafka_config.write_text(f"security.protocol=PLAINTEXT\nclient.id={name}-engine\n")
+    kafka_config.chmod(0o644)
+
     produce_file(bootstrap_servers, source, ROOT / "examples" / "match_scores.jsonl")
     port = _free_port()
-    engine = Engine(podman, image, pipeline_file, bootstrap_servers, port)
+    engine = Engine(podman, image, pipeline_file, bootstrap_servers, port, kafka_config)
     engines.append(engine)
     first_batch = engine.wait_for_batches(1, timeout=300)
     print(f"\nstart to first batch: {first_batch:.1f} s")
+    processes = podman("exec", engine.name, "ps", "-eo", "args", timeout=60).stdout
+    assert "--kafka-config /run/secrets/kafka.properties run /pipeline/pipeline.yaml" in processes, processes
 
     # the image's health check asks /metrics, which the host reaches on the host network
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:

@@ -83,6 +83,11 @@ def test_entrypoint_refuses_to_start_without_its_settings(tmp_path: Path) -> Non
     env.update(REFOLD_BOOTSTRAP_SERVERS="kafka:19092", REFOLD_PIPELINE=str(tmp_path / "missing.yaml"))
     done = subprocess.run(["bash", str(ENTRYPOINT)], env=env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and "no pipeline file" in done.stderr
+    pipeline_file = tmp_path / "pipeline.yaml"
+    pipeline_file.write_text((DOCKER / "pipeline.yaml").read_text())
+    env.update(REFOLD_PIPELINE=str(pipeline_file), REFOLD_KAFKA_CONFIG=str(tmp_path / "missing.properties"))
+    done = subprocess.run(["bash", str(ENTRYPOINT)], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and "REFOLD_KAFKA_CONFIG" in done.stderr
 
 
 def test_dockerfile_installs_the_entrypoint_as_a_non_root_user() -> None:
