@@ -205,3 +205,11 @@ def test_compose_runs_a_spark_master_and_a_worker_from_the_engine_image() -> Non
     assert worker_options["--host"] == "spark-worker"
     assert "'spark-worker'" in worker["healthcheck"]["test"][-1]
     assert int(worker_options["--cores"]) >= 1 and worker_options["--memory"].endswith("g")
+
+
+def test_refold_version_names_the_package() -> None:
+    from importlib.metadata import version
+
+    done = subprocess.run([str(Path(sys.executable).parent / "refold"), "--version"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == f"refold {version('refold')}"

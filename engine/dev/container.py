@@ -237,7 +237,7 @@ def cli(argv: Sequence[str] | None = None) -> int:
         size = image_size(podman, args.tag)
         print(f"refold container: {args.tag} built with podman in {seconds:.0f} s"
               f"{' on stand-in base images' if standins else ''}; {size / 1e6:.0f} MB\n"
-              f"run it with: python -m refold.dev.container podman run --rm --init --network=host "
+              f"run it with: {Path(sys.executable).parent / 'python'} -m refold.dev.container podman run --rm --init --network=host "
               f"-e REFOLD_BOOTSTRAP_SERVERS=127.0.0.1:9092 -v $PWD/docker/pipeline.yaml:/pipeline/pipeline.yaml:ro "
               f"{args.tag}")
         return 0
