@@ -5,7 +5,7 @@ The used-by story end to end: a broker on the host (the session's), the RFC-015 
 scores produced on the host with `refold produce`, the engine in its container
 (`--network=host`, no volume: Kafka is its recovery log), the view and delta topics
 consumed on the host and compared with the reference (`refold.reference`), across a
-`podman stop` in mid-stream and a `podman start`.
+`podman stop` in mid-stream and a `podman start`, then in a new container.
 
 The build runs on stand-in base images where the official ones cannot be pulled
 (`refold.dev.container`); podman's storage, and with it the layer cache, is
@@ -236,21 +236,35 @@ def test_engine_container_end_to_end_across_a_stop(podman: Podman, image: str, e
     assert all({"time", "level", "message"} <= line.keys() for line in logs)
     print(f"stopped on SIGTERM in {stop_seconds:.1f} s")
 
-    # while it is down, the rest; started again, it resumes from Kafka and the output is exact
-    for chunk in chunks[2:]:
-        produce_file(bootstrap_servers, source, chunk)
+    # while it is down, more; started again, it resumes from Kafka and the output is exact
+    produce_file(bootstrap_servers, source, chunks[2])
     before = engine.batches()
     engine.start()
     engine.wait_for_batches(before + 1, timeout=300)
+    wait_until_exact(engine, pipeline, settings, events=6 + 150 * 3)
+    code, _ = engine.stop()
+    assert code == 0, engine.raw_logs()
+
+    # the container has no volume: a new one, its Spark checkpoint gone, carries on from Kafka
+    engine.remove()
+    produce_file(bootstrap_servers, source, chunks[3])
+    fresh = Engine(podman, image, pipeline_file, bootstrap_servers, _free_port(), kafka_config)
+    engines.append(fresh)
+    fresh.wait_for_batches(1, timeout=300)
+    report = wait_until_exact(fresh, pipeline, settings, events=6 + 150 * 4)
+    assert report.view_records > 0 and report.delta_records > 0
+    assert report.dead_letters == 0
+    code, _ = fresh.stop()
+    assert code == 0, fresh.raw_logs()
+
+
+def wait_until_exact(engine: Engine, pipeline: Any, settings: dict[str, Any], events: int) -> Any:
+    """The view and delta topics against the reference over the input, until they match."""
     deadline = time.monotonic() + 180
     while True:
         report = verify(pipeline, settings)
-        if report.ok and report.events == 6 + 150 * len(chunks):
-            break
+        if report.ok and report.events == events:
+            return report
         assert engine.state() == "running", engine.raw_logs()
         assert time.monotonic() < deadline, f"{report.events} events, {report.anomalies[:5]}"
         time.sleep(3)
-    assert report.view_records > 0 and report.delta_records > 0
-    assert report.dead_letters == 0
-    code, _ = engine.stop()
-    assert code == 0, engine.raw_logs()
