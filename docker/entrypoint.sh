@@ -43,4 +43,5 @@ fi
 if [ -n "${REFOLD_UNTIL_IDLE:-}" ]; then
   args+=(--until-idle "$REFOLD_UNTIL_IDLE")
 fi
-exec refold "${global[@]}" "${args[@]}" "$@"
+# the engine's log lines (JSON, one object a line, when not on a terminal) to stdout
+exec refold "${global[@]}" "${args[@]}" "$@" 2>&1

@@ -234,6 +234,7 @@ def test_engine_container_end_to_end_across_a_stop(podman: Podman, image: str, e
     assert code == 0, f"SIGTERM did not stop the engine cleanly (exit {code}):\n{engine.raw_logs()}"
     assert any("SIGTERM" in line.get("message", "") for line in logs), engine.raw_logs()
     assert all({"time", "level", "message"} <= line.keys() for line in logs)
+    assert "Tini is not running as PID 1" not in engine.raw_logs()  # --init and the image's tini agree
     print(f"stopped on SIGTERM in {stop_seconds:.1f} s")
 
     # while it is down, more; started again, it resumes from Kafka and the output is exact

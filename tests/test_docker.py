@@ -60,7 +60,7 @@ def test_entrypoint_runs_the_mounted_pipeline(bootstrap_servers, topic, tmp_path
         "REFOLD_HOME": str(tmp_path / "home"),
     }
     done = subprocess.run(["bash", str(ENTRYPOINT)], env=env, capture_output=True, text=True, timeout=400)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, done.stdout[-3000:]
     pipeline = load_pipeline(pipeline_file)
     got = [(c.op.code, c.row["place"], c.row["player_name"], c.row["score"]) for c in read_view_changes(pipeline, settings)]
     assert got == [
@@ -69,8 +69,8 @@ def test_entrypoint_runs_the_mounted_pipeline(bootstrap_servers, topic, tmp_path
         ("-C", 1, "Alice", 100), ("+C", 1, "Charlie", 110),
         ("-C", 2, "Charlie", 90), ("+C", 2, "Alice", 100),
     ]
-    # stderr is not a terminal: structured log lines, one JSON object each
-    lines = [orjson.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    # not a terminal: structured log lines, one JSON object each, on stdout
+    lines = [orjson.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     batches = [line for line in lines if line.get("message") == "batch committed"]
     assert batches and sum(line["in"] for line in batches) == 6
     assert all({"time", "level", "message"} <= line.keys() for line in lines)
