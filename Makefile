@@ -52,7 +52,7 @@ container: setup
 # The end-to-end container test: the image built with podman, the engine in it against a
 # broker on the host (tests/test_container.py; needs podman, buildah, runc, mmdebstrap).
 test-container: setup jars
-	$(PY) -m pytest tests -q -m container --durations=5
+	$(PY) -m pytest tests/test_container.py -q -m container --durations=5
 
 # The manual (docs/, mkdocs.yml) as a site in site/; strict: a broken link or a page
 # missing from the navigation fails (tests/test_docs_site.py runs the same build).
