@@ -1,7 +1,7 @@
 """The engine image, built with podman from docker/Dockerfile and run for real
 (`make test-container`; not in `make test`).
 
-The used-by story end to end: a broker on the host (the session's), the RFC-015 match
+The used-by story end to end: a broker on the host (the test run's), the RFC-015 match
 scores produced on the host with `refold produce`, the engine in its container
 (`--network=host`, no volume: Kafka is its recovery log), the view and delta topics
 consumed on the host and compared with the reference (`refold.reference`), across a
