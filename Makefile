@@ -6,7 +6,7 @@ REFOLD := $(VENV)/bin/refold
 STAMP  := $(VENV)/.installed
 NATIVE := $(VENV)/.native
 
-.PHONY: setup jars registry test unit lint docs demo chaos bench bench-hotpath bench-contenders bench-latency bench-scaling bench-tasks \
+.PHONY: setup jars registry test test-container container unit lint docs demo chaos bench bench-hotpath bench-contenders bench-latency bench-scaling bench-tasks \
 	bench-plots bench-clean \
 	kafka-start kafka-stop clean
 
@@ -40,10 +40,21 @@ lint: setup
 	$(VENV)/bin/mypy
 
 unit: setup
-	$(PY) -m pytest tests -m "not kafka and not spark" -q
+	$(PY) -m pytest tests -m "not kafka and not spark and not container" -q
 
 test: setup jars registry lint
-	$(PY) -m pytest tests -q --durations=15
+	$(PY) -m pytest tests -q --durations=15 -m "not container"
+
+# The engine image (docker/Dockerfile) with docker, else podman (refold.dev.container:
+# podman's storage under .refold/container; stand-in base images where none can be pulled).
+CONTAINER_TAG ?= refold-engine:latest
+container: setup
+	$(PY) -m refold.dev.container build --tag $(CONTAINER_TAG)
+
+# The end-to-end container test: the image built with podman, the engine in it against a
+# broker on the host (tests/test_container.py; needs podman, buildah, runc, mmdebstrap).
+test-container: setup jars
+	$(PY) -m pytest tests/test_container.py -q -m container --durations=5
 
 # The manual (docs/, mkdocs.yml) as a site in site/; strict: a broken link or a page
 # missing from the navigation fails (tests/test_docs_site.py runs the same build).

@@ -5,6 +5,9 @@
 #   REFOLD_PIPELINE           the pipeline file (default /pipeline/pipeline.yaml)
 #   REFOLD_METRICS_PORT       serve Prometheus metrics on this port (optional)
 #   REFOLD_UNTIL_IDLE         stop after this many seconds without input (optional; jobs, tests)
+#   REFOLD_KAFKA_CONFIG       librdkafka settings, key=value lines (SASL, TLS: docs/SECURITY.md),
+#                             e.g. a mounted secret; default /run/secrets/kafka.properties
+#                             when that file exists
 #
 # Extra arguments go to `refold run`. The engine keeps no state of its own: Kafka
 # is its recovery log, so the container needs no volume.
@@ -20,6 +23,19 @@ if [ ! -f "$pipeline" ]; then
   exit 2
 fi
 
+global=(--bootstrap-servers "$REFOLD_BOOTSTRAP_SERVERS")
+kafka_config="${REFOLD_KAFKA_CONFIG:-}"
+if [ -z "$kafka_config" ] && [ -f /run/secrets/kafka.properties ]; then
+  kafka_config=/run/secrets/kafka.properties
+fi
+if [ -n "$kafka_config" ]; then
+  if [ ! -r "$kafka_config" ]; then
+    echo "refold: cannot read the Kafka settings file $kafka_config (REFOLD_KAFKA_CONFIG)" >&2
+    exit 2
+  fi
+  global+=(--kafka-config "$kafka_config")
+fi
+
 args=(run "$pipeline")
 if [ -n "${REFOLD_METRICS_PORT:-}" ]; then
   args+=(--metrics-port "$REFOLD_METRICS_PORT")
@@ -27,4 +43,5 @@ fi
 if [ -n "${REFOLD_UNTIL_IDLE:-}" ]; then
   args+=(--until-idle "$REFOLD_UNTIL_IDLE")
 fi
-exec refold --bootstrap-servers "$REFOLD_BOOTSTRAP_SERVERS" "${args[@]}" "$@"
+# the engine's log lines (JSON, one object a line, when not on a terminal) to stdout
+exec refold "${global[@]}" "${args[@]}" "$@" 2>&1

@@ -60,7 +60,7 @@ def test_entrypoint_runs_the_mounted_pipeline(bootstrap_servers, topic, tmp_path
         "REFOLD_HOME": str(tmp_path / "home"),
     }
     done = subprocess.run(["bash", str(ENTRYPOINT)], env=env, capture_output=True, text=True, timeout=400)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, done.stdout[-3000:]
     pipeline = load_pipeline(pipeline_file)
     got = [(c.op.code, c.row["place"], c.row["player_name"], c.row["score"]) for c in read_view_changes(pipeline, settings)]
     assert got == [
@@ -69,8 +69,8 @@ def test_entrypoint_runs_the_mounted_pipeline(bootstrap_servers, topic, tmp_path
         ("-C", 1, "Alice", 100), ("+C", 1, "Charlie", 110),
         ("-C", 2, "Charlie", 90), ("+C", 2, "Alice", 100),
     ]
-    # stderr is not a terminal: structured log lines, one JSON object each
-    lines = [orjson.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    # not a terminal: structured log lines, one JSON object each, on stdout
+    lines = [orjson.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     batches = [line for line in lines if line.get("message") == "batch committed"]
     assert batches and sum(line["in"] for line in batches) == 6
     assert all({"time", "level", "message"} <= line.keys() for line in lines)
@@ -83,16 +83,24 @@ def test_entrypoint_refuses_to_start_without_its_settings(tmp_path: Path) -> Non
     env.update(REFOLD_BOOTSTRAP_SERVERS="kafka:19092", REFOLD_PIPELINE=str(tmp_path / "missing.yaml"))
     done = subprocess.run(["bash", str(ENTRYPOINT)], env=env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and "no pipeline file" in done.stderr
+    pipeline_file = tmp_path / "pipeline.yaml"
+    pipeline_file.write_text((DOCKER / "pipeline.yaml").read_text())
+    env.update(REFOLD_PIPELINE=str(pipeline_file), REFOLD_KAFKA_CONFIG=str(tmp_path / "missing.properties"))
+    done = subprocess.run(["bash", str(ENTRYPOINT)], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and "REFOLD_KAFKA_CONFIG" in done.stderr
 
 
 def test_dockerfile_installs_the_entrypoint_as_a_non_root_user() -> None:
     lines = dockerfile()
     froms = [line for line in lines if line.startswith("FROM ")]
-    assert len(froms) == 3 and all("python:3.11" in line for line in froms[1:])
-    # the native core is built from source in a Rust stage and installed into the venv
+    assert len(froms) == 4 and all("python:3.11" in line for line in froms[2:])
+    # the native core is built from source in a Rust stage (or taken from the image the
+    # NATIVE_WHEELS build argument names, which defaults to that stage) and installed into the venv
     assert froms[0].startswith("FROM rust:") and froms[0].endswith(" AS native")
+    assert "ARG NATIVE_WHEELS=native" in lines[: lines.index(froms[0])]
+    assert froms[1] == "FROM ${NATIVE_WHEELS} AS native-wheels"
     assert any("pip wheel" in line and "./native" in line for line in lines)
-    assert any(line.startswith("COPY --from=native ") for line in lines)
+    assert any(line.startswith("COPY --from=native-wheels /wheels ") for line in lines)
     assert any("pip install" in line and "/wheels/refold_native-" in line for line in lines)
     runtime = lines[lines.index(froms[-1]):]
     assert any("openjdk-17-jre-headless" in line for line in runtime)
@@ -197,3 +205,11 @@ def test_compose_runs_a_spark_master_and_a_worker_from_the_engine_image() -> Non
     assert worker_options["--host"] == "spark-worker"
     assert "'spark-worker'" in worker["healthcheck"]["test"][-1]
     assert int(worker_options["--cores"]) >= 1 and worker_options["--memory"].endswith("g")
+
+
+def test_refold_version_names_the_package() -> None:
+    from importlib.metadata import version
+
+    done = subprocess.run([str(Path(sys.executable).parent / "refold"), "--version"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == f"refold {version('refold')}"

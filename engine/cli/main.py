@@ -197,6 +197,20 @@ def cmd_consume(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM (`docker stop`, a service manager) stops the run as Ctrl-C does: the batch
+    in flight commits or aborts whole, then the run ends with status 0. A second SIGTERM
+    while it stops is ignored (the sender's SIGKILL is the way to stop at once)."""
+    import signal
+
+    def on_term(_signum: int, _frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        logging.getLogger("refold").info("SIGTERM: stopping after the current batch")
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from refold.spark.job import run_pipeline
 
@@ -206,6 +220,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from refold.ops.monitor import json_logging
 
         json_logging()
+    _stop_on_sigterm()
     pipeline = _pipeline(args)
     run_pipeline(
         pipeline, bootstrap=args.bootstrap_servers, until_idle=args.until_idle, metrics_port=args.metrics_port,
@@ -229,8 +244,18 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("refold")
+    except PackageNotFoundError:  # run from the source tree without installing it
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="refold", description="Exactly-once changelog engine on Kafka.")
+    parser.add_argument("--version", action="version", version=f"refold {_version()}")
     parser.add_argument(
         "--bootstrap-servers",
         default=environment.bootstrap_servers(),
