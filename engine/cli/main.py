@@ -244,18 +244,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("refold")
-    except PackageNotFoundError:  # run from the source tree without installing it
-        return "unknown"
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="refold", description="Exactly-once changelog engine on Kafka.")
-    parser.add_argument("--version", action="version", version=f"refold {_version()}")
     parser.add_argument(
         "--bootstrap-servers",
         default=environment.bootstrap_servers(),
