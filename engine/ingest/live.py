@@ -22,10 +22,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import orjson
-from rocksdict import Options, Rdict, WriteOptions
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from refold import environment
 from refold.codecs import JsonlCodec
@@ -39,7 +39,13 @@ Row = dict[str, Any]
 
 class LocalTable:
     """Sorted bytes → bytes in RocksDB under a fresh temporary directory (removed on
-    `close`): for state an ingest must not hold in memory. Not thread-safe."""
+    `close`): for state an ingest must not hold in memory. Not thread-safe.
+
+    Puts and deletes collect in a small buffer (read through by `get`) and go to
+    RocksDB in write batches of `BUFFERED` entries: one native call per batch instead
+    of one per entry."""
+
+    BUFFERED = 20_000
 
     def __init__(self, root: Path | None = None, prefix: str = "refold-ingest-", *,
                  directory: Path | None = None) -> None:
@@ -59,6 +65,7 @@ class LocalTable:
         # scratch state, rebuilt from Kafka: no write-ahead log (a property; the stub says method)
         unlogged.disable_wal = True  # type: ignore[method-assign,assignment]
         self._db.set_write_options(unlogged)
+        self._pending: dict[bytes, bytes | None] = {}  # key → value, None: deleted
 
     def _rdb(self) -> Rdict:
         if self._db is None:
@@ -66,31 +73,49 @@ class LocalTable:
         return self._db
 
     def get(self, key: bytes) -> bytes | None:
+        pending = self._pending
+        if key in pending:
+            return pending[key]
         value = self._rdb().get(key)
         return None if value is None else bytes(value)
 
     def put(self, key: bytes, value: bytes) -> None:
-        self._rdb()[key] = value
+        self._pending[key] = value
+        if len(self._pending) >= self.BUFFERED:
+            self._write()
 
     def delete(self, key: bytes) -> None:
-        del self._rdb()[key]
+        self._pending[key] = None
+        if len(self._pending) >= self.BUFFERED:
+            self._write()
+
+    def _write(self) -> None:
+        """The buffered puts and deletes to RocksDB, in one write batch."""
+        if not self._pending:
+            return
+        batch = WriteBatch(raw_mode=True)
+        for key, value in self._pending.items():
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        self._rdb().write(batch)
+        self._pending.clear()
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         """Every entry, by key."""
-        it = self._rdb().iter()
-        try:
-            it.seek_to_first()
-            while it.valid():
-                yield bytes(it.key()), bytes(it.value())
-                it.next()
-        finally:
-            del it
+        self._write()
+        for key, value in self._rdb().items():  # raw mode: bytes
+            yield cast(bytes, key), cast(bytes, value)
 
     def flush(self) -> None:
         """Everything put so far on disk (there is no write-ahead log)."""
+        self._write()
         self._rdb().flush(wait=True)
 
     def close(self) -> None:
+        if self._db is not None:
+            self._write()
         db, self._db = self._db, None
         if db is not None:
             db.close()
