@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     run_id = time.strftime("%Y%m%d%H%M%S")
     topic = f"bench-ingest-{run_id}"
     work = Path(tempfile.mkdtemp(prefix="refold-bench-ingest-", dir=args.work_dir))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (os.environ.get("PYTHONPATH"), str(ROOT))))}
     results: dict[str, dict[str, Any]] = {}
     try:
         first, second = work / "first.parquet", work / "second.parquet"
