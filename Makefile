@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 NATIVE := $(VENV)/.native
 
 .PHONY: setup jars registry test test-container container unit lint docs demo chaos bench bench-hotpath bench-contenders bench-latency bench-scaling bench-tasks \
-	bench-plots bench-clean \
+	bench-plots bench-clean bench-ingest \
 	kafka-start kafka-stop clean
 
 setup: $(STAMP) $(NATIVE)
@@ -75,11 +75,14 @@ chaos: setup jars
 # recovery; SCALING_ARGS), bench-tasks (the executor model: driver vs executor CPU,
 # 1 vs 2 executors, restart with and without the local stores, many live keys, a
 # re-grouping view in shards 1 vs 2; ~10 minutes; TASKS_ARGS, e.g. "--parts regroup"; by default
-# the many-keys run has 10M live keys, ~5 of those minutes), bench-plots.
+# the many-keys run has 10M live keys, ~5 of those minutes), bench-ingest (`refold ingest` of a
+# 10M-row Parquet snapshot, then of one with 1 % changed and 0.1 % removed, beside DuckDB's diff
+# of the two files and the limit pipe; INGEST_ARGS, e.g. "--rows 1000000"), bench-plots.
 # The first Flink run makes .refold/flink-venv.
 TASKS_ARGS ?= --many-keys 10000000
+INGEST_ARGS ?=
 
-bench: bench-clean bench-hotpath bench-contenders bench-latency bench-scaling bench-tasks bench-plots
+bench: bench-clean bench-hotpath bench-contenders bench-latency bench-scaling bench-tasks bench-ingest bench-plots
 
 # the topics earlier bench runs left on the local broker (a few GB a run), and their files
 bench-clean: setup jars
@@ -102,6 +105,10 @@ bench-scaling: setup jars
 
 bench-tasks: setup jars
 	$(PY) -m bench.tasks $(TASKS_ARGS)
+
+# refold ingest --merge snapshot, its wall time, CPU and peak RSS beside DuckDB and the limit pipe
+bench-ingest: setup jars
+	$(PY) -m bench.ingest $(INGEST_ARGS)
 
 bench-plots: setup
 	$(PY) -m bench.plots

@@ -22,16 +22,17 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import orjson
-from rocksdict import Options, Rdict, WriteOptions
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from refold import environment
 from refold.codecs import JsonlCodec
-from refold.errors import RecordError, RecordSource
+from refold.codecs.base import BadRecord
+from refold.errors import RecordSource
 from refold.kafka.io import read_to_end
-from refold.model.changelog import Op, Pairing, canonical_row, message_key_bytes
+from refold.model.changelog import Op, Pairing, canonical_row
 from refold.model.reasons import Reason
 
 Row = dict[str, Any]
@@ -39,7 +40,13 @@ Row = dict[str, Any]
 
 class LocalTable:
     """Sorted bytes → bytes in RocksDB under a fresh temporary directory (removed on
-    `close`): for state an ingest must not hold in memory. Not thread-safe."""
+    `close`): for state an ingest must not hold in memory. Not thread-safe.
+
+    Puts and deletes collect in a small buffer (read through by `get`) and go to
+    RocksDB in write batches of `BUFFERED` entries: one native call per batch instead
+    of one per entry."""
+
+    BUFFERED = 20_000
 
     def __init__(self, root: Path | None = None, prefix: str = "refold-ingest-", *,
                  directory: Path | None = None) -> None:
@@ -59,6 +66,7 @@ class LocalTable:
         # scratch state, rebuilt from Kafka: no write-ahead log (a property; the stub says method)
         unlogged.disable_wal = True  # type: ignore[method-assign,assignment]
         self._db.set_write_options(unlogged)
+        self._pending: dict[bytes, bytes | None] = {}  # key → value, None: deleted
 
     def _rdb(self) -> Rdict:
         if self._db is None:
@@ -66,31 +74,48 @@ class LocalTable:
         return self._db
 
     def get(self, key: bytes) -> bytes | None:
+        pending = self._pending
+        if key in pending:
+            return pending[key]
         value = self._rdb().get(key)
         return None if value is None else bytes(value)
 
     def put(self, key: bytes, value: bytes) -> None:
-        self._rdb()[key] = value
+        self._pending[key] = value
+        if len(self._pending) >= self.BUFFERED:
+            self._write()
 
     def delete(self, key: bytes) -> None:
-        del self._rdb()[key]
+        self._pending[key] = None
+        if len(self._pending) >= self.BUFFERED:
+            self._write()
+
+    def _write(self) -> None:
+        """The buffered puts and deletes to RocksDB, in one write batch."""
+        if not self._pending:
+            return
+        batch = WriteBatch(raw_mode=True)
+        for key, value in self._pending.items():
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        self._rdb().write(batch)
+        self._pending.clear()
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
-        """Every entry, by key."""
-        it = self._rdb().iter()
-        try:
-            it.seek_to_first()
-            while it.valid():
-                yield bytes(it.key()), bytes(it.value())
-                it.next()
-        finally:
-            del it
+        """Every entry, by key (everything put before this call)."""
+        self._write()
+        return cast(Iterator[tuple[bytes, bytes]], iter(self._rdb().items()))  # raw mode: bytes
 
     def flush(self) -> None:
         """Everything put so far on disk (there is no write-ahead log)."""
+        self._write()
         self._rdb().flush(wait=True)
 
     def close(self) -> None:
+        if self._db is not None:
+            self._write()
         db, self._db = self._db, None
         if db is not None:
             db.close()
@@ -142,13 +167,13 @@ def group_of(row: Mapping[str, Any], key_columns: Sequence[str]) -> bytes | None
     None when one is missing or null; without key columns, the row's canonical bytes."""
     if not key_columns:
         return canonical_row(row)
-    values = []
+    key = {}
     for column in key_columns:
         value = row.get(column)
         if value is None:
             return None
-        values.append(value)
-    return message_key_bytes(key_columns, values)
+        key[column] = value
+    return orjson.dumps(key)  # = message_key_bytes(key_columns, values)
 
 
 @dataclass
@@ -184,18 +209,26 @@ class LiveRows:
         for group, value in self.table.items():
             yield group, list(orjson.loads(value))
 
+    def encoded_groups(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every group with live rows, by group key, its copies as stored: the JSON list
+        of its rows (one row: `b"[" + orjson.dumps(row) + b"]"`)."""
+        return self.table.items()
+
+    def add(self, row: Mapping[str, Any]) -> Reason | None:
+        """`apply([(Op.APPEND, row)])`, the common case, without the trial copy."""
+        group = group_of(row, self.key_columns)
+        if group is None:
+            return Reason.NULL_KEY
+        value = self.table.get(group)
+        self.table.put(group, b"[" + orjson.dumps(row) + b"]" if value is None
+                       else orjson.dumps([*orjson.loads(value), row]))
+        return None
+
     def apply(self, unit: Sequence[tuple[Op, Row]]) -> Reason | None:
         """Apply a unit (one event, or a `-C` and its `+C`) whole, or nothing of it and
         return why (`null key`, `not live`)."""
         if len(unit) == 1 and unit[0][0].adds:  # the common case: one row added
-            row = unit[0][1]
-            group = group_of(row, self.key_columns)
-            if group is None:
-                return Reason.NULL_KEY
-            value = self.table.get(group)
-            self.table.put(group, b"[" + orjson.dumps(row) + b"]" if value is None
-                           else orjson.dumps([*orjson.loads(value), row]))
-            return None
+            return self.add(unit[0][1])
         trial: dict[bytes, list[Row]] = {}
         for op, row in unit:
             group = group_of(row, self.key_columns)
@@ -227,7 +260,8 @@ def fold_topic(settings: Mapping[str, Any], topic: str, live: LiveRows,
     after it (`Pairing`); a refused unit changes nothing and is counted in the report.
     A `-C` the end cuts from its `+C` is left unapplied and unrefused (`held`): the
     next fold starts at it."""
-    codec = JsonlCodec()
+    events_of = JsonlCodec()._events_of  # the one parser call per record (raises BadRecord)
+    add = live.add
     report = FoldReport(ends=dict(start or {}))
     pairings: dict[int, Pairing[_Held]] = {}
     for msg in read_to_end(settings, topic, start=start):
@@ -243,10 +277,16 @@ def fold_topic(settings: Mapping[str, Any], topic: str, live: LiveRows,
             _settle(topic, report, pairing.release(), None)
             continue
         try:
-            event = codec.decode(value, RecordSource(topic, partition, offset))
-        except RecordError as exc:
-            report.refuse(f"{topic}[{partition}]@{offset}", exc.reason)
+            event = events_of(value)[0]
+        except BadRecord as bad:
+            error = bad.error(value, RecordSource(topic, partition, offset))
+            report.refuse(f"{topic}[{partition}]@{offset}", error.reason)
             _settle(topic, report, pairing.release(), None)
+            continue
+        if event.op is Op.APPEND and pairing.idle:  # a unit of its own, settling nothing
+            reason = add(event.row)
+            if reason is not None:
+                report.refuse(f"{topic}[{partition}]@{offset}", reason)
             continue
         step = pairing.feed(event.op, msg.key(), (event.op, dict(event.row), partition, offset))
         if step.unpaired is not None or step.orphan is not None:

@@ -123,20 +123,24 @@ def snapshot(live: LiveRows, rows: Iterable[InputRow], scratch: Table, *, now: i
             raise UserError("--compare-columns needs --primary-key (without one, rows compare whole)")
         yield from _multiset_snapshot(live, rows, scratch, now=now)
         return
+    # staged per key: [where, event time] as JSON, a newline (never inside that JSON), the row as JSON
     for item in rows:
         group = _group(item, key_columns)
         seen = scratch.get(group)
         if seen is not None:
-            raise BadInput(item.where, f"primary key {group.decode()} appears twice in the snapshot "
-                                       f"(first at {orjson.loads(seen)[0]})")
-        scratch.put(group, orjson.dumps([item.where, item.event_time, item.row]))
-    for group, copies, staged in _merge_join(live.groups(), scratch.items()):
-        old = _single(live, group, copies) if copies is not None else None
+            first = orjson.loads(seen.split(b"\n", 1)[0])[0]
+            raise BadInput(item.where, f"primary key {group.decode()} appears twice in the snapshot (first at {first})")
+        scratch.put(group, orjson.dumps([item.where, item.event_time]) + b"\n" + orjson.dumps(item.row))
+    for group, stored, staged in _merge_join(live.encoded_groups(), scratch.items()):
+        if stored is not None and staged is not None and stored == b"[" + staged.split(b"\n", 1)[1] + b"]":
+            continue  # one live row, the same JSON as the snapshot's: unchanged
+        old = _single(live, group, orjson.loads(stored)) if stored is not None else None
         if staged is None:
             assert old is not None
             yield Change(Op.RETRACT, old, now, group)
             continue
-        _where, event_time, new = orjson.loads(staged)
+        head, encoded = staged.split(b"\n", 1)
+        event_time, new = orjson.loads(head)[1], orjson.loads(encoded)
         if old is None:
             yield Change(Op.APPEND, new, event_time, group)
         elif differs(old, new, compare_columns):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import struct
 import tempfile
 import time
 from collections import Counter
@@ -114,8 +115,28 @@ class _TopicWriter:
             self.writer.abort()
             raise
 
+    def write_encoded(self, records: Sequence[tuple[bytes, bytes]], *, record: Any, record_key: bytes) -> None:
+        """One transaction: records (message key, encoded event) as they are, then the
+        ingest record."""
+        self.writer.begin()
+        try:
+            self.writer.send_all(self.topic, records)
+            self.writer.send(ingests_topic(self.topic), record_key, orjson.dumps(record))
+            self.writer.commit()
+        except TransactionFailed as exc:
+            raise UserError(f"Kafka refused the transaction into {self.topic!r}: {exc} "
+                            "(nothing of it was written; run the same command again)") from exc
+        except BaseException:
+            self.writer.abort()
+            raise
+
     def close(self) -> None:
         self.writer.close()
+
+
+# A spooled change: op, the input rows done once it is written (-1: None), the lengths of
+# its message key and of its encoded event; then the key and the event.
+_SPOOLED = struct.Struct("<bqII")
 
 
 def _ensure(settings: Mapping[str, Any], topic: str, partitions: int) -> None:
@@ -236,33 +257,41 @@ def _ingest_fenced(settings: Mapping[str, Any], topic: str, writer: _TopicWriter
             changes = merge.upsert(live, rows, scratch, skipped=skipped)
         else:
             changes = merge.append(primary_key, rows, skipped=skipped)
-        # the whole input is read and checked before anything is written
+        # the whole input is read, checked and encoded before anything is written
+        codec = JsonlCodec()
+        encode, pack = codec.encode, _SPOOLED.pack
         for change in changes:
-            spool.write(orjson.dumps([int(change.op), change.row, change.event_time, change.group.decode(),
-                                      change.after]) + b"\n")
+            value = encode(ChangelogEvent(change.op, change.row, change.event_time))
+            after = -1 if change.after is None else change.after
+            spool.write(pack(int(change.op), after, len(change.group), len(value)))
+            spool.write(change.group)
+            spool.write(value)
         spool.seek(0)
         record = {"ingest": identity, "content_sha256": content, "merge": merge_strategy,
                   "primary_key": list(primary_key), "status": "partial", "input_rows": skipped}
-        batch: list[Change] = []
-        for line in spool:
-            op, row, event_time, group, after = orjson.loads(line)
-            change = Change(Op(op), row, event_time, group.encode(), after)
-            batch.append(change)
-            if change.after is not None:
-                record["input_rows"] = change.after
-            if len(batch) >= per_transaction and change.op is not Op.CORRECT_FROM:
-                _commit(writer, batch, record, result, identity, done=False)
-                batch = []
-        _commit(writer, batch, record, result, identity, done=True)
+        batch: list[tuple[bytes, bytes]] = []
+        ops: Counter[int] = Counter()
+        size, unpack, read = _SPOOLED.size, _SPOOLED.unpack, spool.read
+        correct_from = int(Op.CORRECT_FROM)
+        while header := read(size):
+            op, after, key_length, value_length = unpack(header)
+            batch.append((read(key_length), read(value_length)))
+            ops[op] += 1
+            if after >= 0:
+                record["input_rows"] = after
+            if len(batch) >= per_transaction and op != correct_from:
+                _commit(writer, batch, ops, record, result, identity, done=False)
+                batch, ops = [], Counter()
+        _commit(writer, batch, ops, record, result, identity, done=True)
     return result
 
 
-def _commit(writer: _TopicWriter, batch: list[Change], record: dict[str, Any], result: IngestResult,
-            identity: str, *, done: bool) -> None:
-    written = Counter(change.op.code for change in batch)
+def _commit(writer: _TopicWriter, batch: list[tuple[bytes, bytes]], ops: Counter[int], record: dict[str, Any],
+            result: IngestResult, identity: str, *, done: bool) -> None:
+    written = Counter({Op(op).code: n for op, n in ops.items()})
     total = result.changes + written
     body = {**record, "status": "done" if done else "partial", "changes": dict(total), "committed_at": _now_ms()}
-    writer.write(batch, record=body, record_key=identity.encode())
+    writer.write_encoded(batch, record=body, record_key=identity.encode())
     result.changes = total
     result.transactions += 1
 
