@@ -280,3 +280,67 @@ def test_pipeline_exact_through_coordinator_and_leader_kills(cluster, tmp_path) 
     assert open_transactions(settings, topics, timeout=30) == []
     assert "Traceback" not in text, text[-3000:]
     assert "one replica" not in text and "min.insync.replicas 1" not in text  # no durability warning
+
+
+# Quorum lost --------------------------------------------------------------------------------
+
+
+def read_committed_count(settings: dict[str, Any], topic: str, partitions: int) -> int:
+    """The records of `topic` a read_committed reader sees (to its end)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**settings, "group.id": f"q-{uuid.uuid4().hex[:8]}", "isolation.level": "read_committed",
+                         "enable.auto.commit": False})
+    try:
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in range(partitions)}
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        seen, positions = 0, dict.fromkeys(range(partitions), 0)
+        deadline = time.monotonic() + 30
+        while any(positions[p] < ends[p] for p in ends) and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                seen += 1
+                positions[message.partition()] = message.offset() + 1
+            for p in ends:  # aborted records and markers move the position without a message
+                positions[p] = max(positions[p], consumer.position([TopicPartition(topic, p)])[0].offset)
+        return seen
+    finally:
+        consumer.close()
+
+
+def test_produce_without_quorum_stops_named_and_writes_nothing(cluster) -> None:
+    from refold.errors import UserError
+
+    info, home = cluster
+    settings = {"bootstrap.servers": info.bootstrap}
+    topic = f"q-{uuid.uuid4().hex[:8]}"
+    ensure_topics(settings, [TopicSpec(topic, 2)])
+    replicas_of(AdminClient(settings), topic, 2)
+    rows = [orjson.dumps(r) for r in generate(Workload(events=300, keys=20, seed=11))]
+    survivor = leader_of(settings, topic, 0)
+    down = [node for node in (1, 2, 3) if node != survivor]
+    for node in down:
+        assert kafkacluster.kill_node(node, home=home)
+    # A short retry budget: the records time out after 10 s, the coordinator's calls after theirs.
+    budget = {**settings, "message.timeout.ms": 10_000}
+    started = time.monotonic()
+    try:
+        with pytest.raises(UserError) as raised:
+            produce(budget, topic, rows, ["player_name"], progress=False)
+    finally:
+        for node in down:
+            kafkacluster.start_node(node, home=home, die_with_parent=True)
+    message = str(raised.value)
+    assert time.monotonic() - started < 80, message
+    assert "the Kafka cluster cannot take writes to " in message, message
+    # the partitions the records were refused on, or (when the coordinator could not even
+    # start a transaction: two thirds of the time) the transaction log's partition
+    assert f"{topic}[" in message or "__transaction_state" in message, message
+    assert "fewer of their replicas are in sync than min.insync.replicas" in message.lower(), message
+    assert "nothing of it is visible" in message, message
+    wait_until(lambda: not kafkahealth.describe(info).under_replicated, "no under-replicated partitions", 90)
+    assert read_committed_count(settings, topic, 2) == 0
+    assert open_transactions(settings, [topic], timeout=30) == []
+    # With the brokers back, the same produce succeeds, each event once.
+    produce(settings, topic, rows, ["player_name"], progress=False)
+    assert read_committed_count(settings, topic, 2) == len(rows)
