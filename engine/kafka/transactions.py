@@ -411,7 +411,7 @@ def transaction_state_partition(transactional_id: str, client: Any) -> int | Non
     (`Utils.abs(id.hashCode) % partitions`), or None when the client cannot say how many
     partitions that topic has."""
     try:
-        metadata = client.list_topics("__transaction_state", timeout=10)
+        metadata = client.list_topics("__transaction_state", timeout=3)
         count = len(metadata.topics["__transaction_state"].partitions)
     except (KafkaException, KeyError):
         return None
