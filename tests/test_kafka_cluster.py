@@ -344,3 +344,15 @@ def test_produce_without_quorum_stops_named_and_writes_nothing(cluster) -> None:
     # With the brokers back, the same produce succeeds, each event once.
     produce(settings, topic, rows, ["player_name"], progress=False)
     assert read_committed_count(settings, topic, 2) == len(rows)
+
+
+def test_chaos_on_the_cluster_plans_five_of_each_cluster_fault_at_its_defaults() -> None:
+    import random
+    from collections import Counter
+
+    from refold.dev.chaos import ChaosConfig, fault_plan
+    from refold.dev.chaoskafka import KAFKA_FAULTS
+
+    plan = Counter(fault_plan(ChaosConfig(kafka_brokers=3, other_kinds=KAFKA_FAULTS, kills=20), random.Random(1)))
+    assert {kind: plan[kind] for kind in KAFKA_FAULTS} == dict.fromkeys(KAFKA_FAULTS, 5)
+    assert plan["broker_restart"] == 0 and plan["kill9"] + plan["kill9_in_commit"] == 20
