@@ -77,8 +77,11 @@ class NotEnoughReplicas(TransactionFailed):
     """The cluster could not take the transaction's writes within the producer's retry
     budget: fewer in-sync replicas than `min.insync.replicas` (NOT_ENOUGH_REPLICAS,
     NOT_ENOUGH_REPLICAS_AFTER_APPEND), or no leader that answered in time (a cluster
-    that lost its quorum). The message names the topic-partitions; the transaction was
-    aborted (or is left to the coordinator to abort), nothing of it is visible."""
+    that lost its quorum). The message names the topic-partitions. Raised only when the
+    transaction surely did not commit (it never began, records of it were refused, or
+    the client made it abortable): it was aborted, or the coordinator aborts it at its
+    timeout when the abort itself fails; nothing of it is visible. A commit that timed
+    out may still land and stays a TransactionFailed."""
 
 
 # Errors of a cluster that cannot take a write, or did not in time: a delivery report
@@ -350,13 +353,14 @@ class TransactionalWriter:
             ) from exc
         if err is not None and err.txn_requires_abort():
             self._abort()
-        if not fenced and err is not None and err.code() in _UNAVAILABLE_CODES:
-            self._abort()  # (a commit that timed out: settled by the coordinator if this fails)
-            names = [f"{topic}[{partition}]" for topic, partition in sorted(self._failed_at)]
-            raise NotEnoughReplicas(_unavailable_message(
-                names or [f"the partitions of transactional id {self.transactional_id!r}"], err,
-                "the transaction could not commit in time",
-            )) from exc
+            # Only an abortable error is sure not to have committed: a commit that timed
+            # out may still land, and stays a TransactionFailed (outcome unknown).
+            if not fenced and err.code() in _UNAVAILABLE_CODES:
+                raise NotEnoughReplicas(_unavailable_message(
+                    [f"{topic}[{partition}]" for topic, partition in sorted(self._failed_at)]
+                    or [f"the partitions of transactional id {self.transactional_id!r}"], err,
+                    "the transaction could not commit in time",
+                )) from exc
         failure = TransactionTimedOut if fenced else TransactionFailed
         raise failure(describe_kafka_error(kafka_exc)) from exc
 
