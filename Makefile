@@ -66,6 +66,7 @@ demo: setup jars
 
 chaos: setup jars
 	$(PY) -m refold.dev.chaos
+	$(PY) -m refold.dev.chaos --kafka-brokers 3 --kills 20
 
 # `make bench`: the last runs' topics deleted (bench-clean), then every benchmark in one go (~20 minutes
 # at the defaults on 2 cores), then the plots.

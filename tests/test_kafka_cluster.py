@@ -36,7 +36,13 @@ from refold.config import load_pipeline
 from refold.dev import kafkacluster, kafkaconfig, kafkahealth, localkafka
 from refold.dev.kafkacluster import ClusterInfo
 from refold.dev.testing import Workload, generate
-from refold.kafka.io import TopicSpec, durability_warnings, ensure_topics, open_transactions
+from refold.kafka.io import (
+    TopicSpec,
+    durability_warnings,
+    ensure_topics,
+    open_transactions,
+    read_to_end,
+)
 from refold.recovery.restore import load_checkpoints
 from refold.spark.job import engine_topics, prepare_topics
 
@@ -280,3 +286,64 @@ def test_pipeline_exact_through_coordinator_and_leader_kills(cluster, tmp_path) 
     assert open_transactions(settings, topics, timeout=30) == []
     assert "Traceback" not in text, text[-3000:]
     assert "one replica" not in text and "min.insync.replicas 1" not in text  # no durability warning
+
+
+# Quorum lost --------------------------------------------------------------------------------
+
+
+def read_committed_count(settings: dict[str, Any], topic: str) -> int:
+    """The records of `topic` a read_committed reader sees (to its end)."""
+    return sum(1 for _ in read_to_end(settings, topic, timeout=60))
+
+
+def test_produce_without_quorum_stops_named_and_writes_nothing(cluster) -> None:
+    from refold.errors import UserError
+
+    info, home = cluster
+    settings = {"bootstrap.servers": info.bootstrap}
+    topic = f"q-{uuid.uuid4().hex[:8]}"
+    ensure_topics(settings, [TopicSpec(topic, 2)])
+    replicas_of(AdminClient(settings), topic, 2)
+    rows = [orjson.dumps(r) for r in generate(Workload(events=300, keys=20, seed=11))]
+    survivor = leader_of(settings, topic, 0)
+    down = [node for node in (1, 2, 3) if node != survivor]
+    for node in down:
+        assert kafkacluster.kill_node(node, home=home)
+    # A short retry budget: the records time out after 10 s, the coordinator's calls after theirs.
+    budget = {**settings, "message.timeout.ms": 10_000}
+    started = time.monotonic()
+    try:
+        with pytest.raises(UserError) as raised:
+            produce(budget, topic, rows, ["player_name"], progress=False)
+    finally:
+        for node in down:
+            kafkacluster.start_node(node, home=home, die_with_parent=True)
+    message = str(raised.value)
+    assert time.monotonic() - started < 85, message  # init_transactions gives up after 60 s
+    assert "the Kafka cluster cannot take writes to " in message, message
+    # the partitions the records were refused on, or (when the coordinator could not even
+    # start a transaction: two thirds of the time) the transaction log's partition
+    assert f"{topic}[" in message or "__transaction_state" in message, message
+    assert "fewer of their replicas are in sync than min.insync.replicas" in message.lower(), message
+    assert "nothing of it is visible" in message, message
+    wait_until(lambda: not kafkahealth.describe(info).under_replicated, "no under-replicated partitions", 90)
+    assert read_committed_count(settings, topic) == 0
+    assert open_transactions(settings, [topic], timeout=30) == []
+    # With the brokers back, the same produce succeeds, each event once.
+    assert produce(settings, topic, rows, ["player_name"], progress=False).events == len(rows)
+    # (the commit returns once the coordinator logged it; the markers reach the
+    # partitions a moment later, and the last stable offset moves with them)
+    wait_until(lambda: read_committed_count(settings, topic) == len(rows), "the events committed and visible", 60)
+    assert open_transactions(settings, [topic], timeout=30) == []
+
+
+def test_chaos_on_the_cluster_plans_five_of_each_cluster_fault_at_its_defaults() -> None:
+    import random
+    from collections import Counter
+
+    from refold.dev.chaos import ChaosConfig, fault_plan
+    from refold.dev.chaoskafka import KAFKA_FAULTS
+
+    plan = Counter(fault_plan(ChaosConfig(kafka_brokers=3, other_kinds=KAFKA_FAULTS, kills=20), random.Random(1)))
+    assert {kind: plan[kind] for kind in KAFKA_FAULTS} == dict.fromkeys(KAFKA_FAULTS, 5)
+    assert plan["broker_restart"] == 0 and plan["kill9"] + plan["kill9_in_commit"] == 20

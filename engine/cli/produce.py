@@ -18,7 +18,7 @@ from typing import IO, Any
 from refold.codecs import JsonlCodec, codec_for
 from refold.errors import InvalidEventError, RecordSource, UserError
 from refold.kafka.io import TopicSpec, ensure_topics, eprint
-from refold.kafka.transactions import TransactionalWriter, TransactionFailed
+from refold.kafka.transactions import NotEnoughReplicas, TransactionalWriter, TransactionFailed
 from refold.model.changelog import ChangelogEvent, Op, PairingValidator, key_of, message_key_bytes
 from refold.model.reasons import Reason
 
@@ -75,7 +75,10 @@ def produce(
     if created and progress:
         eprint(f"created topic {topic} ({partitions} partition{'s' if partitions != 1 else ''})")
     writer = TransactionalWriter(settings, f"refold-produce-{uuid.uuid4()}", timeout_ms=60_000)
-    writer.initialise()
+    try:
+        writer.initialise()
+    except NotEnoughReplicas as exc:
+        raise UserError(str(exc)) from exc
     started = time.monotonic()
     last_report = started
     events = transactions = in_txn = 0
@@ -116,6 +119,8 @@ def produce(
 def _commit(writer: TransactionalWriter) -> None:
     try:
         writer.commit()
+    except NotEnoughReplicas as exc:  # the cluster lost its quorum: named, nothing of it visible
+        raise UserError(str(exc)) from exc
     except TransactionFailed as exc:  # nothing to retry from: the user runs produce again
         raise UserError(f"Kafka refused the transaction: {exc}") from exc
 

@@ -27,6 +27,12 @@ chunks it injects one fault at a random moment, chosen from a seeded plan:
 - `state_dir_lost`   kill -9 of an engine, then its shards' local state stores
                      deleted (restored from `P.state`).
 
+With `--kafka-brokers 3` the broker is a three-node KRaft cluster
+(`refold.dev.kafkacluster`) and the other kinds are its faults (`refold.dev.chaoskafka`):
+kill -9 of the leader of a source, view, state or checkpoints partition, of a shard's
+transaction coordinator, of the active controller; a broker that lost its data; a
+rolling restart. `make chaos` runs that part after the single-broker one.
+
 The engines run on a Spark standalone cluster the harness starts (2 workers x 2
 cores on 127.0.0.1, each engine 2 executors of 1 core), or with `--local` on
 `local[2]` (then the executor and worker faults are left out).
@@ -40,7 +46,7 @@ transactions (last stable offset = high watermark) and accepting a final
 transactional marker that a read_committed consumer sees. One line of figures
 ends the run; the exit status is non-zero when an anomaly was found.
 
-    python -m refold.dev.chaos [--events 1000000] [--keys 100000] [--kills 100] [--seed 1]
+    python -m refold.dev.chaos [--events 1000000] [--keys 100000] [--kills 100] [--seed 1] [--kafka-brokers 3]
 """
 
 from __future__ import annotations
@@ -65,8 +71,9 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from refold.cli.produce import produce
-from refold.dev import localkafka, localspark, sparkprocs
+from refold.dev import kafkacluster, localkafka, localspark, sparkprocs
 from refold.dev.chaosengine import FAULTS, ChaosResult, Engine, exit_kind
+from refold.dev.chaoskafka import KAFKA_FAULTS, inject_kafka, wait_in_sync
 from refold.dev.chaospipelines import chunks, upsert_records, write_pipelines
 from refold.dev.testing import Workload, generate
 from refold.errors import RefoldError, UserError
@@ -102,6 +109,7 @@ class ChaosConfig:
     pipelines: tuple[str, ...] = ("grouped", "top_n", "upsert")
     lakehouse: tuple[str, ...] = ("delta",)  # tables the upsert (else the grouped) pipeline materializes into too
     cluster: bool = True  # on a standalone cluster the harness starts (else local[2])
+    kafka_brokers: int = 1  # 3: a KRaft cluster, and its faults (refold.dev.chaoskafka) for the other kinds
 
 
 def fault_plan(cfg: ChaosConfig, rng: random.Random) -> list[str]:
@@ -238,7 +246,10 @@ def produce_chunk(settings: dict[str, Any], topic: str, rows: Sequence[bytes], p
                     per_transaction=10_000, prevalidate=False, progress=False)
             return
         except UserError as exc:
-            if attempt == 5 or "cannot start a Kafka transaction" not in str(exc):
+            # a transaction that could not start, or that the cluster did not take (aborted)
+            retry = ("cannot start a Kafka transaction" in str(exc) or "cannot initialise transactions" in str(exc)
+                     or "nothing of it is visible" in str(exc))
+            if attempt == 5 or not retry:
                 raise
             say(f"  producing a chunk failed ({exc}); again in 5s")
             time.sleep(5)
@@ -312,7 +323,14 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
     result = ChaosResult()
     home = work / "kafka-home"
     own_broker = bootstrap is None
-    if own_broker:
+    on_cluster = cfg.kafka_brokers > 1
+    if on_cluster:
+        if not own_broker:
+            raise UserError("the Kafka cluster's faults need the cluster the harness starts itself")
+        bootstrap = kafkacluster.start(kafkacluster.free_port_range(2 * cfg.kafka_brokers), cfg.kafka_brokers,
+                                       timeout=180.0, home=home, quiet=True, die_with_parent=True).bootstrap
+        say(f"Kafka cluster of {cfg.kafka_brokers} KRaft nodes at {bootstrap}")
+    elif own_broker:
         bootstrap = localkafka.start(localkafka.free_port(), home=home, quiet=True, die_with_parent=True).bootstrap
     assert bootstrap is not None
     settings = {"bootstrap.servers": bootstrap}
@@ -367,19 +385,26 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
                 target.reap()
                 target.ensure_running()
                 target.wait_for_progress(since)
-            inject(kind, target, rng, home, say, cluster)
+            if kind in KAFKA_FAULTS:
+                inject_kafka(kind, target, rng, home, settings, say)
+            else:
+                inject(kind, target, rng, home, say, cluster)
             result.faults[kind] += 1
             elapsed = time.monotonic() - started
             say(f"  [{index + 1}/{len(plan)}] {kind} on {target.name} "
                 f"(batch {since}→, {elapsed:.0f}s, {sum(result.faults.values())} faults)")
         say("all faults injected; every engine runs until idle")
+        if on_cluster and not wait_in_sync(home):
+            result.anomalies.append("the Kafka cluster is not in sync 180s after the last fault")
         _finish_and_verify(engines, result, settings, say, upserts)
     finally:
         for engine in engines:
             engine.kill()
         if cluster is not None:
             localspark.stop(cluster.home.parent)
-        if own_broker:
+        if on_cluster:
+            kafkacluster.stop(home=home)
+        elif own_broker:
             localkafka.stop(home=home)
     result.seconds = time.monotonic() - started
     return result
@@ -401,10 +426,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="table drivers the upsert (else the grouped) pipeline materializes into too: delta, iceberg, or ''")
     parser.add_argument("--local", action="store_true",
                         help="run the engines on local[2], not on a standalone cluster (no executor or worker faults)")
+    parser.add_argument("--kafka-brokers", type=int, default=1, choices=(1, 3),
+                        help="3: a three-broker KRaft cluster, its faults in place of the other kinds "
+                             "(leader, coordinator and controller kills, a lost data directory, a rolling restart)")
     args = parser.parse_args(argv)
     cfg = ChaosConfig(events=args.events, keys=args.keys, retract=args.retract, kills=args.kills,
                       others=args.others, batch=args.batch, seed=args.seed, cluster=not args.local,
-                      lakehouse=tuple(d for d in args.lakehouse.split(",") if d))
+                      lakehouse=tuple(d for d in args.lakehouse.split(",") if d),
+                      kafka_brokers=args.kafka_brokers,
+                      other_kinds=KAFKA_FAULTS if args.kafka_brokers > 1 else defaults.other_kinds)
     work = args.work or Path(tempfile.mkdtemp(prefix="refold-chaos-"))
     work.mkdir(parents=True, exist_ok=True)
     from refold.environment import jars_home

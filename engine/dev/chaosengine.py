@@ -34,7 +34,8 @@ class ChaosResult:
     seconds: float = 0.0
 
     def line(self) -> str:
-        faults = " ".join(f"{kind}={self.faults.get(kind, 0)}" for kind in FAULTS)
+        kinds = FAULTS + tuple(kind for kind in self.faults if kind not in FAULTS)  # the Kafka cluster's too
+        faults = " ".join(f"{kind}={self.faults.get(kind, 0)}" for kind in kinds)
         exits = " ".join(f"{k}={v}" for k, v in sorted(self.engine_exits.items()))
         return (
             f"chaos: events={self.events:,} faults[{faults}] total_faults={sum(self.faults.values())} "

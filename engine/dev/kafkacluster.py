@@ -235,6 +235,25 @@ def stop(timeout: float = 30.0, *, home: Path | None = None) -> bool:
         return bool(running)
 
 
+def stop_node(node_id: int, timeout: float = 30.0, *, home: Path | None = None) -> bool:
+    """Stop one node cleanly (SIGTERM: it hands its leaderships over and closes its
+    logs; SIGKILL after `timeout` seconds), as a rolling restart does. False when it was
+    not running."""
+    base = cluster_home(home)
+    with _locked(base):
+        found = status(home)
+        if found is None:
+            return False
+        node = found.node(node_id)
+        if node.pid is None:
+            return False
+        _signal_group(node.pid, signal.SIGTERM)
+        if not _wait_gone(node.pid, timeout):
+            _end_group(node.pid, 1.0)
+        _pid_file(node.home).unlink(missing_ok=True)
+        return True
+
+
 def kill_node(node_id: int, *, home: Path | None = None) -> bool:
     """kill -9 one node's process group, like a crash. False when it was not running."""
     base = cluster_home(home)

@@ -73,6 +73,36 @@ class TransactionTimedOut(TransactionFailed):
     `transaction.timeout.ms` and the coordinator aborted it."""
 
 
+class NotEnoughReplicas(TransactionFailed):
+    """The cluster could not take the transaction's writes within the producer's retry
+    budget: fewer in-sync replicas than `min.insync.replicas` (NOT_ENOUGH_REPLICAS,
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND), or no leader that answered in time (a cluster
+    that lost its quorum). The message names the topic-partitions. Raised only when the
+    transaction surely did not commit (it never began, records of it were refused, or
+    the client made it abortable): it was aborted, or the coordinator aborts it at its
+    timeout when the abort itself fails; nothing of it is visible. A commit that timed
+    out may still land and stays a TransactionFailed."""
+
+
+# Errors of a cluster that cannot take a write, or did not in time: a delivery report
+# with one of them, or a transaction call failing with one, is a NotEnoughReplicas.
+_UNAVAILABLE_CODES = frozenset({
+    KafkaError.NOT_ENOUGH_REPLICAS,
+    KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+    KafkaError._MSG_TIMED_OUT,
+    KafkaError.REQUEST_TIMED_OUT,
+    KafkaError._TIMED_OUT,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError._TRANSPORT,
+    KafkaError._ALL_BROKERS_DOWN,
+})
+_REPLICA_CODES = frozenset({KafkaError.NOT_ENOUGH_REPLICAS, KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND})
+
+
 class TransactionalWriter:
     """One transactional id's producer, and every outcome of it as committed, fenced,
     timed out or failed (see the module's docstring).
@@ -113,6 +143,7 @@ class TransactionalWriter:
         self._producer: Producer | None = None
         self._wedged: list[Producer] = []  # stuck in a call that ignored its timeout: never destroyed
         self._errors: list[KafkaError] = []
+        self._failed_at: dict[tuple[str, int], KafkaError] = {}  # topic-partitions of failed deliveries
         self._on_delivery: Callable[..., None] | None = None
         self._began = 0.0  # monotonic time of begin()
 
@@ -136,6 +167,13 @@ class TransactionalWriter:
         try:
             producer.init_transactions(_INIT_SECONDS)
         except KafkaException as exc:
+            err = _kafka_error(exc)
+            if err is not None and err.code() in _UNAVAILABLE_CODES:
+                partition = transaction_state_partition(self.transactional_id, producer)
+                raise NotEnoughReplicas(_unavailable_message(
+                    [f"__transaction_state[{partition}]" if partition is not None else "__transaction_state"],
+                    err, f"the transaction coordinator of {self.transactional_id!r} could not start it",
+                )) from exc
             raise UserError(
                 f"cannot initialise transactions as {self.transactional_id!r}: {describe_kafka_error(exc)}"
             ) from exc
@@ -159,7 +197,15 @@ class TransactionalWriter:
     def begin(self) -> None:
         """Open a transaction. Raises FencedError or TransactionFailed."""
         producer = self._ready()
-        self._errors, self._on_delivery = delivery_failures()
+        self._errors, collect = delivery_failures()
+        failed_at = self._failed_at = {}
+
+        def on_delivery(err: KafkaError | None, msg: Any) -> None:
+            if err is not None:
+                failed_at.setdefault((msg.topic(), msg.partition()), err)
+            collect(err, msg)
+
+        self._on_delivery = on_delivery
         self._began = time.monotonic()
         try:
             producer.begin_transaction()
@@ -217,7 +263,7 @@ class TransactionalWriter:
         try:
             producer.flush(_FLUSH_SECONDS)
             if self._errors:
-                raise KafkaException(self._errors[0])
+                self._refused_deliveries()
             positions = [
                 TopicPartition(topic, partition, offset)
                 for topic, offsets in sorted((consumed or {}).items())
@@ -233,6 +279,19 @@ class TransactionalWriter:
             producer.commit_transaction(_COMMIT_SECONDS)
         except (KafkaException, SystemError) as exc:
             self._fail(exc)
+
+    def _refused_deliveries(self) -> NoReturn:
+        """The transaction's records the cluster did not take: abort it and raise
+        NotEnoughReplicas naming their topic-partitions when the cluster could not take a
+        write, else the first error as any client error."""
+        first = self._errors[0]
+        unavailable = {tp: err for tp, err in self._failed_at.items() if err.code() in _UNAVAILABLE_CODES}
+        if first.code() not in _UNAVAILABLE_CODES or not unavailable:
+            raise KafkaException(first)
+        self._abort()
+        names = [f"{topic}[{partition}]" for topic, partition in sorted(unavailable)]
+        worst = next((err for err in unavailable.values() if err.code() in _REPLICA_CODES), first)
+        raise NotEnoughReplicas(_unavailable_message(names, worst, "the transaction's records were not taken"))
 
     def _ready(self) -> Producer:
         producer = self._producer
@@ -295,6 +354,14 @@ class TransactionalWriter:
             ) from exc
         if err is not None and err.txn_requires_abort():
             self._abort()
+            # Only an abortable error is sure not to have committed: a commit that timed
+            # out may still land, and stays a TransactionFailed (outcome unknown).
+            if not fenced and err.code() in _UNAVAILABLE_CODES:
+                raise NotEnoughReplicas(_unavailable_message(
+                    [f"{topic}[{partition}]" for topic, partition in sorted(self._failed_at)]
+                    or [f"the partitions of transactional id {self.transactional_id!r}"], err,
+                    "the transaction could not commit in time",
+                )) from exc
         failure = TransactionTimedOut if fenced else TransactionFailed
         raise failure(describe_kafka_error(kafka_exc)) from exc
 
@@ -323,6 +390,40 @@ class TransactionalWriter:
                 if cause is not None:
                     return cause
         return err
+
+
+def _unavailable_message(where: Sequence[str], err: KafkaError, what: str) -> str:
+    shown = ", ".join(where[:8]) + (f" and {len(where) - 8} more" if len(where) > 8 else "")
+    return (
+        f"the Kafka cluster cannot take writes to {shown}: {what} ({err.name()}: {err.str()}). "
+        "Fewer of their replicas are in sync than min.insync.replicas (or none of their leaders "
+        "answered in time: brokers down, a cluster without its controller quorum); the "
+        "transaction was aborted (or never began) and nothing of it is visible. Bring the brokers back and run again."
+    )
+
+
+def java_string_hash(text: str) -> int:
+    """Java's String.hashCode (UTF-16 code units, 32-bit wrap-around)."""
+    value = 0
+    data = text.encode("utf-16-be")
+    for index in range(0, len(data), 2):
+        value = (31 * value + int.from_bytes(data[index:index + 2], "big")) & 0xFFFFFFFF
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def transaction_state_partition(transactional_id: str, client: Any) -> int | None:
+    """The `__transaction_state` partition of a transactional id, as the broker maps it
+    (`Utils.abs(id.hashCode) % partitions`), or None when the client cannot say how many
+    partitions that topic has."""
+    try:
+        metadata = client.list_topics("__transaction_state", timeout=3)
+        count = len(metadata.topics["__transaction_state"].partitions)
+    except (KafkaException, KeyError):
+        return None
+    if not count:
+        return None
+    code = java_string_hash(transactional_id)
+    return (0 if code == -(1 << 31) else abs(code)) % count
 
 
 def _kafka_error(exc: BaseException) -> KafkaError | None:

@@ -283,7 +283,7 @@ class ShardProcessor:
                     self.aborts += 1
                     log.warning("batch transaction failed (attempt %d): %s; re-initialising from Kafka", attempt, exc)
                     self._start()
-            raise OperationalError(f"the batch's transaction failed {ATTEMPTS} times; giving up") from failure
+            raise OperationalError(f"the batch's transaction failed {ATTEMPTS} times; giving up: {failure}") from failure
 
     def _process_once(self, records: Sequence[InputRecord]) -> BatchStats | None:
         started = time.monotonic()

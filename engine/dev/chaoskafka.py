@@ -1,0 +1,136 @@
+"""The chaos harness's faults of a three-broker Kafka cluster (`python -m refold.dev.chaos
+--kafka-brokers 3`; `refold.dev.kafkacluster`).
+
+Each fault hits the cluster while the target engine runs (a batch in flight: the
+harness injects right after the engine committed new work and the next chunk of
+input was written, after a random pause of up to 1.5 s), and waits until the
+cluster has every partition fully in sync again before the next fault, so no two
+faults together take two of the three replicas:
+
+- `leader_kill_source`, `leader_kill_view`, `leader_kill_state`, `leader_kill_checkpoints`
+                     kill -9 of the broker that leads a random partition of the
+                     source topic, the view topic (the delta topic when the
+                     pipeline has no view topic), `P.state` or `P.checkpoints`;
+                     started again 2-6 s later on its data;
+- `coordinator_kill` kill -9 of the transaction coordinator of a random shard's
+                     transactional id (the leader of its `__transaction_state`
+                     partition); started again 2-6 s later;
+- `controller_kill`  kill -9 of the active KRaft controller; started again 2-6 s later;
+- `broker_data_lost` kill -9 of a random broker, its partition data deleted (every log
+                     directory but its copy of the KRaft metadata log and its
+                     meta.properties: the controllers are a static quorum, and a voter
+                     that forgets what it voted can break Raft's safety), started
+                     again empty: its replicas are fetched again from the others;
+- `rolling_restart`  each of the three brokers stopped (SIGTERM, kill -9 after 30 s)
+                     and started again in turn, the next one once every partition
+                     is in sync.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka.admin import AdminClient
+
+from refold.dev import kafkacluster, kafkahealth
+from refold.dev.chaosengine import Engine
+from refold.kafka.io import partitions_of
+from refold.kafka.transactions import transaction_state_partition
+
+KAFKA_FAULTS = ("leader_kill_source", "leader_kill_view", "leader_kill_state", "leader_kill_checkpoints",
+                "coordinator_kill", "controller_kill", "broker_data_lost", "rolling_restart")
+
+# What a broker keeps when its data directory is lost (see the module's docstring).
+_KEPT = frozenset({"__cluster_metadata-0", "meta.properties", "bootstrap.checkpoint"})
+
+
+def leader_of(settings: dict[str, Any], topic: str, partition: int) -> int:
+    """The broker id leading `topic[partition]`, -1 when none does."""
+    metadata = AdminClient(settings).list_topics(topic, timeout=10)
+    return int(metadata.topics[topic].partitions[partition].leader)
+
+
+def coordinator_of(settings: dict[str, Any], transactional_id: str) -> int:
+    """The transaction coordinator of a transactional id: the leader of its
+    `__transaction_state` partition; -1 when unknown."""
+    admin = AdminClient(settings)
+    partition = transaction_state_partition(transactional_id, admin)
+    if partition is None:
+        return -1
+    return leader_of(settings, "__transaction_state", partition)
+
+
+def wait_in_sync(home: Path, timeout: float = 180.0) -> bool:
+    """Until every node runs and no partition is under-replicated or leaderless."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = kafkacluster.status(home)
+        if info is not None and len(info.running) == len(info.nodes):
+            health = kafkahealth.describe(info)
+            if health.error is None and not health.under_replicated and not health.leaderless:
+                return True
+        time.sleep(1.0)
+    return False
+
+
+def inject_kafka(kind: str, target: Engine, rng: random.Random, home: Path, settings: dict[str, Any],
+                 say: Any) -> None:
+    """One cluster fault while `target` runs; returns once the cluster is in sync again."""
+    time.sleep(rng.uniform(0.0, 1.5))  # into the batch the engine is working on
+    pipeline = target.pipeline
+    if kind.startswith("leader_kill_"):
+        view = pipeline.outputs.view or pipeline.outputs.delta
+        topic = {
+            "leader_kill_source": pipeline.source.topic,
+            "leader_kill_view": view.topic if view is not None else pipeline.state_topic,
+            "leader_kill_state": pipeline.state_topic,
+            "leader_kill_checkpoints": pipeline.checkpoints_topic,
+        }[kind]
+        partition = rng.choice(sorted(partitions_of(settings, topic)))
+        _bounce(leader_of(settings, topic, partition), home, rng, say, f"the leader of {topic}[{partition}]")
+    elif kind == "coordinator_kill":
+        shard = rng.choice(sorted(partitions_of(settings, pipeline.checkpoints_topic)))
+        tid = pipeline.transactional_id(shard)
+        _bounce(coordinator_of(settings, tid), home, rng, say, f"the coordinator of {tid!r}")
+    elif kind == "controller_kill":
+        info = kafkacluster.status(home)
+        node = kafkacluster.active_controller(info) if info is not None else None
+        _bounce(-1 if node is None else node, home, rng, say, "the active controller")
+    elif kind == "broker_data_lost":
+        info = kafkacluster.configured(home)
+        assert info is not None
+        node = rng.choice(info.nodes)
+        kafkacluster.kill_node(node.node_id, home=home)
+        for entry in node.data_dir.iterdir():
+            if entry.name not in _KEPT:
+                if entry.is_dir():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+        kafkacluster.start_node(node.node_id, home=home, die_with_parent=True)
+    elif kind == "rolling_restart":
+        info = kafkacluster.configured(home)
+        assert info is not None
+        for node in info.nodes:
+            kafkacluster.stop_node(node.node_id, home=home)
+            kafkacluster.start_node(node.node_id, home=home, die_with_parent=True)
+            if not wait_in_sync(home):
+                say(f"  rolling_restart: partitions not in sync 180s after node {node.node_id} came back")
+    else:
+        raise ValueError(kind)
+    if not wait_in_sync(home):
+        say(f"  {kind}: the cluster is not in sync 180s after the fault")
+
+
+def _bounce(node: int, home: Path, rng: random.Random, say: Any, what: str) -> None:
+    """kill -9 of `node`, started again on its data 2-6 s later."""
+    if node < 0:
+        say(f"  no broker is {what} right now; nothing killed")
+        return
+    kafkacluster.kill_node(node, home=home)
+    time.sleep(rng.uniform(2.0, 6.0))
+    kafkacluster.start_node(node, home=home, die_with_parent=True)
