@@ -6,7 +6,7 @@ REFOLD := $(VENV)/bin/refold
 STAMP  := $(VENV)/.installed
 NATIVE := $(VENV)/.native
 
-.PHONY: setup jars registry test test-container container unit lint docs demo chaos bench bench-hotpath bench-contenders bench-latency bench-scaling bench-tasks \
+.PHONY: setup jars registry test test-slow test-container container unit lint docs demo chaos bench bench-hotpath bench-contenders bench-latency bench-scaling bench-tasks \
 	bench-plots bench-clean bench-ingest \
 	kafka-start kafka-stop clean
 
@@ -40,10 +40,15 @@ lint: setup
 	$(VENV)/bin/mypy
 
 unit: setup
-	$(PY) -m pytest tests -m "not kafka and not spark and not container" -q
+	$(PY) -m pytest tests -m "not kafka and not spark and not container and not slow" -q
 
 test: setup jars registry lint
-	$(PY) -m pytest tests -q --durations=15 -m "not container"
+	$(PY) -m pytest tests -q --durations=15 -m "not container and not slow"
+
+# The long end-to-end checks that repeat what a faster test in `make test` proves (marker
+# slow): CI runs them after make test.
+test-slow: setup jars
+	$(PY) -m pytest tests -q --durations=10 -m slow
 
 # The engine image (docker/Dockerfile) with docker, else podman (refold.dev.container:
 # podman's storage under .refold/container; stand-in base images where none can be pulled).

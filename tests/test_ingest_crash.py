@@ -19,7 +19,7 @@ import pytest
 from refold.ingest import ingest
 from refold.kafka.io import read_to_end
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]  # make test-slow: kill -9 at random points of whole ingests
 
 REFOLD = [sys.executable, "-m", "refold.cli.main"]
 
