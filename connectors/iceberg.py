@@ -256,7 +256,14 @@ class IcebergDriver(SessionDriver[IcebergSettings, _Session]):
             )
         properties = {name: value.get_secret_value() for name, value in settings.properties.items()}
         try:
-            return open_catalog(settings.warehouse, uri, settings.catalog, properties)
+            try:
+                return open_catalog(settings.warehouse, uri, settings.catalog, properties)
+            except Exception as exc:
+                if "already exists" not in str(exc):
+                    raise
+                # shards opening at once on a new SQL catalog: another one created its tables
+                # between this one's check and its CREATE TABLE; they are there now
+                return open_catalog(settings.warehouse, uri, settings.catalog, properties)
         except Exception as exc:
             raise self.config_error(
                 "uri" if uri is not None else "warehouse",
