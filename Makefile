@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 NATIVE := $(VENV)/.native
 
 .PHONY: setup jars registry test test-slow test-container container unit lint docs demo chaos bench bench-hotpath bench-contenders bench-latency bench-scaling bench-tasks \
-	bench-plots bench-clean bench-ingest \
+	bench-plots bench-clean bench-ingest bench-replication \
 	kafka-start kafka-stop clean
 
 setup: $(STAMP) $(NATIVE)
@@ -88,7 +88,7 @@ chaos: setup jars
 TASKS_ARGS ?= --many-keys 10000000
 INGEST_ARGS ?=
 
-bench: bench-clean bench-hotpath bench-contenders bench-latency bench-scaling bench-tasks bench-ingest bench-plots
+bench: bench-clean bench-hotpath bench-contenders bench-latency bench-scaling bench-tasks bench-ingest bench-replication bench-plots
 
 # the topics earlier bench runs left on the local broker (a few GB a run), and their files
 bench-clean: setup jars
@@ -115,6 +115,11 @@ bench-tasks: setup jars
 # refold ingest --merge snapshot, its wall time, CPU and peak RSS beside DuckDB and the limit pipe
 bench-ingest: setup jars
 	$(PY) -m bench.ingest $(INGEST_ARGS)
+
+# the price of replication: the limit pipe and Refold on one broker, then on a local cluster of
+# three (replication factor 3, min.insync.replicas 2), in one run
+bench-replication: setup jars
+	$(PY) -m bench.replication $(REPLICATION_ARGS)
 
 bench-plots: setup
 	$(PY) -m bench.plots
