@@ -386,7 +386,9 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
                 target.ensure_running()
                 target.wait_for_progress(since)
             if kind in KAFKA_FAULTS:
-                inject_kafka(kind, target, rng, home, settings, say)
+                recovery = inject_kafka(kind, target, rng, home, settings, say)
+                if kind.startswith("leader_kill_"):
+                    result.leader_recoveries.append(recovery)
             else:
                 inject(kind, target, rng, home, say, cluster)
             result.faults[kind] += 1
@@ -459,7 +461,8 @@ def main(argv: list[str] | None = None) -> int:
                                          "engine_starts": result.engine_starts,
                                          "engine_exits": dict(result.engine_exits),
                                          "table_rows": result.table_rows,
-                                         "anomalies": result.anomalies, "seconds": result.seconds}, indent=2))
+                                         "anomalies": result.anomalies, "seconds": result.seconds,
+                                         "leader_kill_to_commit_s": result.leader_recoveries}, indent=2))
     return 1 if result.anomalies else 0
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -32,6 +33,9 @@ class ChaosResult:
     table_rows: int = 0  # rows of the lakehouse tables checked
     anomalies: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    # seconds from each kill -9 of a partition leader (a cluster fault) to the target
+    # engine's next committed batch; None where it made none within 180 s
+    leader_recoveries: list[float | None] = field(default_factory=list)
 
     def line(self) -> str:
         kinds = FAULTS + tuple(kind for kind in self.faults if kind not in FAULTS)  # the Kafka cluster's too
@@ -41,7 +45,19 @@ class ChaosResult:
             f"chaos: events={self.events:,} faults[{faults}] total_faults={sum(self.faults.values())} "
             f"engine_starts={self.engine_starts} stalls={self.stalls} exits[{exits}] view_records={self.view_records:,} "
             f"delta_records={self.delta_records:,} table_rows={self.table_rows:,} anomalies={len(self.anomalies)} wall={self.seconds:.0f}s"
+            + self.recovery_text()
         )
+
+    def recovery_text(self) -> str:
+        """` leader_kill_to_commit[median=… max=… n=…]`, or nothing without leader kills."""
+        if not self.leader_recoveries:
+            return ""
+        seen = sorted(s for s in self.leader_recoveries if s is not None)
+        missed = len(self.leader_recoveries) - len(seen)
+        median = f"{statistics.median(seen):.1f}s" if seen else "-"
+        worst = f"{seen[-1]:.1f}s" if seen else "-"
+        return (f" leader_kill_to_commit[median={median} max={worst} n={len(seen)}"
+                + (f" none_within_180s={missed}" if missed else "") + "]")
 
 
 class Engine:

@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import random
 import shutil
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,10 +80,13 @@ def wait_in_sync(home: Path, timeout: float = 180.0) -> bool:
 
 
 def inject_kafka(kind: str, target: Engine, rng: random.Random, home: Path, settings: dict[str, Any],
-                 say: Any) -> None:
-    """One cluster fault while `target` runs; returns once the cluster is in sync again."""
+                 say: Any) -> float | None:
+    """One cluster fault while `target` runs; returns once the cluster is in sync again.
+    For a leader's kill -9: the seconds from the kill to `target`'s next committed batch
+    (None when none came within 180 s); for the other faults None."""
     time.sleep(rng.uniform(0.0, 1.5))  # into the batch the engine is working on
     pipeline = target.pipeline
+    recovery: float | None = None
     if kind.startswith("leader_kill_"):
         view = pipeline.outputs.view or pipeline.outputs.delta
         topic = {
@@ -91,7 +96,10 @@ def inject_kafka(kind: str, target: Engine, rng: random.Random, home: Path, sett
             "leader_kill_checkpoints": pipeline.checkpoints_topic,
         }[kind]
         partition = rng.choice(sorted(partitions_of(settings, topic)))
-        _bounce(leader_of(settings, topic, partition), home, rng, say, f"the leader of {topic}[{partition}]")
+        watch = _NextCommit(target)
+        if _bounce(leader_of(settings, topic, partition), home, rng, say, f"the leader of {topic}[{partition}]",
+                   on_kill=watch.start):
+            recovery = watch.seconds()
     elif kind == "coordinator_kill":
         shard = rng.choice(sorted(partitions_of(settings, pipeline.checkpoints_topic)))
         tid = pipeline.transactional_id(shard)
@@ -124,13 +132,48 @@ def inject_kafka(kind: str, target: Engine, rng: random.Random, home: Path, sett
         raise ValueError(kind)
     if not wait_in_sync(home):
         say(f"  {kind}: the cluster is not in sync 180s after the fault")
+    return recovery
 
 
-def _bounce(node: int, home: Path, rng: random.Random, say: Any, what: str) -> None:
-    """kill -9 of `node`, started again on its data 2-6 s later."""
+class _NextCommit:
+    """Times an engine's next committed batch from a moment on, in a thread of its own
+    (the broker's restart goes on meanwhile): the checkpoint's batch number polled every
+    0.2 s until it passes the one committed before the moment."""
+
+    def __init__(self, target: Engine, timeout: float = 180.0) -> None:
+        self._target = target
+        self._timeout = timeout
+        self._before = max(0, target.committed_batch())
+        self._started = 0.0
+        self._seconds: float | None = None
+        self._thread = threading.Thread(target=self._watch, name="chaos-next-commit", daemon=True)
+
+    def start(self) -> None:
+        self._started = time.monotonic()
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while time.monotonic() - self._started < self._timeout:
+            if self._target.committed_batch() > self._before:
+                self._seconds = time.monotonic() - self._started
+                return
+            time.sleep(0.2)
+
+    def seconds(self) -> float | None:
+        self._thread.join(self._timeout + 5.0)
+        return self._seconds
+
+
+def _bounce(node: int, home: Path, rng: random.Random, say: Any, what: str,
+            on_kill: Callable[[], None] | None = None) -> bool:
+    """kill -9 of `node` (then `on_kill()`), started again on its data 2-6 s later; False
+    when no broker is `what`."""
     if node < 0:
         say(f"  no broker is {what} right now; nothing killed")
-        return
+        return False
     kafkacluster.kill_node(node, home=home)
+    if on_kill is not None:
+        on_kill()
     time.sleep(rng.uniform(2.0, 6.0))
     kafkacluster.start_node(node, home=home, die_with_parent=True)
+    return True
