@@ -31,6 +31,7 @@ from refold.kafka.connection import KafkaConnection
 from refold.viewspec import AGGREGATIONS as AGGREGATIONS
 from refold.viewspec import ColumnSpec as ColumnSpec
 from refold.viewspec import HopSpec as HopSpec
+from refold.viewspec import JoinSpec as JoinSpec
 from refold.viewspec import SessionSpec as SessionSpec
 from refold.viewspec import TopNSpec as TopNSpec
 from refold.viewspec import ViewSpec as ViewSpec

@@ -146,6 +146,86 @@ class WindowSpec(_Model):
         return None if self.lateness is None else int(parse_duration(self.lateness) * 1000)
 
 
+JOIN_TYPES = ("inner", "left", "full")
+_SOURCE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,100}$")
+
+
+class JoinSpec(_Model):
+    """`view.join`: an equi-join of two sources' changelogs (docs/SEMANTICS.md, Joins).
+
+    `left`/`right` name sources of the pipeline's `sources:`; `on` pairs a left column
+    with a right column (`[[customer_id, id]]`), all equal for rows to match (a null
+    never matches); `type` is `inner`, `left` (outer) or `full` (outer). `columns` maps
+    each output column to `<source>.<column>`, in output order. `key`: the output
+    columns that name a joined row, so a correction of a side emits `-C`/`+C` for the
+    joined rows whose key stays (default: the whole row, so a correction emits `-R`/`+A`)."""
+
+    left: str
+    right: str
+    on: list[tuple[str, str]]
+    type: Literal["inner", "left", "full"] = "inner"
+    columns: dict[str, str]
+    key: list[str] | None = None
+
+    @field_validator("left", "right")
+    @classmethod
+    def _source_name(cls, value: str) -> str:
+        if not _SOURCE_NAME.match(value):
+            raise ValueError(f"{value!r}: a source's name in sources: (letters, digits, '_' or '-')")
+        return value
+
+    @field_validator("on")
+    @classmethod
+    def _on(cls, value: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        if not value:
+            raise ValueError("on: at least one [left column, right column] pair")
+        if len(set(value)) != len(value):
+            raise ValueError("on: a pair of columns is named twice")
+        return value
+
+    @model_validator(mode="after")
+    def _shape(self) -> JoinSpec:
+        if self.left == self.right:
+            raise ValueError(f"a join of {self.left!r} with itself is not supported")
+        if not self.columns:
+            raise ValueError("columns: name at least one output column, e.g. {id: orders.id}")
+        for name, source in self.columns.items():
+            side, dot, column = source.partition(".")
+            if not dot or not column or side not in (self.left, self.right):
+                raise ValueError(f"columns.{name}: {source!r} is not <source>.<column> of "
+                                 f"{self.left!r} or {self.right!r}")
+        if self.key is not None:
+            if not self.key:
+                raise ValueError("key: at least one output column (or leave it out: the whole row)")
+            unknown = [name for name in self.key if name not in self.columns]
+            if unknown:
+                raise ValueError(f"key: {', '.join(map(repr, unknown))} is not an output column")
+        return self
+
+    def side_of(self, source: str) -> int:
+        """0 for the left source, 1 for the right one."""
+        return 0 if source == self.left else 1
+
+    @property
+    def outputs(self) -> list[tuple[str, int, str]]:
+        """(output column, side 0/1, the side's column), in output order."""
+        out = []
+        for name, source in self.columns.items():
+            side, _, column = source.partition(".")
+            out.append((name, self.side_of(side), column))
+        return out
+
+    @property
+    def sides_on(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The join columns of the left side and of the right side, pair by pair."""
+        return tuple(pair[0] for pair in self.on), tuple(pair[1] for pair in self.on)
+
+    @property
+    def output_key(self) -> list[str]:
+        """The output columns that name a joined row (`key`, else all of them)."""
+        return list(self.key) if self.key is not None else list(self.columns)
+
+
 class ViewSpec(_Model):
     """Either `key` + `columns` (a grouped reduction) or `top_n` (a leaderboard), and
     optionally `where`: a SQL condition on the source rows (comparisons, AND, OR, NOT,
