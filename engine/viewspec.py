@@ -252,7 +252,11 @@ class ViewSpec(_Model):
     (or `HOP(…, slide, size)`) with `window_start, window_end` in GROUP BY (or PARTITION
     BY) is the same view. Spark SQL has no watermark clause: a `sql` view's lateness is
     written beside the query, `window: {lateness: 10m}`, its only window setting.
-    Joins, HAVING, DISTINCT, RANK/DENSE_RANK, ORDER BY or LIMIT outside the window,
+    `join`: an equi-join of two of the pipeline's `sources:` (`JoinSpec`); with `key` +
+    `columns` beside it, a grouped view over the joined rows (whose columns `key` and
+    `columns` name). In SQL: `SELECT o.id, c.region FROM orders o LEFT JOIN customers c
+    ON o.cust = c.id`, optionally with GROUP BY aggregates (docs/sql.md, Joins). More
+    than one join, non-equi conditions, HAVING, DISTINCT, RANK/DENSE_RANK, ORDER BY or LIMIT outside the window,
     expressions inside aggregates or of the window's bounds, a bound that is not a
     number, `ASC` without `NULLS LAST` (Refold ranks nulls last), a window's start time
     or offset, Flink's CUMULATE/SESSION and group windows are refused before anything
@@ -263,8 +267,10 @@ class ViewSpec(_Model):
     top_n: TopNSpec | None = None
     where: str | None = None
     window: WindowSpec | None = None
+    join: JoinSpec | None = None
     sql: str | None = None
     _sql_from: tuple[str, str] | None = PrivateAttr(default=None)  # (table, where it is named)
+    _sql_tables: tuple[tuple[str, str], ...] = PrivateAttr(default=())  # a join's two tables
 
     @model_validator(mode="before")
     @classmethod
@@ -280,7 +286,7 @@ class ViewSpec(_Model):
         window = _sql_window(value.get("window"), translated.get("window"))
         if window is not None:
             translated = {**translated, "window": window}
-        written = {name: value[name] for name in ("key", "columns", "top_n", "where")
+        written = {name: value[name] for name in ("key", "columns", "top_n", "where", "join")
                    if value.get(name) not in (None, [], {})}
         # a view dumped with its spec (model_dump) reads back when the spec is the query's
         if written and not _same_view(cls, {**written, "window": window}, translated):
@@ -303,6 +309,12 @@ class ViewSpec(_Model):
 
             view = translate(self.sql)
             self._sql_from = (view.table, view.table_at)
+            self._sql_tables = view.tables
+
+    @property
+    def sql_tables(self) -> tuple[tuple[str, str], ...]:
+        """A `sql` join's two tables, each with where the query names it (else empty)."""
+        return self._sql_tables
 
     @property
     def sql_table(self) -> tuple[str, str] | None:
@@ -333,6 +345,21 @@ class ViewSpec(_Model):
 
     @model_validator(mode="after")
     def _shape(self) -> ViewSpec:
+        if self.join is not None:
+            for name in ("top_n", "window", "where"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name} beside join: not supported yet (a join, optionally grouped by key "
+                                     "and columns over its output)")
+            if bool(self.key) != bool(self.columns):
+                raise ValueError("key and columns beside join: write both (a grouped view over the joined rows) "
+                                 "or neither (the joined rows are the view)")
+            if not self.key:
+                return self
+            named = [*self.key, *(spec.column for spec in self.columns.values() if spec.column != "*")]
+            unknown = [column for column in dict.fromkeys(named) if column not in self.join.columns]
+            if unknown:
+                raise ValueError(f"{', '.join(map(repr, unknown))}: not an output column of the join "
+                                 f"({', '.join(self.join.columns)})")
         if self.top_n is not None:
             if self.key or self.columns:
                 raise ValueError("a top_n view has no key/columns: its rows are keyed by place")

@@ -101,6 +101,10 @@ def translate(sql: str) -> SqlView:
     if not isinstance(query, exp.Select):
         raise SqlError(f"a view is a SELECT, got {type(query).__name__.upper()} {_at(query)}")
     source = query.args.get("from_")
+    if query.args.get("joins"):
+        from refold.sql.joins import join_view
+
+        return join_view(query)
     if source is not None and isinstance(source.this, exp.Subquery):
         return _top_n(query, source.this)
     return _grouped(query)
