@@ -223,14 +223,16 @@ class Pipeline(_Model):
     @classmethod
     def _one_source(cls, value: Any) -> Any:
         """`sources:` instead of `source:`: `source` becomes the first of them."""
-        if not isinstance(value, Mapping) or value.get("sources") is None:
+        if not isinstance(value, Mapping) or value.get("sources") in (None, {}):
             return value
         sources = value["sources"]
-        if value.get("source") is not None:
-            raise ValueError("write source: (one source) or sources: (sources by name), not both")
-        if not isinstance(sources, Mapping) or not sources:
+        if not isinstance(sources, Mapping):
             raise ValueError("sources: a mapping of names to sources (topic, format, form, key, schema)")
-        return {**value, "source": next(iter(sources.values()))}
+        first = next(iter(sources.values()))
+        # (a pipeline dumped with model_dump reads back: its source is the first of its sources)
+        if value.get("source") is not None and value["source"] != first:
+            raise ValueError("write source: (one source) or sources: (sources by name), not both")
+        return {**value, "source": first}
 
     @field_validator("sources")
     @classmethod

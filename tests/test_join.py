@@ -11,6 +11,8 @@ random batch cuts and a reducer that forgets what it holds between batches.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import tempfile
 from collections import Counter
 from collections.abc import Sequence
@@ -153,7 +155,7 @@ def run_cut(spec: JoinSpec, units: list[Unit], cuts: list[int], forgets: list[bo
     changes: list[ViewChange] = []
     refused: list[int] = []
     bounds = [0, *sorted(set(cuts)), len(units)]
-    for number, (start, end) in enumerate(zip(bounds, bounds[1:], strict=False)):
+    for number, (start, end) in enumerate(itertools.pairwise(bounds)):
         if number == restart_at:
             records = sorted(shard.pstate.items())
             shard.close()
@@ -278,8 +280,10 @@ def duckdb_rows(sql: str, live: tuple[list[dict[str, Any]], list[dict[str, Any]]
     try:
         con.execute("CREATE TABLE orders (id INTEGER, cust INTEGER, amount INTEGER)")
         con.execute("CREATE TABLE customers (cid INTEGER, region VARCHAR)")
-        con.executemany("INSERT INTO orders VALUES (?, ?, ?)", [[r["id"], r["cust"], r["amount"]] for r in live[0]])
-        con.executemany("INSERT INTO customers VALUES (?, ?)", [[r["cid"], r["region"]] for r in live[1]])
+        for row in live[0]:
+            con.execute("INSERT INTO orders VALUES (?, ?, ?)", [row["id"], row["cust"], row["amount"]])
+        for row in live[1]:
+            con.execute("INSERT INTO customers VALUES (?, ?)", [row["cid"], row["region"]])
         cursor = con.execute(sql)
         names = [d[0] for d in cursor.description]
         return Counter(orjson.dumps(dict(zip(names, row, strict=True)), option=orjson.OPT_SORT_KEYS)
@@ -336,10 +340,8 @@ def test_grouped_view_over_the_join(units: list[Unit], kind: str) -> None:
     reducer = JoinReducer(spec)
     joined = []
     for side, events in units:
-        try:
+        with contextlib.suppress(Rejected):
             joined.extend(reducer.apply(side, events))
-        except Rejected:
-            pass
     grouped = GroupedReducer(view)
     got = []
     rejected = []

@@ -100,6 +100,10 @@ def translate(sql: str) -> SqlView:
         raise SqlError(f"{type(query).__name__.upper()} {_at(query)}: a view is one SELECT; not supported")
     if not isinstance(query, exp.Select):
         raise SqlError(f"a view is a SELECT, got {type(query).__name__.upper()} {_at(query)}")
+    for subquery in query.find_all(exp.Subquery):
+        for inner in subquery.find_all(exp.Join):
+            raise SqlError(f"JOIN inside a subquery {_at(inner)}: not supported (a join is the query's own "
+                           "FROM a JOIN b ON …)")
     source = query.args.get("from_")
     if query.args.get("joins"):
         from refold.sql.joins import join_view

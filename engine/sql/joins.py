@@ -23,6 +23,7 @@ from typing import Any
 from sqlglot import exp
 
 from refold.sql.common import DIALECT, REFUSED_PARTS, SqlError, SqlView, _at
+from refold.sql.windows import _time_window
 
 JOIN_TABLE = "__join__"  # the table the grouped part of a query reads: the join's output
 
@@ -38,7 +39,8 @@ def join_view(query: exp.Select) -> SqlView:
             raise SqlError(f"{message} ({_at(node).strip('()')})")
     joins = query.args["joins"]
     if len(joins) > 1:
-        raise SqlError(f"a second JOIN {_at(joins[1])}: a view joins two sources (one JOIN)")
+        raise SqlError(f"a second JOIN, of {joins[1].this.name} {_at(joins[1])}: a view joins two "
+                       "sources (one JOIN)")
     join = joins[0]
     if query.args.get("where") is not None:
         raise SqlError(f"WHERE {_at(query.args['where'])} beside a JOIN: not supported yet")
@@ -59,6 +61,9 @@ def join_view(query: exp.Select) -> SqlView:
         spec["columns"] = _selected(query, aliases)
         return SqlView({"join": spec}, left, _at(query.args["from_"].this), tables=_tables(first, second, query, join))
     # GROUP BY over the join: its columns are the columns the query names, by their own names
+    for item in group.expressions:
+        if _time_window(item) is not None:
+            raise SqlError(f"a time window {_at(item)} over a JOIN: not supported yet")
     reduced = query.copy()
     reduced.set("joins", None)
     reduced.set("from_", exp.From(this=exp.to_table(JOIN_TABLE)))
