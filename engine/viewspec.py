@@ -258,8 +258,7 @@ class ViewSpec(_Model):
     ON o.cust = c.id`, optionally with GROUP BY aggregates (docs/sql.md, Joins). More
     than one join, non-equi conditions, HAVING, DISTINCT, RANK/DENSE_RANK, ORDER BY or
     LIMIT outside the window, expressions inside aggregates or of the window's bounds, a
-    bound that is not a
-    number, `ASC` without `NULLS LAST` (Refold ranks nulls last), a window's start time
+    bound that is not a number, `ASC` without `NULLS LAST` (Refold ranks nulls last), a window's start time
     or offset, Flink's CUMULATE/SESSION and group windows are refused before anything
     starts, naming the construct and its line and column."""
 

@@ -41,7 +41,8 @@ merged by `refold.config.ViewSpec`).
 
 The `FROM` table is the pipeline's source topic (a dotted name may be written as is,
 `FROM db.public.scores`, or quoted); its `WHERE` becomes the view's row filter
-(`where`, `refold.model.predicate`). Anything else — joins, `HAVING`,
+(`where`, `refold.model.predicate`). `FROM a JOIN b ON a.x = b.y` is a join of two of
+the pipeline's sources (`refold.sql.joins`). Anything else — other joins, `HAVING`,
 `DISTINCT`, windows other than `ROW_NUMBER`, a place bound that is not a literal,
 expressions inside aggregates or of the window's bounds, Flink's `CUMULATE`/`SESSION`,
 `ORDER BY`/`LIMIT` outside the window — is refused by
