@@ -257,6 +257,11 @@ class Pipeline(_Model):
             return
         if not self.sources:
             raise ValueError("view.join: a join reads two sources: name them in sources: (instead of source:)")
+        for name, source in self.sources.items():
+            if source.format == "avro" and not source.schema_path and self.schema_registry is None:
+                raise ValueError(f"sources.{name}: format avro needs schema: path/to/schema.avsc (or a schema_registry)")
+            if source.form == "upsert" and not source.key:
+                raise ValueError(f"sources.{name}: form upsert needs the message-key columns: set key")
         for side in ("left", "right"):
             name = getattr(join, side)
             if name not in self.sources:

@@ -145,6 +145,8 @@ def test_sources_stays_compatible_with_one_source() -> None:
      "'zone': not an output column of the join"),
     ({"sources": SOURCES, "view": {"join": JOIN, "top_n": {"n": 3, "order_by": {"amount": "desc"}}}},
      "top_n beside join: not supported yet"),
+    ({"sources": {**SOURCES, "customers": {"topic": "c", "form": "upsert"}}, "view": {"join": JOIN}},
+     "sources.customers: form upsert needs the message-key columns"),
     ({"sources": {"bad name": {"topic": "t"}}, "view": {"key": ["a"], "columns": {"n": {"count": "*"}}}},
      "'bad name': a source's name"),
 ])

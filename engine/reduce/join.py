@@ -154,6 +154,13 @@ class JoinReducer:
     def _changes(self, net: dict[bytes, list[Any]], paired: bool) -> list[ViewChange]:
         """The unit's records from its net change (docs/SEMANTICS.md, Joins: their order)."""
         names = self.key_names
+        if len(net) == 1:  # most units: one joined row added or removed
+            ((row, copies),) = net.values()
+            if not copies:
+                return []
+            key = tuple(row[name] for name in names)
+            op = Op.APPEND if copies > 0 else Op.RETRACT
+            return [ViewChange(op, key, row, names)] * abs(copies)
         keys: dict[bytes, tuple[Any, ...]] = {}
         gone: dict[bytes, list[tuple[bytes, dict[str, Any]]]] = {}
         came: dict[bytes, list[tuple[bytes, dict[str, Any]]]] = {}
