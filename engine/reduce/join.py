@@ -1,9 +1,10 @@
 """Equi-joins of two changelogs (`view.join`): the incremental reducer (docs/SEMANTICS.md,
 Joins; `refold.reference_joins` is the model it is tested against).
 
-State, per join key: each side's live rows as fingerprint → (copies, row). The
-reducer holds only the join keys a shard's batches touched; the rest is in the shard's
-store, one `P.state` record per distinct live row of a side (`LIVE_ROW`, record key
+State, per join key: each side's live rows as fingerprint (of the whole row) →
+(copies, the row's columns that the output takes). The reducer holds only the join
+keys a shard's batches touched; the rest is in the shard's store, one `P.state`
+record per distinct live row of a side (`LIVE_ROW`, record key
 `["j",key,"l"|"r",fp]`, values `{"s": "l"|"r", "r": row}`; a tombstone when its last
 copy goes). `["j",` keeps them apart from a view's records (`[[`) and an upsert
 source's last rows (`["u",`), so a join and the view over it may share a store. The
@@ -58,6 +59,9 @@ class JoinReducer:
         self.outputs = spec.outputs
         self.key_names = tuple(spec.output_key)
         self.outer = (spec.type in ("left", "full"), spec.type == "full")
+        # the columns of each side a joined row takes: all a live row keeps (its identity
+        # is the fingerprint of the whole row, taken before)
+        self.kept = tuple(tuple(dict.fromkeys(c for _, s, c in self.outputs if s == side)) for side in (0, 1))
         # per side: join key bytes -> fingerprint -> live copies
         self.sides: tuple[dict[bytes, dict[bytes, _Live]], dict[bytes, dict[bytes, _Live]]] = ({}, {})
         self.totals: tuple[dict[bytes, int], dict[bytes, int]] = ({}, {})
@@ -126,7 +130,7 @@ class JoinReducer:
         rows = self.sides[side].setdefault(kb, {})
         entry = rows.get(fp)
         if entry is None:
-            entry = rows[fp] = _Live(0, dict(row))
+            entry = rows[fp] = _Live(0, {c: row[c] for c in self.kept[side] if c in row})
         entry.count += sign
         if entry.count == 0:
             del rows[fp]
