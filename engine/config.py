@@ -31,6 +31,7 @@ from refold.kafka.connection import KafkaConnection
 from refold.viewspec import AGGREGATIONS as AGGREGATIONS
 from refold.viewspec import ColumnSpec as ColumnSpec
 from refold.viewspec import HopSpec as HopSpec
+from refold.viewspec import JoinSpec as JoinSpec
 from refold.viewspec import SessionSpec as SessionSpec
 from refold.viewspec import TopNSpec as TopNSpec
 from refold.viewspec import ViewSpec as ViewSpec
@@ -40,6 +41,7 @@ from refold.viewspec import parse_duration as parse_duration
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+_SOURCE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,100}$")
 
 
 class _Model(BaseModel):
@@ -185,6 +187,8 @@ class Pipeline(_Model):
     pipeline: str
     kafka: KafkaConnection = KafkaConnection()
     source: SourceSpec
+    # several sources by name (a join's sides); `source` is then the first of them
+    sources: dict[str, SourceSpec] = {}
     view: ViewSpec
     outputs: Outputs
     trigger: str = "500ms"
@@ -215,9 +219,69 @@ class Pipeline(_Model):
         parse_duration(value)
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_source(cls, value: Any) -> Any:
+        """`sources:` instead of `source:`: `source` becomes the first of them."""
+        if not isinstance(value, Mapping) or value.get("sources") in (None, {}):
+            return value
+        sources = value["sources"]
+        if not isinstance(sources, Mapping):
+            raise ValueError("sources: a mapping of names to sources (topic, format, form, key, schema)")
+        first = next(iter(sources.values()))
+        # (a pipeline dumped with model_dump reads back: its source is the first of its sources)
+        if value.get("source") is not None and value["source"] != first:
+            raise ValueError("write source: (one source) or sources: (sources by name), not both")
+        return {**value, "source": first}
+
+    @field_validator("sources")
+    @classmethod
+    def _source_names(cls, value: dict[str, SourceSpec]) -> dict[str, SourceSpec]:
+        for name in value:
+            if not _SOURCE_NAME.match(name):
+                raise ValueError(f"{name!r}: a source's name is letters, digits, '_' or '-' (SQL names it)")
+        return value
+
+    def _sources_check(self) -> None:
+        """A join's sides are sources of `sources:`; a view that is not a join reads one."""
+        join = self.view.join
+        if join is None:
+            if len(self.sources) > 1:
+                raise ValueError(f"sources: names {len(self.sources)} sources ({', '.join(self.sources)}); a view "
+                                 "that is not a join reads one")
+            if self.view.sql_table is not None and self.sources:
+                table, at = self.view.sql_table
+                if table not in self.sources and table != self.source.topic:
+                    raise ValueError(f"view.sql: FROM {table} {at} is not a source of sources: "
+                                     f"({', '.join(self.sources)})")
+            return
+        if not self.sources:
+            raise ValueError("view.join: a join reads two sources: name them in sources: (instead of source:)")
+        for name, source in self.sources.items():
+            if source.format == "avro" and not source.schema_path and self.schema_registry is None:
+                raise ValueError(f"sources.{name}: format avro needs schema: path/to/schema.avsc (or a schema_registry)")
+            if source.form == "upsert" and not source.key:
+                raise ValueError(f"sources.{name}: form upsert needs the message-key columns: set key")
+        for side in ("left", "right"):
+            name = getattr(join, side)
+            if name not in self.sources:
+                at = dict(self.view.sql_tables).get(name)
+                where = f"view.sql: {name} {at}" if at else f"view.join.{side}: {name!r}"
+                raise ValueError(f"{where} is not a source of sources: ({', '.join(self.sources)})")
+
+    def run_refusal(self) -> str | None:
+        """Why the engine cannot run this pipeline yet (None: it can). A join's reducer
+        and its reference exist; the runtime's stages for it come with the plan."""
+        if self.view.join is not None:
+            return ("view.join: the engine does not run joins yet (the join reducer runs in its tests only); "
+                    "`refold explain` and validation accept the file")
+        return None
+
     @model_validator(mode="after")
     def _cross(self) -> Pipeline:
-        if self.view.sql_table is not None and self.view.sql_table[0] != self.source.topic:
+        if self.sources or self.view.join is not None:
+            self._sources_check()
+        elif self.view.sql_table is not None and self.view.sql_table[0] != self.source.topic:
             table, at = self.view.sql_table
             raise ValueError(f"view.sql: FROM {table} {at} is not the source topic {self.source.topic!r}")
         if self.outputs.view is not None and self.outputs.view.emit == "final" and (self.view.window is None or self.view.window.lateness is None):

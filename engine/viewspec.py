@@ -146,6 +146,86 @@ class WindowSpec(_Model):
         return None if self.lateness is None else int(parse_duration(self.lateness) * 1000)
 
 
+JOIN_TYPES = ("inner", "left", "full")
+_SOURCE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,100}$")
+
+
+class JoinSpec(_Model):
+    """`view.join`: an equi-join of two sources' changelogs (docs/SEMANTICS.md, Joins).
+
+    `left`/`right` name sources of the pipeline's `sources:`; `on` pairs a left column
+    with a right column (`[[customer_id, id]]`), all equal for rows to match (a null
+    never matches); `type` is `inner`, `left` (outer) or `full` (outer). `columns` maps
+    each output column to `<source>.<column>`, in output order. `key`: the output
+    columns that name a joined row, so a correction of a side emits `-C`/`+C` for the
+    joined rows whose key stays (default: the whole row, so a correction emits `-R`/`+A`)."""
+
+    left: str
+    right: str
+    on: list[tuple[str, str]]
+    type: Literal["inner", "left", "full"] = "inner"
+    columns: dict[str, str]
+    key: list[str] | None = None
+
+    @field_validator("left", "right")
+    @classmethod
+    def _source_name(cls, value: str) -> str:
+        if not _SOURCE_NAME.match(value):
+            raise ValueError(f"{value!r}: a source's name in sources: (letters, digits, '_' or '-')")
+        return value
+
+    @field_validator("on")
+    @classmethod
+    def _on(cls, value: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        if not value:
+            raise ValueError("on: at least one [left column, right column] pair")
+        if len(set(value)) != len(value):
+            raise ValueError("on: a pair of columns is named twice")
+        return value
+
+    @model_validator(mode="after")
+    def _shape(self) -> JoinSpec:
+        if self.left == self.right:
+            raise ValueError(f"a join of {self.left!r} with itself is not supported")
+        if not self.columns:
+            raise ValueError("columns: name at least one output column, e.g. {id: orders.id}")
+        for name, source in self.columns.items():
+            side, dot, column = source.partition(".")
+            if not dot or not column or side not in (self.left, self.right):
+                raise ValueError(f"columns.{name}: {source!r} is not <source>.<column> of "
+                                 f"{self.left!r} or {self.right!r}")
+        if self.key is not None:
+            if not self.key:
+                raise ValueError("key: at least one output column (or leave it out: the whole row)")
+            unknown = [name for name in self.key if name not in self.columns]
+            if unknown:
+                raise ValueError(f"key: {', '.join(map(repr, unknown))} is not an output column")
+        return self
+
+    def side_of(self, source: str) -> int:
+        """0 for the left source, 1 for the right one."""
+        return 0 if source == self.left else 1
+
+    @property
+    def outputs(self) -> list[tuple[str, int, str]]:
+        """(output column, side 0/1, the side's column), in output order."""
+        out = []
+        for name, source in self.columns.items():
+            side, _, column = source.partition(".")
+            out.append((name, self.side_of(side), column))
+        return out
+
+    @property
+    def sides_on(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The join columns of the left side and of the right side, pair by pair."""
+        return tuple(pair[0] for pair in self.on), tuple(pair[1] for pair in self.on)
+
+    @property
+    def output_key(self) -> list[str]:
+        """The output columns that name a joined row (`key`, else all of them)."""
+        return list(self.key) if self.key is not None else list(self.columns)
+
+
 class ViewSpec(_Model):
     """Either `key` + `columns` (a grouped reduction) or `top_n` (a leaderboard), and
     optionally `where`: a SQL condition on the source rows (comparisons, AND, OR, NOT,
@@ -172,9 +252,13 @@ class ViewSpec(_Model):
     (or `HOP(…, slide, size)`) with `window_start, window_end` in GROUP BY (or PARTITION
     BY) is the same view. Spark SQL has no watermark clause: a `sql` view's lateness is
     written beside the query, `window: {lateness: 10m}`, its only window setting.
-    Joins, HAVING, DISTINCT, RANK/DENSE_RANK, ORDER BY or LIMIT outside the window,
-    expressions inside aggregates or of the window's bounds, a bound that is not a
-    number, `ASC` without `NULLS LAST` (Refold ranks nulls last), a window's start time
+    `join`: an equi-join of two of the pipeline's `sources:` (`JoinSpec`); with `key` +
+    `columns` beside it, a grouped view over the joined rows (whose columns `key` and
+    `columns` name). In SQL: `SELECT o.id, c.region FROM orders o LEFT JOIN customers c
+    ON o.cust = c.id`, optionally with GROUP BY aggregates (docs/sql.md, Joins). More
+    than one join, non-equi conditions, HAVING, DISTINCT, RANK/DENSE_RANK, ORDER BY or
+    LIMIT outside the window, expressions inside aggregates or of the window's bounds, a
+    bound that is not a number, `ASC` without `NULLS LAST` (Refold ranks nulls last), a window's start time
     or offset, Flink's CUMULATE/SESSION and group windows are refused before anything
     starts, naming the construct and its line and column."""
 
@@ -183,8 +267,10 @@ class ViewSpec(_Model):
     top_n: TopNSpec | None = None
     where: str | None = None
     window: WindowSpec | None = None
+    join: JoinSpec | None = None
     sql: str | None = None
     _sql_from: tuple[str, str] | None = PrivateAttr(default=None)  # (table, where it is named)
+    _sql_tables: tuple[tuple[str, str], ...] = PrivateAttr(default=())  # a join's two tables
 
     @model_validator(mode="before")
     @classmethod
@@ -200,7 +286,7 @@ class ViewSpec(_Model):
         window = _sql_window(value.get("window"), translated.get("window"))
         if window is not None:
             translated = {**translated, "window": window}
-        written = {name: value[name] for name in ("key", "columns", "top_n", "where")
+        written = {name: value[name] for name in ("key", "columns", "top_n", "where", "join")
                    if value.get(name) not in (None, [], {})}
         # a view dumped with its spec (model_dump) reads back when the spec is the query's
         if written and not _same_view(cls, {**written, "window": window}, translated):
@@ -223,6 +309,12 @@ class ViewSpec(_Model):
 
             view = translate(self.sql)
             self._sql_from = (view.table, view.table_at)
+            self._sql_tables = view.tables
+
+    @property
+    def sql_tables(self) -> tuple[tuple[str, str], ...]:
+        """A `sql` join's two tables, each with where the query names it (else empty)."""
+        return self._sql_tables
 
     @property
     def sql_table(self) -> tuple[str, str] | None:
@@ -253,6 +345,21 @@ class ViewSpec(_Model):
 
     @model_validator(mode="after")
     def _shape(self) -> ViewSpec:
+        if self.join is not None:
+            for name in ("top_n", "window", "where"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name} beside join: not supported yet (a join, optionally grouped by key "
+                                     "and columns over its output)")
+            if bool(self.key) != bool(self.columns):
+                raise ValueError("key and columns beside join: write both (a grouped view over the joined rows) "
+                                 "or neither (the joined rows are the view)")
+            if not self.key:
+                return self
+            named = [*self.key, *(spec.column for spec in self.columns.values() if spec.column != "*")]
+            unknown = [column for column in dict.fromkeys(named) if column not in self.join.columns]
+            if unknown:
+                raise ValueError(f"{', '.join(map(repr, unknown))}: not an output column of the join "
+                                 f"({', '.join(self.join.columns)})")
         if self.top_n is not None:
             if self.key or self.columns:
                 raise ValueError("a top_n view has no key/columns: its rows are keyed by place")

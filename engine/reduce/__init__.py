@@ -9,7 +9,8 @@ unchanged); `take_deltas`/`take_state_changes` drain what a batch produced;
 
 Inside: `types` (the values in and out, the `ViewReducer` protocol), `values` (row
 identity, key order, value order, key checks), `statecodec` (`P.state` records),
-`grouped` (`key` + `columns` views) and `topn` (`top_n` views).
+`grouped` (`key` + `columns` views), `topn` (`top_n` views) and `join` (`view.join`: its
+`apply` takes the side of each unit; not driven by the runtime yet).
 """
 
 from refold.config import ViewSpec

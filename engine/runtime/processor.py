@@ -33,6 +33,7 @@ from typing import Any
 
 from refold.config import Pipeline
 from refold.connectors.runtime import Executor
+from refold.errors import UserError
 from refold.kafka.io import ensure_topics, partitions_of
 from refold.kafka.transactions import FencedError
 from refold.recovery.layout import check_view_partitions, exchange_topics, settle_layout
@@ -70,6 +71,8 @@ class BatchProcessor:
         *,
         hooks: Hooks = NO_HOOKS,
     ) -> None:
+        if (refusal := pipeline.run_refusal()) is not None:
+            raise UserError(refusal)
         source = partitions_of(settings, pipeline.source.topic)
         pipeline = settle_layout(pipeline, settings, len(source))  # `shards` etc. as the engine settles them
         if exchanged(pipeline):

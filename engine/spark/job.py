@@ -136,6 +136,8 @@ def run_pipeline(
     open), reads the committed checkpoints for the starting offsets, and runs each
     micro-batch's shards as Spark tasks (`refold.spark.tasks`). `log_format`: the batch
     lines' (`refold.ops.monitor`), "text" or "json"; by default text on a terminal."""
+    if (refusal := pipeline.run_refusal()) is not None:
+        raise UserError(refusal)
     limit_malloc_arenas()
     if spark is None:
         check_master(pipeline.spark.master)  # before any topic is made

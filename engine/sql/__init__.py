@@ -41,7 +41,8 @@ merged by `refold.config.ViewSpec`).
 
 The `FROM` table is the pipeline's source topic (a dotted name may be written as is,
 `FROM db.public.scores`, or quoted); its `WHERE` becomes the view's row filter
-(`where`, `refold.model.predicate`). Anything else — joins, `HAVING`,
+(`where`, `refold.model.predicate`). `FROM a JOIN b ON a.x = b.y` is a join of two of
+the pipeline's sources (`refold.sql.joins`). Anything else — other joins, `HAVING`,
 `DISTINCT`, windows other than `ROW_NUMBER`, a place bound that is not a literal,
 expressions inside aggregates or of the window's bounds, Flink's `CUMULATE`/`SESSION`,
 `ORDER BY`/`LIMIT` outside the window — is refused by
@@ -100,7 +101,15 @@ def translate(sql: str) -> SqlView:
         raise SqlError(f"{type(query).__name__.upper()} {_at(query)}: a view is one SELECT; not supported")
     if not isinstance(query, exp.Select):
         raise SqlError(f"a view is a SELECT, got {type(query).__name__.upper()} {_at(query)}")
+    for subquery in query.find_all(exp.Subquery):
+        for inner in subquery.find_all(exp.Join):
+            raise SqlError(f"JOIN inside a subquery {_at(inner)}: not supported (a join is the query's own "
+                           "FROM a JOIN b ON …)")
     source = query.args.get("from_")
+    if query.args.get("joins"):
+        from refold.sql.joins import join_view
+
+        return join_view(query)
     if source is not None and isinstance(source.this, exp.Subquery):
         return _top_n(query, source.this)
     return _grouped(query)

@@ -34,7 +34,7 @@ SUPPORTED: Final = "SUM, COUNT, AVG, MIN, MAX, FIRST/FIRST_VALUE, LAST/LAST_VALU
 
 # query parts no view shape takes, with what to say about each
 REFUSED_PARTS: Final[dict[str, str]] = {
-    "joins": "JOIN: a view reads one source topic; joins are not supported",
+    "joins": "JOIN inside a subquery or a table function: not supported (a join is the query's own FROM a JOIN b ON …)",
     "having": "HAVING: a filter on aggregates is not exact under retraction here; not supported",
     "order": "ORDER BY outside ROW_NUMBER() OVER (…): a view has no order; for a Top-N write "
              "ROW_NUMBER() OVER (ORDER BY …) AS place … WHERE place <= N",
@@ -65,6 +65,7 @@ class SqlView:
     spec: dict[str, Any]
     table: str
     table_at: str
+    tables: tuple[tuple[str, str], ...] = ()  # a join's two sources, each with where it is named
 
 
 def _is_non_null_literal(node: exp.Expression | None) -> bool:
