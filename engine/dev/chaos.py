@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import random
@@ -68,6 +69,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from refold.cli.produce import produce
@@ -237,6 +239,15 @@ def final_markers(settings: dict[str, Any], topics: Sequence[str]) -> list[str]:
     return problems
 
 
+def half_of(rows: Sequence[bytes]) -> int:
+    """Where a chunk splits in two: its middle, moved on past a `+C` so that no correction
+    pair is cut."""
+    cut = len(rows) // 2
+    while cut < len(rows) and orjson.loads(rows[cut]).get("op") == "+C":
+        cut += 1
+    return cut
+
+
 def produce_chunk(settings: dict[str, Any], topic: str, rows: Sequence[bytes], partitions: int, say: Any) -> None:
     """Produce one chunk, retrying while the broker is still coming back from a restart
     (its transaction coordinator loading): a failed init_transactions wrote nothing."""
@@ -353,7 +364,10 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
         upsert_source = f"chaos-upserts-{uuid.uuid4().hex[:6]}"
         upserts = 0
         master = cluster.url if cluster is not None else None
-        engines = [Engine(p, logs, result, cfg.idle)
+        # on the cluster an engine waits out a leader's election (the broker's session timeout,
+        # 9 s) before it counts as idle
+        idle = max(cfg.idle, 30.0) if on_cluster else cfg.idle
+        engines = [Engine(p, logs, result, idle)
                    for p in write_pipelines(cfg.pipelines, work, source, bootstrap, batch=cfg.batch, master=master,
                                             upsert_source=upsert_source, lakehouse=cfg.lakehouse)]
         plan = fault_plan(cfg, rng)
@@ -365,14 +379,23 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
         say(f"{len(plan)} faults over {len(parts)} chunks; pipelines {', '.join(e.name for e in engines)}; "
             f"logs in {logs}")
         for index, part in enumerate(parts):
-            produce_chunk(settings, source, part, cfg.partitions, say)
-            if "upsert" in cfg.pipelines:
-                records = upsert_records(part)
-                produce_upserts(settings, upsert_source, records, cfg.partitions, say)
-                upserts += len(records)
-            if index >= len(plan):
+            kind = plan[index] if index < len(plan) else None
+            # a leader's kill gets the second half of its chunk written after the kill, so
+            # that the engine has input waiting while the cluster elects a new leader
+            held = part[half_of(part):] if kind is not None and kind.startswith("leader_kill_") else []
+            part = part[:len(part) - len(held)]
+
+            def write(rows: Sequence[bytes]) -> None:
+                nonlocal upserts
+                produce_chunk(settings, source, rows, cfg.partitions, say)
+                if "upsert" in cfg.pipelines:
+                    records = upsert_records(rows)
+                    produce_upserts(settings, upsert_source, records, cfg.partitions, say)
+                    upserts += len(records)
+
+            write(part)
+            if kind is None:
                 continue  # the last chunks come after the last fault
-            kind = plan[index]
             target = engines[index % len(engines)]
             since = max(0, target.committed_batch())
             for engine in engines:
@@ -386,7 +409,8 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
                 target.ensure_running()
                 target.wait_for_progress(since)
             if kind in KAFKA_FAULTS:
-                recovery = inject_kafka(kind, target, rng, home, settings, say)
+                recovery = inject_kafka(kind, target, rng, home, settings, say,
+                                        after_kill=functools.partial(write, held) if held else None)
                 if kind.startswith("leader_kill_"):
                     result.leader_recoveries.append(recovery)
             else:

@@ -11,7 +11,10 @@ faults together take two of the three replicas:
                      kill -9 of the broker that leads a random partition of the
                      source topic, the view topic (the delta topic when the
                      pipeline has no view topic), `P.state` or `P.checkpoints`;
-                     started again 2-6 s later on its data;
+                     started again 2-6 s later on its data; the second half of the
+                     fault's chunk of input is written right after the kill, and the
+                     seconds from the kill to the target engine's next committed batch
+                     go into the run's line (`leader_kill_to_commit`: median, max);
 - `coordinator_kill` kill -9 of the transaction coordinator of a random shard's
                      transactional id (the leader of its `__transaction_state`
                      partition); started again 2-6 s later;
@@ -80,10 +83,11 @@ def wait_in_sync(home: Path, timeout: float = 180.0) -> bool:
 
 
 def inject_kafka(kind: str, target: Engine, rng: random.Random, home: Path, settings: dict[str, Any],
-                 say: Any) -> float | None:
+                 say: Any, after_kill: Callable[[], None] | None = None) -> float | None:
     """One cluster fault while `target` runs; returns once the cluster is in sync again.
     For a leader's kill -9: the seconds from the kill to `target`'s next committed batch
-    (None when none came within 180 s); for the other faults None."""
+    (None when none came within 180 s; `after_kill()` runs right after the kill: the
+    harness writes more input there); for the other faults None."""
     time.sleep(rng.uniform(0.0, 1.5))  # into the batch the engine is working on
     pipeline = target.pipeline
     recovery: float | None = None
@@ -97,9 +101,17 @@ def inject_kafka(kind: str, target: Engine, rng: random.Random, home: Path, sett
         }[kind]
         partition = rng.choice(sorted(partitions_of(settings, topic)))
         watch = _NextCommit(target)
+
+        def killed() -> None:
+            watch.start()
+            if after_kill is not None:
+                after_kill()
+
         if _bounce(leader_of(settings, topic, partition), home, rng, say, f"the leader of {topic}[{partition}]",
-                   on_kill=watch.start):
+                   on_kill=killed):
             recovery = watch.seconds()
+        elif after_kill is not None:
+            after_kill()
     elif kind == "coordinator_kill":
         shard = rng.choice(sorted(partitions_of(settings, pipeline.checkpoints_topic)))
         tid = pipeline.transactional_id(shard)
