@@ -24,9 +24,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import engine_runs
 import orjson
 import pytest
-import yaml
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from engine_runs import assert_exact
@@ -49,7 +49,6 @@ from refold.spark.job import engine_topics, prepare_topics
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 BROKERS = 3
-COLUMNS = {"total": {"sum": "score"}, "best": {"max": "score"}, "n": {"count": "*"}, "latest": {"last": "score"}}
 
 
 @pytest.fixture(scope="module")
@@ -145,21 +144,8 @@ def replicas_of(admin: AdminClient, topic: str, partitions: int) -> list[int]:
 
 
 def write_pipeline(tmp: Path, bootstrap: str, source: str, **extra: Any) -> Path:
-    name = f"k{uuid.uuid4().hex[:10]}"
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({
-        "pipeline": name,
-        "kafka": {"bootstrap.servers": bootstrap},
-        "source": {"topic": source},
-        "view": {"key": ["player_name"], "columns": COLUMNS},
-        "outputs": {"view": {"topic": f"{name}.view"}, "delta": {"topic": f"{name}.delta"}},
-        "trigger": "200ms",
-        "max_batch_events": 100,
-        "spark": {"master": "local[2]", "checkpoint_dir": str(tmp / "spark"),
-                  "conf": {"spark.ui.enabled": "false"}},
-        **extra,
-    }))
-    return path
+    return engine_runs.write_pipeline(tmp, source, bootstrap, spark={"conf": {"spark.ui.enabled": "false"}},
+                                      trigger="200ms", max_batch_events=100, **extra)
 
 
 def test_a_pipeline_replication_factor_of_one_is_used_and_warned_about(cluster, tmp_path, caplog) -> None:
