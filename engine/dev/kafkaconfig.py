@@ -65,8 +65,8 @@ class NodeFiles:
 def java_command(java: str, classpath: str, base: Path, *, heap: tuple[str, str], c1_only: bool = False) -> list[str]:
     """The JVM and its options for a node whose folder is `base` (the main class and its
     arguments follow); writes the node's log4j2.yaml there. `heap`: its first and largest
-    size (-Xms, -Xmx). `c1_only`: the C1 compiler
-    only, a faster start and less CPU on a shared machine (the cluster's nodes)."""
+    size (-Xms, -Xmx). `c1_only`: the C1 compiler only, a faster start and less CPU on a
+    shared machine (the cluster's nodes)."""
     (base / "log4j2.yaml").write_text(LOG4J)
     return [
         java,
