@@ -7,7 +7,21 @@ while it runs.
 The fault tests run `refold run` as a process of its own (its own session, so that
 the driver's JVM dies with it) with small batches, inject the fault once the
 pipeline has committed something, and check afterwards with `refold verify` and the
-committed checkpoints that every event counted exactly once."""
+committed checkpoints that every event counted exactly once.
+
+Two fault tests are marked slow (`make test-slow`, which CI runs after `make test`):
+each repeats a proof that a faster test here makes in `make test`.
+
+- The driver of a co-partitioned view killed mid-run: the regrouping view's driver
+  is killed the same way (`test_a_regrouping_view_in_shards_survives_its_driver_killed`,
+  which checks too that the cluster ends the killed run's executors), over two
+  stages instead of one; kill -9 of the whole engine at each point of a batch is
+  `test_crash.test_kill_9_at_each_point_then_restart`.
+- An executor JVM killed mid-run: a whole Spark worker killed mid-run
+  (`test_a_spark_worker_killed_mid_run_the_other_takes_over`) kills its executor with
+  it, and the tasks run again on another executor; a Python worker killed inside a
+  shard's transaction is `test_python_workers_killed_on_an_executor_are_run_again`.
+"""
 
 from __future__ import annotations
 
@@ -225,6 +239,7 @@ def test_python_workers_killed_on_an_executor_are_run_again(
     assert_exact(pipeline, bootstrap_servers, events)
 
 
+@pytest.mark.slow  # a Spark worker killed mid-run kills its executor too (module docstring)
 def test_an_executor_jvm_killed_mid_run_is_replaced(
     cluster: localspark.ClusterInfo, bootstrap_servers: str, topic, tmp_path: Path
 ) -> None:
@@ -251,6 +266,7 @@ def test_an_executor_jvm_killed_mid_run_is_replaced(
     assert committed(pipeline, settings)[0] > batches
 
 
+@pytest.mark.slow  # the regrouping view's driver is killed the same way (module docstring)
 def test_the_driver_killed_mid_run_then_run_again(
     cluster: localspark.ClusterInfo, bootstrap_servers: str, topic, tmp_path: Path
 ) -> None:
@@ -281,18 +297,22 @@ def test_a_regrouping_view_in_shards_survives_its_driver_killed(
     cluster: localspark.ClusterInfo, bootstrap_servers: str, topic, tmp_path: Path
 ) -> None:
     # stage 1 per source partition, the close, stage 2 per shard, as tasks on the
-    # cluster's executors; kill -9 of the driver mid-run, then a new run: what the old
-    # run's stage 1 committed is closed and reduced at start, every event counts once.
+    # cluster's executors; kill -9 of `refold run` (its whole session: the Python driver
+    # and its JVM) mid-run: the cluster ends the application and its executors; a new
+    # run fences the shards, closes and reduces what the old run's stage 1 committed,
+    # and counts every event once.
     settings = {"bootstrap.servers": bootstrap_servers}
     source, events = load(bootstrap_servers, topic)
     path = write_pipeline(tmp_path, source, bootstrap_servers, cluster, max_batch_events=300, regroup=True)
     pipeline = load_pipeline(path)
     log = tmp_path / "engine.log"
     with running(start_engine(path, log, idle=4)) as proc:
+        app = wait_for("application on the cluster", lambda: app_id(cluster, pipeline), proc, log)
         wait_for("committed batch", lambda: committed(pipeline, settings)[0] > 0, proc, log, every=0.3)
         kill_session(proc)
     _, records = committed(pipeline, settings)
     assert 0 < records < events, f"{records} of {events} events committed at the kill: nothing was tested"
+    wait_for("the killed run's executors to end", lambda: not executors(cluster, app), timeout=60)
     log2 = tmp_path / "engine-again.log"
     with running(start_engine(path, log2, idle=3)) as again:
         code, err = finish(again, log2)
