@@ -9,9 +9,12 @@ the driver's JVM dies with it) with small batches, inject the fault once the
 pipeline has committed something, and check afterwards with `refold verify` and the
 committed checkpoints that every event counted exactly once.
 
-Two fault tests are marked slow (`make test-slow`, which CI runs after `make test`):
-each repeats a proof that a faster test here makes in `make test`.
+Three tests are marked slow (`make test-slow`, which CI runs after `make test`): each
+repeats a proof that a faster test here makes in `make test`.
 
+- A pipeline on the cluster, nothing killed: the Python-worker test runs the same
+  pipeline on the cluster as an application of its own, its executors with Refold's
+  JVM options, and checks it exact after its tasks ran again.
 - The driver of a co-partitioned view killed mid-run: the regrouping view's driver
   is killed the same way (`test_a_regrouping_view_in_shards_survives_its_driver_killed`,
   which checks too that the cluster ends the killed run's executors), over two
@@ -192,6 +195,7 @@ def executor_logs(cluster: localspark.ClusterInfo, app: str) -> str:
 # Tests --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the Python-worker test below runs the same pipeline on the cluster (module docstring)
 def test_a_pipeline_runs_on_the_standalone_cluster(
     cluster: localspark.ClusterInfo, bootstrap_servers: str, topic, tmp_path: Path
 ) -> None:
@@ -234,6 +238,9 @@ def test_python_workers_killed_on_an_executor_are_run_again(
     for point in points:
         assert worker_crash_marker(base, point).exists(), f"no Python worker reached {point}"
     logs = executor_logs(cluster, app)
+    # its executors ran with Refold's cluster JVM options (C1 only: job.java_options)
+    launches = [line for line in logs.splitlines() if line.startswith("Spark Executor Command:")]
+    assert launches and all('"-XX:TieredStopAtLevel=1"' in line for line in launches), launches
     assert logs.count("kill -9 of Python worker") >= len(points), logs[-3000:]
     assert len(re.findall(r"Running task \d+\.1 in stage", logs)) >= len(points), logs[-3000:]  # second attempts
     assert_exact(pipeline, bootstrap_servers, events)
