@@ -145,13 +145,13 @@ class ParquetDriver(SessionDriver[ParquetSettings, _Session]):
         return Opened(None)
 
     def acknowledge(self, request: Acknowledge) -> Acknowledged:
-        session = self.opened()
-        with session.lock:
-            if session.committing is not None:
-                session.committed, session.committing = session.committing, None
-            files = list(session.committed)
+        txn = self.opened()
+        with txn.lock:
+            if txn.committing is not None:
+                txn.committed, txn.committing = txn.committing, None
+            files = list(txn.committed)
         for target, staged, final in files:
-            source, dest = session.staging / staged, self.root / target / final
+            source, dest = txn.staging / staged, self.root / target / final
             if source.exists():
                 os.replace(source, dest)  # atomic; once applied, the source is gone
             elif not dest.exists():
@@ -161,39 +161,39 @@ class ParquetDriver(SessionDriver[ParquetSettings, _Session]):
         return Acknowledged()
 
     def load(self, requests: Sequence[Load]) -> list[Loaded]:
-        session = self.opened()
-        with session.lock:
+        txn = self.opened()
+        with txn.lock:
             found = []
             for request in requests:
-                row = session.rows.get(request.binding, {}).get(request.key)
+                row = txn.rows.get(request.binding, {}).get(request.key)
                 if row is not None:
                     found.append(Loaded(request.binding, request.key, row))
             return found
 
     def start_commit(self, request: StartCommit) -> StartedCommit:
-        session = self.opened()
+        txn = self.opened()
         batch = request.runtime_checkpoint.batch
         kind = "F" if request.full_refresh else "I"
         staged: list[tuple[int, str]] = [item for info in request.prepared for item in info.data]
         if request.full_refresh:  # an empty view still needs its file: it resets the folder
-            for index, binding in enumerate(session.bindings):
+            for index, binding in enumerate(txn.bindings):
                 if binding.kind == "view" and not any(i == index for i, _ in staged):
                     name = f"{batch:012d}-0000-{index}-{uuid.uuid4().hex[:12]}.parquet"
-                    _write(session.staging / name, _table(binding, [], batch), self.settings.compression)
+                    _write(txn.staging / name, _table(binding, [], batch), self.settings.compression)
                     staged.append((index, name))
         files = []
         for index, name in staged:
-            binding = session.bindings[index]
+            binding = txn.bindings[index]
             _, part, _, ident = name[: -len(".parquet")].split("-")
-            files.append([binding.target, name, f"{batch:012d}-{kind}-{part}-{index}-{ident}@{session.owner}.parquet"])
-        with session.lock:
-            for index, binding in enumerate(session.bindings):
+            files.append([binding.target, name, f"{batch:012d}-{kind}-{part}-{index}-{ident}@{txn.owner}.parquet"])
+        with txn.lock:
+            for index, binding in enumerate(txn.bindings):
                 if binding.kind != "view":
                     continue
-                mine = [session.staging / name for i, name in staged if i == index]
-                rows = {} if request.full_refresh else session.rows.setdefault(index, {})
-                session.rows[index] = fold_view_files(mine, rows)
-            session.committing = files
+                mine = [txn.staging / name for i, name in staged if i == index]
+                rows = {} if request.full_refresh else txn.rows.setdefault(index, {})
+                txn.rows[index] = fold_view_files(mine, rows)
+            txn.committing = files
         return StartedCommit(orjson.dumps({"batch": batch, "files": files}))
 
 

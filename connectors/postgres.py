@@ -173,14 +173,14 @@ class PostgresDriver(SessionDriver[PostgresSettings, _Session]):
     # Load / Store -------------------------------------------------------------------------------
 
     def load(self, requests: Sequence[Load]) -> list[Loaded]:
-        session = self.opened()
+        txn = self.opened()
         by_binding: dict[int, dict[str, Key]] = {}
         for request in requests:
             by_binding.setdefault(request.binding, {})[_json(list(request.key))] = request.key
         loaded: list[Loaded] = []
         size = self.settings.batch_size
         for index, asked in by_binding.items():
-            binding = session.bindings[index]
+            binding = txn.bindings[index]
             if binding.kind != "view":
                 raise DriverError(f"Load for {binding.kind} binding {binding.target!r}: only view bindings load")
             # One JSON array of keys per query (cheap to send); the rows come back
@@ -192,18 +192,18 @@ class PostgresDriver(SessionDriver[PostgresSettings, _Session]):
             texts, keys = list(asked), list(asked.values())
             for start in range(0, len(texts), size):
                 chunk = "[" + ",".join(texts[start : start + size]) + "]"
-                for position, doc in session.db.execute(query, (chunk,)):
+                for position, doc in txn.db.execute(query, (chunk,)):
                     loaded.append(Loaded(index, keys[start + position - 1], doc))
         return loaded
 
     def store(self, requests: Sequence[Store]) -> None:
         """The path without a sink: COPY into this database session's temporary staging table."""
-        session = self.opened()
+        txn = self.opened()
         name = sql.Identifier(_LOCAL_STAGE)
-        with session.db.transaction():
-            session.db.execute(sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} " + _STAGE_COLUMNS).format(name))
-            _copy(session.db, name, requests, first_seq=session.local_rows)
-        session.local_rows += len(requests)
+        with txn.db.transaction():
+            txn.db.execute(sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} " + _STAGE_COLUMNS).format(name))
+            _copy(txn.db, name, requests, first_seq=txn.local_rows)
+        txn.local_rows += len(requests)
 
     def sink(self) -> Sink:
         stem = self.opened().stem
@@ -213,32 +213,32 @@ class PostgresDriver(SessionDriver[PostgresSettings, _Session]):
     # Commit ---------------------------------------------------------------------------------
 
     def start_commit(self, request: StartCommit) -> StartedCommit:
-        session = self.opened()
-        if session.committed is not request:  # not through PostgresCommitter (no sink)
+        txn = self.opened()
+        if txn.committed is not request:  # not through PostgresCommitter (no sink)
             self._commit(request, [info for info in request.prepared if isinstance(info.data, Staged)])
-        session.committed = None
+        txn.committed = None
         return StartedCommit()
 
     def _commit(self, start: StartCommit, staged: Sequence[CommitInfo]) -> None:
         """Check the nonce, merge the staged rows, write the checkpoint: one transaction."""
-        session, schema = self.opened(), self.settings.schema_
-        conn, checkpoint = session.db, start.runtime_checkpoint
-        with session.fence.commit(conn, checkpoint) as held:
+        txn, schema = self.opened(), self.settings.schema_
+        conn, checkpoint = txn.db, start.runtime_checkpoint
+        with txn.fence.commit(conn, checkpoint) as held:
             sources = [(info.part, sql.Identifier(schema, info.data.table)) for info in staged]
             missing = [info.data.table for info in staged if not _exists(conn, schema, info.data.table)]
             if missing:
                 if held == checkpoint.encode():
-                    session.committed = start
+                    txn.committed = start
                     return  # a replay of a commit that went through
                 raise DriverError(f"staging tables {missing} of batch {checkpoint.batch} are gone: prepare again")
-            if session.local_rows:
+            if txn.local_rows:
                 sources.append((-1, sql.Identifier(_LOCAL_STAGE)))
-            for index, binding in enumerate(session.bindings):
+            for index, binding in enumerate(txn.bindings):
                 _merge(conn, sql.Identifier(schema, binding.target), binding, _union(sources, index), start)
             for _, table in sources:
                 conn.execute(sql.SQL("DROP TABLE {}").format(table))
-        session.local_rows = 0
-        session.committed = start
+        txn.local_rows = 0
+        txn.committed = start
 
     # Inside ---------------------------------------------------------------------------------
 

@@ -144,17 +144,17 @@ class SQLiteDriver(SessionDriver[SQLiteSettings, _Session]):
     # The transaction ---------------------------------------------------------------------------
 
     def load(self, requests: Sequence[Load]) -> list[Loaded]:
-        session = self.opened()
+        txn = self.opened()
         found: list[Loaded] = []
         grouped = by_binding(requests)
         for index, loads in grouped.items():
-            binding = session.bindings[index]
+            binding = txn.bindings[index]
             keys = ", ".join(quote(k) for k in binding.key)
             one = "(" + ", ".join("?" for _ in binding.key) + ")"
             for start in range(0, len(loads), _LOAD_CHUNK):
                 chunk = loads[start : start + _LOAD_CHUNK]
                 params = [_cell(value) for load in chunk for value in load.key]
-                rows = session.db.execute(
+                rows = txn.db.execute(
                     f"SELECT {keys}, _doc FROM {quote(binding.target)} WHERE ({keys}) IN "
                     f"(VALUES {', '.join(one for _ in chunk)})",
                     params,
@@ -170,21 +170,21 @@ class SQLiteDriver(SessionDriver[SQLiteSettings, _Session]):
         self.opened().pending.extend(requests)  # written at StartCommit, in the one transaction
 
     def start_commit(self, request: StartCommit) -> StartedCommit:
-        session = self.opened()
-        stores, session.pending = session.pending, []
-        with session.fence.commit(session.db, request.runtime_checkpoint):
-            for index, binding in enumerate(session.bindings):
+        txn = self.opened()
+        stores, txn.pending = txn.pending, []
+        with txn.fence.commit(txn.db, request.runtime_checkpoint):
+            for index, binding in enumerate(txn.bindings):
                 mine = [s for s in stores if s.binding == index]
                 owner = request.runtime_checkpoint.writer
                 if binding.kind == "view":
-                    self._store_view(session, index, mine, request.full_refresh, owner)
+                    self._store_view(txn, index, mine, request.full_refresh, owner)
                 else:
-                    self._store_deltas(session, index, mine, request.runtime_checkpoint.batch, owner)
+                    self._store_deltas(txn, index, mine, request.runtime_checkpoint.batch, owner)
         return StartedCommit(b"")
 
     @classmethod
-    def _store_view(cls, session: _Session, index: int, stores: list[Store], full: bool, owner: str) -> None:
-        db, binding = session.db, session.bindings[index]
+    def _store_view(cls, txn: _Session, index: int, stores: list[Store], full: bool, owner: str) -> None:
+        db, binding = txn.db, txn.bindings[index]
         table = quote(binding.target)
         keys = ", ".join(quote(k) for k in binding.key)
         match = " AND ".join(f"{quote(k)} = ?" for k in binding.key)
@@ -196,7 +196,7 @@ class SQLiteDriver(SessionDriver[SQLiteSettings, _Session]):
         upserts = [s for s in stores if not s.delete and s.doc is not None]
         if not upserts:
             return
-        columns = cls._ensure_columns(session, index, upserts)
+        columns = cls._ensure_columns(txn, index, upserts)
         names = ", ".join(quote(c) for c in [*columns, _WRITER])
         marks = ", ".join("?" for _ in range(len(columns) + 1))
         updates = ", ".join(f"{quote(c)} = excluded.{quote(c)}" for c in [*columns, _WRITER] if c not in binding.key)
@@ -206,13 +206,13 @@ class SQLiteDriver(SessionDriver[SQLiteSettings, _Session]):
         )
 
     @classmethod
-    def _store_deltas(cls, session: _Session, index: int, stores: list[Store], batch: int, owner: str) -> None:
-        db, table = session.db, quote(session.bindings[index].target)
+    def _store_deltas(cls, txn: _Session, index: int, stores: list[Store], batch: int, owner: str) -> None:
+        db, table = txn.db, quote(txn.bindings[index].target)
         # a replayed batch replaces its rows (this writer's: batches are numbered per shard)
         db.execute(f"DELETE FROM {table} WHERE _batch >= ? AND {_WRITER} = ?", (batch, owner))
         if not stores:
             return
-        columns = cls._ensure_columns(session, index, stores)
+        columns = cls._ensure_columns(txn, index, stores)
         names = ", ".join(quote(c) for c in [*columns, _WRITER])
         marks = ", ".join("?" for _ in range(len(columns) + 1))
         rows = []
@@ -224,15 +224,15 @@ class SQLiteDriver(SessionDriver[SQLiteSettings, _Session]):
         db.executemany(f"INSERT INTO {table} ({names}) VALUES ({marks})", rows)
 
     @staticmethod
-    def _ensure_columns(session: _Session, index: int, stores: list[Store]) -> list[str]:
+    def _ensure_columns(txn: _Session, index: int, stores: list[Store]) -> list[str]:
         """Add the columns rows bring that the table lacks (a Top-N row's own columns)."""
-        known = session.columns[index]
+        known = txn.columns[index]
         have = set(known)
         for store in stores:
             for column in store.doc or ():
                 if column not in have:
-                    session.db.execute(
-                        f"ALTER TABLE {quote(session.bindings[index].target)} ADD COLUMN {quote(column)}"
+                    txn.db.execute(
+                        f"ALTER TABLE {quote(txn.bindings[index].target)} ADD COLUMN {quote(column)}"
                     )
                     known.insert(len(known) - 1, column)  # before _doc
                     have.add(column)

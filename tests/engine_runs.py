@@ -1,18 +1,46 @@
-"""What the engine's fault tests share: a source loaded with a seeded changelog, and
-the exactly-once check after a run (`refold verify` against the reference, and the
-committed checkpoints counting every event once)."""
+"""What the engine's tests share: a pipeline file, a source loaded with a seeded
+changelog, and the exactly-once check after a run (`refold verify` against the
+reference, and the committed checkpoints counting every event once)."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import orjson
+import yaml
 
 from refold.cli.produce import produce
 from refold.config import Pipeline
 from refold.dev.testing import Workload, generate
 from refold.ops.verify import verify
 from refold.recovery.restore import load_checkpoint
+
+COLUMNS = {"total": {"sum": "score"}, "best": {"max": "score"}, "n": {"count": "*"}, "latest": {"last": "score"}}
+
+
+def write_pipeline(tmp: Path, source: str, bootstrap: str, *, columns: dict[str, Any] | None = None,
+                   delta: bool = True, spark: dict[str, Any] | None = None, **settings: Any) -> Path:
+    """A uniquely named pipeline file in `tmp`: over `source` (keyed by player_name), a
+    view per player_name of `columns` (default `COLUMNS`) into NAME.view, and its deltas
+    into NAME.delta unless `delta` is False; Spark `local[2]` with its checkpoints in
+    tmp/spark/NAME, `spark` over that; `settings` (trigger, max_batch_events, …) at the
+    top level."""
+    name = f"p{uuid.uuid4().hex[:10]}"
+    path = tmp / f"{name}.yaml"
+    outputs = {"view": {"topic": f"{name}.view"}} | ({"delta": {"topic": f"{name}.delta"}} if delta else {})
+    path.write_text(yaml.safe_dump({
+        "pipeline": name,
+        "kafka": {"bootstrap.servers": bootstrap},
+        "source": {"topic": source},
+        "view": {"key": ["player_name"], "columns": COLUMNS if columns is None else columns},
+        "outputs": outputs,
+        "spark": {"master": "local[2]", "checkpoint_dir": str(tmp / "spark" / name)} | (spark or {}),
+        **settings,
+    }))  # fmt: skip
+    return path
 
 
 def load_source(bootstrap: str, topic: Callable[..., str], *, partitions: int, events: int, keys: int, seed: int,

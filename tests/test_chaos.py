@@ -3,7 +3,11 @@
 `make chaos` runs the same harness (`refold.dev.chaos` (engine/dev/chaos.py)) with a million events and
 over a hundred faults; this one keeps to two — kill -9 inside the Kafka commit and
 a hard broker restart (which once left the engine stuck in librdkafka) — so that
-CI stays quick. It owns its broker.
+CI stays quick. It owns its broker. A lost local state directory, the harness's
+third fault kind of the quick run, is proved faster elsewhere in `make test`: a
+restart with the shards' local stores deleted in
+`test_upsert.test_upsert_streams_through_the_engine_equal_the_reference`, a store
+that disagrees with Kafka discarded in `test_recovery`.
 """
 
 from __future__ import annotations
@@ -18,14 +22,14 @@ pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 
 def test_small_chaos_run_finds_no_anomaly(tmp_path: Path) -> None:
-    cfg = ChaosConfig(events=2_000, keys=150, kills=1, others=1,
-                      other_kinds=("broker_restart", "state_dir_lost"), batch=250,
-                      seed=3, pipelines=("upsert",), idle=4.0, cluster=False)
+    cfg = ChaosConfig(events=1_200, keys=120, kills=1, others=1,
+                      other_kinds=("broker_restart",), batch=200,
+                      seed=3, pipelines=("upsert",), idle=3.0, cluster=False)
     said: list[str] = []
     result = run_chaos(cfg, tmp_path, say=said.append)
     assert result.anomalies == [], "\n".join(result.anomalies + said)
-    assert result.faults == {"kill9_in_commit": 1, "broker_restart": 1, "state_dir_lost": 1}
+    assert result.faults == {"kill9_in_commit": 1, "broker_restart": 1}
     assert result.engine_exits["killed"] >= 1
     assert result.stalls == 0, "an engine stopped making progress"
     assert result.view_records > 0 and result.delta_records > 0
-    assert result.events == 2_000
+    assert result.events == 1_200

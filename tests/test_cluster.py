@@ -7,7 +7,24 @@ while it runs.
 The fault tests run `refold run` as a process of its own (its own session, so that
 the driver's JVM dies with it) with small batches, inject the fault once the
 pipeline has committed something, and check afterwards with `refold verify` and the
-committed checkpoints that every event counted exactly once."""
+committed checkpoints that every event counted exactly once.
+
+Three tests are marked slow (`make test-slow`, which CI runs after `make test`): each
+repeats a proof that a faster test here makes in `make test`.
+
+- A pipeline on the cluster, nothing killed: the Python-worker test runs the same
+  pipeline on the cluster as an application of its own, its executors with Refold's
+  JVM options, and checks it exact after its tasks ran again.
+- The driver of a co-partitioned view killed mid-run: the regrouping view's driver
+  is killed the same way (`test_a_regrouping_view_in_shards_survives_its_driver_killed`,
+  which checks too that the cluster ends the killed run's executors), over two
+  stages instead of one; kill -9 of the whole engine at each point of a batch is
+  `test_crash.test_kill_9_at_each_point_then_restart`.
+- An executor JVM killed mid-run: a whole Spark worker killed mid-run
+  (`test_a_spark_worker_killed_mid_run_the_other_takes_over`) kills its executor with
+  it, and the tasks run again on another executor; a Python worker killed inside a
+  shard's transaction is `test_python_workers_killed_on_an_executor_are_run_again`.
+"""
 
 from __future__ import annotations
 
@@ -178,6 +195,7 @@ def executor_logs(cluster: localspark.ClusterInfo, app: str) -> str:
 # Tests --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the Python-worker test below runs the same pipeline on the cluster (module docstring)
 def test_a_pipeline_runs_on_the_standalone_cluster(
     cluster: localspark.ClusterInfo, bootstrap_servers: str, topic, tmp_path: Path
 ) -> None:
@@ -220,11 +238,15 @@ def test_python_workers_killed_on_an_executor_are_run_again(
     for point in points:
         assert worker_crash_marker(base, point).exists(), f"no Python worker reached {point}"
     logs = executor_logs(cluster, app)
+    # its executors ran with Refold's cluster JVM options (C1 only: job.java_options)
+    launches = [line for line in logs.splitlines() if line.startswith("Spark Executor Command:")]
+    assert launches and all('"-XX:TieredStopAtLevel=1"' in line for line in launches), launches
     assert logs.count("kill -9 of Python worker") >= len(points), logs[-3000:]
     assert len(re.findall(r"Running task \d+\.1 in stage", logs)) >= len(points), logs[-3000:]  # second attempts
     assert_exact(pipeline, bootstrap_servers, events)
 
 
+@pytest.mark.slow  # a Spark worker killed mid-run kills its executor too (module docstring)
 def test_an_executor_jvm_killed_mid_run_is_replaced(
     cluster: localspark.ClusterInfo, bootstrap_servers: str, topic, tmp_path: Path
 ) -> None:
@@ -251,6 +273,7 @@ def test_an_executor_jvm_killed_mid_run_is_replaced(
     assert committed(pipeline, settings)[0] > batches
 
 
+@pytest.mark.slow  # the regrouping view's driver is killed the same way (module docstring)
 def test_the_driver_killed_mid_run_then_run_again(
     cluster: localspark.ClusterInfo, bootstrap_servers: str, topic, tmp_path: Path
 ) -> None:
@@ -281,18 +304,22 @@ def test_a_regrouping_view_in_shards_survives_its_driver_killed(
     cluster: localspark.ClusterInfo, bootstrap_servers: str, topic, tmp_path: Path
 ) -> None:
     # stage 1 per source partition, the close, stage 2 per shard, as tasks on the
-    # cluster's executors; kill -9 of the driver mid-run, then a new run: what the old
-    # run's stage 1 committed is closed and reduced at start, every event counts once.
+    # cluster's executors; kill -9 of `refold run` (its whole session: the Python driver
+    # and its JVM) mid-run: the cluster ends the application and its executors; a new
+    # run fences the shards, closes and reduces what the old run's stage 1 committed,
+    # and counts every event once.
     settings = {"bootstrap.servers": bootstrap_servers}
     source, events = load(bootstrap_servers, topic)
     path = write_pipeline(tmp_path, source, bootstrap_servers, cluster, max_batch_events=300, regroup=True)
     pipeline = load_pipeline(path)
     log = tmp_path / "engine.log"
     with running(start_engine(path, log, idle=4)) as proc:
+        app = wait_for("application on the cluster", lambda: app_id(cluster, pipeline), proc, log)
         wait_for("committed batch", lambda: committed(pipeline, settings)[0] > 0, proc, log, every=0.3)
         kill_session(proc)
     _, records = committed(pipeline, settings)
     assert 0 < records < events, f"{records} of {events} events committed at the kill: nothing was tested"
+    wait_for("the killed run's executors to end", lambda: not executors(cluster, app), timeout=60)
     log2 = tmp_path / "engine-again.log"
     with running(start_engine(path, log2, idle=3)) as again:
         code, err = finish(again, log2)

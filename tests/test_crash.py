@@ -2,7 +2,25 @@
 
 The crash points are in the shards' Spark tasks (`refold.runtime.hooks`); the engine
 runs on `local[1]` here, so the shards' tasks of a batch run one after the other, in
-shard order, and "the first shard to reach batch 3" is shard 0."""
+shard order, and "the first shard to reach batch 3" is shard 0.
+
+Two tests here, and the global Top-N test killed at each point (in `make test` it is
+killed inside a transaction only), are marked slow (`make test-slow`, which CI runs
+after `make test`): each repeats a proof that a faster test in `make test` makes.
+
+- A regrouping grouped view killed at each point: the global Top-N test here kills
+  the same stages (stage 1 routing, stage 2 in three shards over the source keyed by
+  player) inside a transaction, and adds stage 3 (at each point too, in
+  `make test-slow`); kill -9 at each point of a batch is
+  `test_kill_9_at_each_point_then_restart`; a regrouping view's driver killed
+  mid-run is `test_cluster.test_a_regrouping_view_in_shards_survives_its_driver_killed`,
+  and its restart `test_exchange.test_the_engine_runs_a_regrouping_view_in_shards_exactly_once_across_a_restart`.
+- Two engines at once: `test_processor.test_a_zombie_fenced_while_it_sends_stops_and_leaves_the_new_instance_alone`
+  runs the same fence on the shard processor the engine runs (the newer instance's
+  init fences the older, which stops without retrying and leaves the newer committing),
+  and `test_localkafka.test_second_producer_with_the_same_id_fences_the_first` the
+  broker's side of it.
+"""
 
 from __future__ import annotations
 
@@ -111,18 +129,24 @@ def test_kill_9_at_each_point_then_restart(bootstrap_servers, loaded_source, tmp
     assert_exact(pipeline, bootstrap_servers, events)
 
 
+@pytest.mark.parametrize("crashes", [
+    pytest.param(("in_txn:3",), id="in-txn"),
+    # slow: the two other points repeat test_kill_9_at_each_point_then_restart's
+    pytest.param(("mid_batch:2", "in_txn:3", "after_commit:4"), marks=pytest.mark.slow, id="each-point"),
+])
 def test_a_global_top_n_in_shards_killed_at_each_point_then_restarted(bootstrap_servers, loaded_source,
-                                                                      tmp_path) -> None:
+                                                                      tmp_path, crashes) -> None:
     # Three stages: the points fall in stage 2 (its batches count the start's catch-up
     # too, so it reaches each batch number first), whose shards then stand at different
     # batches and whose local-top changes wait in P.tops for stage 3: each restart
-    # closes and ranks what the stages before it left.
+    # closes and ranks what the stages before it left. `make test` kills it inside a
+    # transaction only; `make test-slow` at each point.
     source, events = loaded_source
     path = write_pipeline(tmp_path, source, bootstrap_servers, top_n={"n": 3, "order_by": {"score": "desc"}})
     pipeline = load_pipeline(path)
     settings = {"bootstrap.servers": bootstrap_servers}
     stage2 = view_pipeline(pipeline.model_copy(update={"shards": 3}))
-    for crash in ("mid_batch:2", "in_txn:3", "after_commit:4"):
+    for crash in crashes:
         code, err = finish(start_engine(path, crash=crash))
         assert code == -9, f"{crash}: {err[-2000:]}"
         if crash == "mid_batch:2":  # stage 1 committed Spark's first batch, stage 2 only the start's catch-up
@@ -135,6 +159,7 @@ def test_a_global_top_n_in_shards_killed_at_each_point_then_restarted(bootstrap_
     assert load_checkpoints(rank_pipeline(pipeline), settings)[0].batch > 0  # stage 3 ranked it
 
 
+@pytest.mark.slow  # the Top-N test above kills the same two stages (module docstring)
 def test_a_regrouping_grouped_view_killed_at_each_point_then_restarted(bootstrap_servers, loaded_source,
                                                                       tmp_path) -> None:
     # totals per team over the source keyed by player: stage 1 (the native reader and
@@ -172,6 +197,7 @@ def test_kill_9_between_two_shards_commits_of_one_batch(bootstrap_servers, loade
     assert sorted(load_checkpoints(pipeline, settings)) == [0, 1, 2]
 
 
+@pytest.mark.slow  # test_processor's zombie test fences the same processor (module docstring)
 def test_two_engines_at_once_one_is_fenced(bootstrap_servers, loaded_source, tmp_path) -> None:
     source, events = loaded_source
     path = write_pipeline(tmp_path, source, bootstrap_servers)

@@ -24,9 +24,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import engine_runs
 import orjson
 import pytest
-import yaml
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from engine_runs import assert_exact
@@ -49,7 +49,6 @@ from refold.spark.job import engine_topics, prepare_topics
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 BROKERS = 3
-COLUMNS = {"total": {"sum": "score"}, "best": {"max": "score"}, "n": {"count": "*"}, "latest": {"last": "score"}}
 
 
 @pytest.fixture(scope="module")
@@ -145,21 +144,8 @@ def replicas_of(admin: AdminClient, topic: str, partitions: int) -> list[int]:
 
 
 def write_pipeline(tmp: Path, bootstrap: str, source: str, **extra: Any) -> Path:
-    name = f"k{uuid.uuid4().hex[:10]}"
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({
-        "pipeline": name,
-        "kafka": {"bootstrap.servers": bootstrap},
-        "source": {"topic": source},
-        "view": {"key": ["player_name"], "columns": COLUMNS},
-        "outputs": {"view": {"topic": f"{name}.view"}, "delta": {"topic": f"{name}.delta"}},
-        "trigger": "200ms",
-        "max_batch_events": 100,
-        "spark": {"master": "local[2]", "checkpoint_dir": str(tmp / "spark"),
-                  "conf": {"spark.ui.enabled": "false"}},
-        **extra,
-    }))
-    return path
+    return engine_runs.write_pipeline(tmp, source, bootstrap, spark={"conf": {"spark.ui.enabled": "false"}},
+                                      trigger="200ms", max_batch_events=100, **extra)
 
 
 def test_a_pipeline_replication_factor_of_one_is_used_and_warned_about(cluster, tmp_path, caplog) -> None:
@@ -296,8 +282,9 @@ def read_committed_count(settings: dict[str, Any], topic: str) -> int:
     return sum(1 for _ in read_to_end(settings, topic, timeout=60))
 
 
-def test_produce_without_quorum_stops_named_and_writes_nothing(cluster) -> None:
+def test_produce_without_quorum_stops_named_and_writes_nothing(cluster, monkeypatch) -> None:
     from refold.errors import UserError
+    from refold.kafka import transactions
 
     info, home = cluster
     settings = {"bootstrap.servers": info.bootstrap}
@@ -309,17 +296,21 @@ def test_produce_without_quorum_stops_named_and_writes_nothing(cluster) -> None:
     down = [node for node in (1, 2, 3) if node != survivor]
     for node in down:
         assert kafkacluster.kill_node(node, home=home)
-    # A short retry budget: the records time out after 10 s, the coordinator's calls after theirs.
+    # A short retry budget: the records time out after 10 s, init_transactions after 15 s
+    # (60 s in the engine: the outcome is the same, only later).
     budget = {**settings, "message.timeout.ms": 10_000}
+    monkeypatch.setattr(transactions, "_INIT_SECONDS", 15)
     started = time.monotonic()
     try:
         with pytest.raises(UserError) as raised:
             produce(budget, topic, rows, ["player_name"], progress=False)
+        waited = time.monotonic() - started
     finally:
         for node in down:
             kafkacluster.start_node(node, home=home, die_with_parent=True)
+    monkeypatch.undo()
     message = str(raised.value)
-    assert time.monotonic() - started < 85, message  # init_transactions gives up after 60 s
+    assert waited < 45, message  # init_transactions gives up after 15 s, the records after 10 s
     assert "the Kafka cluster cannot take writes to " in message, message
     # the partitions the records were refused on, or (when the coordinator could not even
     # start a transaction: two thirds of the time) the transaction log's partition

@@ -123,7 +123,7 @@ def test_local_broker_starts_survives_kill_9_and_stops(
     assert localkafka.status(home=home) is None
     assert not localkafka.stop(home=home)
 
-    info = localkafka.start(localkafka.free_port(), home=home, quiet=True, die_with_parent=True)
+    info = localkafka.start(localkafka.free_port(), timeout=180.0, home=home, quiet=True, die_with_parent=True)
     try:
         assert localkafka.start(home=home, quiet=True) == info  # already runs: harmless
         assert localkafka.status(home=home) == info
@@ -139,7 +139,7 @@ def test_local_broker_starts_survives_kill_9_and_stops(
         producer.produce("survivor", b"in flight")
         producer.flush(30)
 
-        again = localkafka.restart_hard(home=home, die_with_parent=True)
+        again = localkafka.restart_hard(home=home, timeout=180.0, die_with_parent=True)
         assert again.pid != info.pid and again.bootstrap == info.bootstrap
         later = _transactional(config, "survivor-tx")  # aborts what the crash left open
         later.begin_transaction()

@@ -1,6 +1,14 @@
 """End to end: the real engine materializes into SQLite, PostgreSQL and Parquet, is
 killed with kill -9 between StartCommit and the Kafka commit, restarts: every store
-equals the reference view, and every delta row is there exactly once."""
+equals the reference view, and every delta row is there exactly once.
+
+Marked slow (`make test-slow`, which CI runs after `make test`): it puts together
+proofs that faster tests make in `make test`. Each driver crashed after StartCommit,
+before Kafka committed, then opened again from Kafka's checkpoint and replayed, is
+`test_conformance.test_restart_after_a_crash` (every driver, through the runtime the
+batch processor runs); kill -9 of the engine inside the Kafka transaction is
+`test_crash.test_kill_9_at_each_point_then_restart`; the engine writing a SQLite store
+end to end is the demo's and the tutorial's run (`test_terminal`, `test_tutorial`)."""
 
 from __future__ import annotations
 
@@ -24,7 +32,7 @@ from refold.ops.verify import read_source, verify
 from refold.recovery.restore import load_checkpoint
 from refold.reference import fold_deltas, merge_partitions, reference_changelog
 
-pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.postgres]
+pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.postgres, pytest.mark.slow]
 
 
 def test_kill_9_between_start_commit_and_kafka_commit(

@@ -432,7 +432,13 @@ def spark_logs(cluster: localspark.ClusterInfo) -> list[Path]:
 
 @pytest.mark.kafka
 @pytest.mark.spark
-@pytest.mark.parametrize("master", ["local", "cluster"])
+# "cluster" is marked slow (`make test-slow`, which CI runs after `make test`): its own
+# standalone cluster to start, for what faster tests prove in `make test` — "local" here
+# (the engine under the ACLs, nothing secret in what it logs at DEBUG), the shard task
+# Spark ships to the executors never showing its settings
+# (`test_tasks.test_a_shard_task_never_shows_its_settings`), and pipelines whose tasks
+# run on a cluster's executors (`test_cluster`).
+@pytest.mark.parametrize("master", ["local", pytest.param("cluster", marks=pytest.mark.slow)])
 def test_engine_runs_under_acls_with_its_transactional_id_prefix(
     secure_broker: SecureBroker, engine_source: tuple[str, int], tmp_path: Path, master: str,
     request: pytest.FixtureRequest,

@@ -9,14 +9,13 @@ import multiprocessing
 import os
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
+import engine_runs
 import orjson
 import pyarrow as pa
 import pytest
-import yaml
 from engine_runs import assert_exact, load_source
 
 from refold.cli.produce import produce
@@ -34,23 +33,10 @@ from refold.spark.tasks import ShardTask, check_files
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
-COLUMNS = {"total": {"sum": "score"}, "best": {"max": "score"}, "n": {"count": "*"}, "latest": {"last": "score"}}
 
 
 def write_pipeline(tmp: Path, source: str, bootstrap: str, **spark: Any) -> Path:
-    name = f"t{uuid.uuid4().hex[:10]}"
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({
-        "pipeline": name,
-        "kafka": {"bootstrap.servers": bootstrap},
-        "source": {"topic": source},
-        "view": {"key": ["player_name"], "columns": COLUMNS},
-        "outputs": {"view": {"topic": f"{name}.view"}, "delta": {"topic": f"{name}.delta"}},
-        "trigger": "200ms",
-        "max_batch_events": 300,
-        "spark": {"master": "local[2]", "checkpoint_dir": str(tmp / "spark" / name), **spark},
-    }))  # fmt: skip
-    return path
+    return engine_runs.write_pipeline(tmp, source, bootstrap, spark=spark, trigger="200ms", max_batch_events=300)
 
 
 def run_engine(path: Path, env: dict[str, str] | None = None, idle: float = 3.0) -> subprocess.CompletedProcess[str]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 import pytest
-import yaml
+from engine_runs import write_pipeline
 
 from refold.cli.main import NEVER_RAN, main
 from refold.cli.produce import produce
@@ -50,17 +50,7 @@ def _free_port() -> int:
 
 
 def _pipeline_file(tmp_path: Path, source: str, bootstrap: str, **extra: Any) -> Path:
-    name = f"term{uuid.uuid4().hex[:8]}"
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({
-        "pipeline": name,
-        "kafka": {"bootstrap.servers": bootstrap},
-        "source": {"topic": source},
-        "view": {"key": ["player_name"], "columns": {"total": {"sum": "score"}}},
-        "outputs": {"view": {"topic": f"{name}.view"}},
-        **extra,
-    }))
-    return path
+    return write_pipeline(tmp_path, source, bootstrap, columns={"total": {"sum": "score"}}, delta=False, **extra)
 
 
 def _events(count: int) -> list[bytes]:

@@ -36,7 +36,7 @@ import random
 import signal
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,21 +59,14 @@ from refold.spark.jars import kafka_classpath, require_java
 
 DEFAULT_BROKERS = 3
 MAX_BROKERS = 9
-JVM_OPTIONS = (
-    "-Xms128m",
-    "-Xmx384m",
-    "-XX:+UseG1GC",
-    "-XX:MaxGCPauseMillis=20",
-    "-XX:+ExitOnOutOfMemoryError",
-    "-XX:TieredStopAtLevel=1",  # the C1 compiler only: a faster start, less CPU on a shared machine
-    "-Djava.awt.headless=true",
-)
+HEAP = ("128m", "384m")  # -Xms, -Xmx of each node
 _MAIN_CLASS = "kafka.Kafka"
 
 
 @dataclass(frozen=True, slots=True)
-class NodeInfo:
-    """One node of a local cluster (broker and controller); `pid` None when it is down."""
+class NodeInfo(kafkaconfig.NodeFiles):
+    """One node of a local cluster (broker and controller); `pid` None when it is down
+    (`bootstrap`, `data_dir`, `log_file`: `NodeFiles`)."""
 
     node_id: int
     port: int
@@ -84,18 +77,6 @@ class NodeInfo:
     @property
     def alive(self) -> bool:
         return self.pid is not None
-
-    @property
-    def bootstrap(self) -> str:
-        return f"{HOST}:{self.port}"
-
-    @property
-    def data_dir(self) -> Path:
-        return self.home / "data"
-
-    @property
-    def log_file(self) -> Path:
-        return self.home / "broker.log"
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,32 +220,29 @@ def stop_node(node_id: int, timeout: float = 30.0, *, home: Path | None = None) 
     """Stop one node cleanly (SIGTERM: it hands its leaderships over and closes its
     logs; SIGKILL after `timeout` seconds), as a rolling restart does. False when it was
     not running."""
-    base = cluster_home(home)
-    with _locked(base):
-        found = status(home)
-        if found is None:
-            return False
-        node = found.node(node_id)
-        if node.pid is None:
-            return False
-        _signal_group(node.pid, signal.SIGTERM)
-        if not _wait_gone(node.pid, timeout):
-            _end_group(node.pid, 1.0)
-        _pid_file(node.home).unlink(missing_ok=True)
-        return True
+
+    def stop(pid: int) -> None:
+        _signal_group(pid, signal.SIGTERM)
+        if not _wait_gone(pid, timeout):
+            _end_group(pid, 1.0)
+
+    return _end_node(node_id, stop, home)
 
 
 def kill_node(node_id: int, *, home: Path | None = None) -> bool:
     """kill -9 one node's process group, like a crash. False when it was not running."""
-    base = cluster_home(home)
-    with _locked(base):
+    return _end_node(node_id, _kill_group, home)
+
+
+def _end_node(node_id: int, end: Callable[[int], object], home: Path | None) -> bool:
+    """End the running node `node_id` with `end(pid)` (its process group's way to go)
+    and forget its pid. False when it was not running."""
+    with _locked(cluster_home(home)):
         found = status(home)
-        if found is None:
+        node = found.node(node_id) if found is not None else None
+        if node is None or node.pid is None:
             return False
-        node = found.node(node_id)
-        if node.pid is None:
-            return False
-        _kill_group(node.pid)
+        end(node.pid)
         _pid_file(node.home).unlink(missing_ok=True)
         return True
 
@@ -377,14 +355,7 @@ def _launch(
                     node.home, node.port, node.controller_port, node_id=node.node_id, voters=voters
                 )
             )
-            (node.home / "log4j2.yaml").write_text(kafkaconfig.LOG4J)
-            jvm = [
-                java,
-                *JVM_OPTIONS,
-                f"-Dlog4j2.configurationFile={node.home / 'log4j2.yaml'}",
-                "-cp",
-                classpath,
-            ]
+            jvm = kafkaconfig.java_command(java, classpath, node.home, heap=HEAP, c1_only=True)
             log_file = node.log_file
             _rotate(log_file)
             if not (node.data_dir / "meta.properties").exists():

@@ -40,6 +40,49 @@ LOG4J = """Configuration:
 """
 
 
+class NodeFiles:
+    """Where a local Kafka node (the single broker, or one node of a cluster) is reached
+    and keeps its files; a mixin of the frozen dataclasses that describe one, which
+    have `port` and `home` (the node's folder)."""
+
+    __slots__ = ()
+    port: int
+    home: Path
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.home / "data"
+
+    @property
+    def log_file(self) -> Path:
+        return self.home / "broker.log"
+
+
+def java_command(java: str, classpath: str, base: Path, *, heap: tuple[str, str], c1_only: bool = False) -> list[str]:
+    """The JVM and its options for a node whose folder is `base` (the main class and its
+    arguments follow); writes the node's log4j2.yaml there. `heap`: its first and largest
+    size (-Xms, -Xmx). `c1_only`: the C1 compiler only, a faster start and less CPU on a
+    shared machine (the cluster's nodes)."""
+    (base / "log4j2.yaml").write_text(LOG4J)
+    return [
+        java,
+        f"-Xms{heap[0]}",
+        f"-Xmx{heap[1]}",
+        "-XX:+UseG1GC",
+        "-XX:MaxGCPauseMillis=20",
+        "-XX:+ExitOnOutOfMemoryError",
+        *(["-XX:TieredStopAtLevel=1"] if c1_only else []),
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={base / 'log4j2.yaml'}",
+        "-cp",
+        classpath,
+    ]
+
+
 def server_properties(
     base: Path,
     port: int,

@@ -49,38 +49,19 @@ from refold.errors import PrerequisiteError
 from refold.spark.jars import kafka_classpath, require_java
 
 DEFAULT_PORT = 9092
-JVM_OPTIONS = (
-    "-Xms256m",
-    "-Xmx1g",
-    "-XX:+UseG1GC",
-    "-XX:MaxGCPauseMillis=20",
-    "-XX:+ExitOnOutOfMemoryError",
-    "-Djava.awt.headless=true",
-)
+HEAP = ("256m", "1g")  # -Xms, -Xmx
 _MAIN_CLASS = "kafka.Kafka"
 
 
 @dataclass(frozen=True, slots=True)
-class BrokerInfo:
-    """A running local broker."""
+class BrokerInfo(kafkaconfig.NodeFiles):
+    """A running local broker (`bootstrap`, `data_dir`, `log_file`: `NodeFiles`)."""
 
     pid: int
     port: int
     controller_port: int
     home: Path  # the broker's folder, <project home>/kafka
     secured: bool = False  # SASL_SSL + SCRAM-SHA-512 + ACLs (see Security)
-
-    @property
-    def bootstrap(self) -> str:
-        return f"{HOST}:{self.port}"
-
-    @property
-    def data_dir(self) -> Path:
-        return self.home / "data"
-
-    @property
-    def log_file(self) -> Path:
-        return self.home / "broker.log"
 
 
 def kafka_home(home: Path | None = None) -> Path:
@@ -313,14 +294,7 @@ def _launch(
     properties.touch(mode=0o600)
     properties.chmod(0o600)  # secured mode: it holds the keystore and admin passwords
     properties.write_text(kafkaconfig.server_properties(base, port, controller_port, security))
-    (base / "log4j2.yaml").write_text(kafkaconfig.LOG4J)
-    jvm = [
-        java,
-        *JVM_OPTIONS,
-        f"-Dlog4j2.configurationFile={base / 'log4j2.yaml'}",
-        "-cp",
-        classpath,
-    ]
+    jvm = kafkaconfig.java_command(java, classpath, base, heap=HEAP)
     log_file = base / "broker.log"
     _rotate(log_file)
     started = time.monotonic()

@@ -34,7 +34,7 @@ import struct
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,28 +100,27 @@ class _TopicWriter:
 
     def write(self, changes: Iterable[Change], *, record: Any = None, record_key: bytes | None = None) -> None:
         """One transaction: the changes, then the ingest record (when given)."""
-        self.writer.begin()
-        try:
+
+        def send() -> None:
             for change in changes:
                 event = ChangelogEvent(change.op, change.row, change.event_time)
                 self.writer.send(self.topic, change.group, self.codec.encode(event))
-            if record is not None:
-                self.writer.send(ingests_topic(self.topic), record_key, orjson.dumps(record))
-            self.writer.commit()
-        except TransactionFailed as exc:
-            raise UserError(f"Kafka refused the transaction into {self.topic!r}: {exc} "
-                            "(nothing of it was written; run the same command again)") from exc
-        except BaseException:
-            self.writer.abort()
-            raise
+
+        self._transaction(send, record, record_key)
 
     def write_encoded(self, records: Sequence[tuple[bytes, bytes]], *, record: Any, record_key: bytes) -> None:
         """One transaction: records (message key, encoded event) as they are, then the
         ingest record."""
+        self._transaction(lambda: self.writer.send_all(self.topic, records), record, record_key)
+
+    def _transaction(self, send: Callable[[], object], record: Any, record_key: bytes | None) -> None:
+        """One transaction: what `send` sends, then the ingest record (when given). A
+        refusal is a UserError saying that nothing of it was written."""
         self.writer.begin()
         try:
-            self.writer.send_all(self.topic, records)
-            self.writer.send(ingests_topic(self.topic), record_key, orjson.dumps(record))
+            send()
+            if record is not None:
+                self.writer.send(ingests_topic(self.topic), record_key, orjson.dumps(record))
             self.writer.commit()
         except TransactionFailed as exc:
             raise UserError(f"Kafka refused the transaction into {self.topic!r}: {exc} "
