@@ -1,9 +1,9 @@
 """`make chaos`: exactly once under abuse, checked record by record.
 
 The harness owns a local Kafka broker (its own home, a free port), produces a
-seeded changelog into a source topic in chunks, and runs three pipelines as
+seeded changelog into a source topic in chunks, and runs four pipelines as
 separate `refold run` processes: a grouped view (sum, count, avg, min, max,
-first, last, set; on the native core) and a Top-N view of the changelog, and a
+first, last, set; on the native core) and a Top-N view of the changelog, a
 grouped view of an upsert topic (`source.form: upsert`) the harness writes beside
 it, chunk by chunk: the changelog as the table of each player's latest row
 (`+A`/`+C` put the row, `-R` a tombstone); and a windowed view with a lateness (a 1 min

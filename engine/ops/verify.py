@@ -254,11 +254,15 @@ def _expected(pipeline: Pipeline, settled: Pipeline, partitions: dict[int, list[
     if view.window is None or not co_partitioned(settled):
         return reference_changelog(view, merge_partitions(partitions), emit if view.window is not None else "per_event")
     result = ReferenceResult()
+    first = 0  # the index of the partition's first unit among every partition's, one after the other
     for partition in sorted(partitions):
-        part = reference_changelog(view, merge_partitions({partition: partitions[partition]}), emit)
+        units = merge_partitions({partition: partitions[partition]})
+        part = reference_changelog(view, units, emit)
         result.changes += part.changes
         result.view.update(part.view)
-        result.rejected += part.rejected
+        result.rejected += [(first + index, reason) for index, reason in part.rejected]
+        result.dead_letters += [(first + index, position, reason) for index, position, reason in part.dead_letters]
+        first += len(units)
     return result
 
 
