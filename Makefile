@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 NATIVE := $(VENV)/.native
 
 .PHONY: setup jars registry test test-slow test-container container unit lint docs demo chaos bench bench-hotpath bench-contenders bench-latency bench-scaling bench-tasks \
-	bench-plots bench-clean bench-ingest bench-replication \
+	bench-plots bench-clean bench-ingest bench-replication bench-windows \
 	kafka-start kafka-stop clean
 
 setup: $(STAMP) $(NATIVE)
@@ -83,12 +83,18 @@ chaos: setup jars
 # re-grouping view in shards 1 vs 2; ~10 minutes; TASKS_ARGS, e.g. "--parts regroup"; by default
 # the many-keys run has 10M live keys, ~5 of those minutes), bench-ingest (`refold ingest` of a
 # 10M-row Parquet snapshot, then of one with 1 % changed and 0.1 % removed, beside DuckDB's diff
-# of the two files and the limit pipe; INGEST_ARGS, e.g. "--rows 1000000"), bench-plots.
+# of the two files and the limit pipe; INGEST_ARGS, e.g. "--rows 1000000"), bench-windows (a
+# windowed view over 1M out-of-order events with late ones and late corrections: Refold with a
+# lateness vs Flink's TUMBLE TVF and Spark's window(), each with a watermark; late events counted,
+# lost or dead-lettered; Refold's state per shard against one horizon's worth; WINDOWS_ARGS, e.g.
+# "--events 50000 --contenders refold,spark-sql"), bench-plots.
 # The first Flink run makes .refold/flink-venv.
 TASKS_ARGS ?= --many-keys 10000000
 INGEST_ARGS ?=
+WINDOWS_ARGS ?=
 
-bench: bench-clean bench-hotpath bench-contenders bench-latency bench-scaling bench-tasks bench-ingest bench-replication bench-plots
+bench: bench-clean bench-hotpath bench-contenders bench-latency bench-scaling bench-tasks bench-ingest bench-windows \
+	bench-replication bench-plots
 
 # the topics earlier bench runs left on the local broker (a few GB a run), and their files
 bench-clean: setup jars
@@ -120,6 +126,11 @@ bench-ingest: setup jars
 # three (replication factor 3, min.insync.replicas 2), in one run
 bench-replication: setup jars
 	$(PY) -m bench.replication $(REPLICATION_ARGS)
+
+# windowed views over out-of-order input: Refold (exactly once, lateness, dead letters) vs Flink
+# SQL's TUMBLE and Spark's window(), late events counted and lost, state boundedness (bench/windows.py)
+bench-windows: setup jars
+	$(PY) -m bench.windows $(WINDOWS_ARGS)
 
 bench-plots: setup
 	$(PY) -m bench.plots

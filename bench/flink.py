@@ -41,6 +41,7 @@ from refold.spark.jars import resolve
 
 FLINK_VERSION = "2.2.1"  # apache-flink on PyPI; the connector jar set must match it
 JOB = Path(__file__).resolve().parent / "flink_job.py"
+WINDOWS_JOB = Path(__file__).resolve().parent / "flink_windows_job.py"  # `make bench-windows`
 _STAMP = ".refold-flink"
 
 
@@ -173,3 +174,51 @@ def run_flink(
         "keys": len(reader.rows), "mismatches": bad, "reduction": reduction, "columns": columns,
         "flink": FLINK_VERSION, "connector": [jar.name for jar in jars],
     }
+
+
+def run_flink_windows(bootstrap: str, source: str, output: str, partitions: int, events: int, window: Any, *,
+                      parallelism: int = 2, checkpoint_ms: int = 1000) -> dict[str, Any]:
+    """Run the windowed job (`flink_windows_job.py`: TUMBLE over a watermark of the
+    lateness) once over `source`; its time (submission to the last committed output
+    record) and peak RSS. `window`: the bench's `WindowWorkload` (window size, lateness).
+    The output is compared by the caller (`bench.windows`)."""
+    python = flink_python()
+    jars = flink_jars()
+    settings = {"bootstrap.servers": bootstrap}
+    ensure_topics(settings, [TopicSpec(output, partitions)])
+    reader = OutputReader(settings, output)
+    reader.start()
+    command = [
+        str(python), str(WINDOWS_JOB), "--bootstrap", bootstrap, "--source", source, "--output", output,
+        "--window-ms", str(window.window_ms), "--lateness-ms", str(window.lateness_ms),
+        "--parallelism", str(parallelism), "--checkpoint-ms", str(checkpoint_ms),
+        "--run-id", output.replace(".", "-"), *(arg for jar in jars for arg in ("--jar", str(jar))),
+    ]  # fmt: skip
+    launched = time.time()
+    logs = project_home() / "flink-log"
+    logs.mkdir(parents=True, exist_ok=True)
+    log = logs / "bench-flink-windows-job.stderr"
+    with log.open("w") as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1", "FLINK_LOG_DIR": str(logs)})
+        with PeakRss(process.pid) as peak:
+            assert process.stdout is not None
+            said = {}
+            for line in process.stdout:
+                if line.startswith("{"):
+                    record = json.loads(line)
+                    said[record["event"]] = record["t"]
+            code = process.wait()
+    ended = time.time()
+    reader.draining.set()
+    reader.join(120)
+    if code != 0 or "finished" not in said:
+        raise SystemExit(f"flink: the windowed job failed (exit {code}); see {log} and {logs}")
+    if reader.failure or reader.last_record is None:
+        raise SystemExit(f"flink: could not read {output}: {reader.failure or 'no output at all'}")
+    submitted = said["submitted"]
+    seconds = reader.last_record - submitted
+    return {"seconds": seconds, "events_per_s": events / seconds, "startup_s": submitted - launched,
+            "first_output_s": (reader.first_record or submitted) - submitted, "wall_s": ended - launched,
+            "peak_rss_bytes": peak.bytes, "output_records": reader.records, "flink": FLINK_VERSION,
+            "connector": [jar.name for jar in jars]}

@@ -1,12 +1,16 @@
 """`make chaos`: exactly once under abuse, checked record by record.
 
 The harness owns a local Kafka broker (its own home, a free port), produces a
-seeded changelog into a source topic in chunks, and runs three pipelines as
+seeded changelog into a source topic in chunks, and runs four pipelines as
 separate `refold run` processes: a grouped view (sum, count, avg, min, max,
-first, last, set; on the native core) and a Top-N view of the changelog, and a
+first, last, set; on the native core) and a Top-N view of the changelog, a
 grouped view of an upsert topic (`source.form: upsert`) the harness writes beside
 it, chunk by chunk: the changelog as the table of each player's latest row
-(`+A`/`+C` put the row, `-R` a tombstone). The upsert pipeline also materializes
+(`+A`/`+C` put the row, `-R` a tombstone); and a windowed view with a lateness (a 1 min
+tumble per player, 1 min of lateness, with its deltas) over a topic of its own, written
+chunk by chunk too: an out-of-order changelog (`refold.dev.windowload`) whose late
+events and late corrections fall within the horizon (they correct written windows) or
+beyond it (`late` dead letters), its windows closing all through the faults. The upsert pipeline also materializes
 its view and its deltas into a Delta Lake table each (`--lakehouse delta,iceberg`
 adds Iceberg tables; without the upsert pipeline the grouped one does). Between
 chunks it injects one fault at a random moment, chosen from a seeded plan:
@@ -39,7 +43,8 @@ cores on 127.0.0.1, each engine 2 executors of 1 core), or with `--local` on
 
 At the end every engine runs until idle, and the harness checks like Kafka's
 EosTestDriver: every output read with read_committed; the view changelog record
-by record against the reference reducer; deltas reduced to the view; the lakehouse
+by record against the reference reducer (a windowed view's: one watermark per source
+partition, and its dead letters exactly the reference's, each once); deltas reduced to the view; the lakehouse
 tables read back (delta-rs, pyiceberg) equal to the view, the delta tables folded; no
 duplicates, no losses (`refold.ops.verify`); every output partition free of open
 transactions (last stable offset = high watermark) and accepting a final
@@ -47,6 +52,7 @@ transactional marker that a read_committed consumer sees. One line of figures
 ends the run; the exit status is non-zero when an anomaly was found.
 
     python -m refold.dev.chaos [--events 1000000] [--keys 100000] [--kills 100] [--seed 1] [--kafka-brokers 3]
+                               [--pipelines grouped,top_n,upsert,window]
 """
 
 from __future__ import annotations
@@ -76,8 +82,9 @@ from refold.cli.produce import produce
 from refold.dev import kafkacluster, localkafka, localspark, sparkprocs
 from refold.dev.chaosengine import FAULTS, ChaosResult, Engine, exit_kind
 from refold.dev.chaoskafka import KAFKA_FAULTS, inject_kafka, wait_in_sync
-from refold.dev.chaospipelines import chunks, upsert_records, write_pipelines
+from refold.dev.chaospipelines import chunks, upsert_records, window_workload, write_pipelines
 from refold.dev.testing import Workload, generate
+from refold.dev.windowload import generate_windowed
 from refold.errors import RefoldError, UserError
 from refold.kafka.io import (
     TopicSpec,
@@ -108,7 +115,7 @@ class ChaosConfig:
     partitions: int = 3
     batch: int = 5_000  # max events per micro-batch
     idle: float = 6.0  # --until-idle of every engine run
-    pipelines: tuple[str, ...] = ("grouped", "top_n", "upsert")
+    pipelines: tuple[str, ...] = ("grouped", "top_n", "upsert", "window")
     lakehouse: tuple[str, ...] = ("delta",)  # tables the upsert (else the grouped) pipeline materializes into too
     cluster: bool = True  # on a standalone cluster the harness starts (else local[2])
     kafka_brokers: int = 1  # 3: a KRaft cluster, and its faults (refold.dev.chaoskafka) for the other kinds
@@ -292,10 +299,10 @@ def produce_upserts(settings: dict[str, Any], topic: str, records: Sequence[tupl
 
 
 def _finish_and_verify(engines: list[Engine], result: ChaosResult, settings: dict[str, Any], say: Any,
-                       upserts: int = 0) -> None:
+                       upserts: int = 0, windowed: int = 0) -> None:
     """Run every engine until idle, then check its outputs record by record against the
     reference, its checkpoint's count, and that no transaction is left open. `upserts`:
-    how many records the upsert topic holds."""
+    how many records the upsert topic holds; `windowed`: the windowed view's topic."""
     for engine in engines:
         engine.kill()
         for _attempt in range(3):
@@ -306,12 +313,13 @@ def _finish_and_verify(engines: list[Engine], result: ChaosResult, settings: dic
         else:
             result.anomalies.append(f"{engine.name}: the final run did not finish cleanly")
     for engine in engines:
-        report = verify(engine.pipeline, settings)
+        is_window = engine.pipeline.view.window is not None
+        report = verify(engine.pipeline, settings, dead_letters=is_window)
         result.view_records += report.view_records
         result.delta_records += report.delta_records
         result.table_rows += report.table_rows
         result.anomalies += [f"{engine.name}: {a}" for a in report.anomalies]
-        expected = upserts if engine.pipeline.source.form == "upsert" else result.events
+        expected = upserts if engine.pipeline.source.form == "upsert" else windowed if is_window else result.events
         if report.events != expected:
             result.anomalies.append(f"{engine.name}: verified {report.events} input records, expected {expected}")
         checkpoints = load_checkpoints(engine.pipeline, settings)
@@ -362,20 +370,25 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
         result.events = len(rows)
         source = f"chaos-source-{uuid.uuid4().hex[:6]}"
         upsert_source = f"chaos-upserts-{uuid.uuid4().hex[:6]}"
+        window_source = f"chaos-windows-{uuid.uuid4().hex[:6]}"
         upserts = 0
+        window = window_workload(cfg.events, cfg.keys, cfg.seed)
+        window_rows = [jsonbytes.dumps(r) for r in generate_windowed(window)] if "window" in cfg.pipelines else []
         master = cluster.url if cluster is not None else None
         # on the cluster an engine waits out a leader's election (the broker's session timeout,
         # 9 s) before it counts as idle
         idle = max(cfg.idle, 30.0) if on_cluster else cfg.idle
         engines = [Engine(p, logs, result, idle)
                    for p in write_pipelines(cfg.pipelines, work, source, bootstrap, batch=cfg.batch, master=master,
-                                            upsert_source=upsert_source, lakehouse=cfg.lakehouse)]
+                                            upsert_source=upsert_source, lakehouse=cfg.lakehouse,
+                                            window_source=window_source, window=window)]
         plan = fault_plan(cfg, rng)
         if not own_broker:
             plan = [k for k in plan if k != "broker_restart"]
         if cluster is None:
             plan = [k for k in plan if k not in CLUSTER_FAULTS]
         parts = list(chunks(rows, len(plan) + 1))
+        window_parts = list(chunks(window_rows, len(parts))) if window_rows else []
         say(f"{len(plan)} faults over {len(parts)} chunks; pipelines {', '.join(e.name for e in engines)}; "
             f"logs in {logs}")
         for index, part in enumerate(parts):
@@ -394,6 +407,9 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
                     upserts += len(records)
 
             write(part)
+            if window_parts:  # the last chunk takes what the windowed input's cut leaves over
+                for part_w in (window_parts[index:] if index == len(parts) - 1 else window_parts[index:index + 1]):
+                    produce_chunk(settings, window_source, part_w, cfg.partitions, say)
             if kind is None:
                 continue  # the last chunks come after the last fault
             target = engines[index % len(engines)]
@@ -422,7 +438,7 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
         say("all faults injected; every engine runs until idle")
         if on_cluster and not wait_in_sync(home):
             result.anomalies.append("the Kafka cluster is not in sync 180s after the last fault")
-        _finish_and_verify(engines, result, settings, say, upserts)
+        _finish_and_verify(engines, result, settings, say, upserts, len(window_rows))
     finally:
         for engine in engines:
             engine.kill()
@@ -450,6 +466,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the figures there")
     parser.add_argument("--lakehouse", default=",".join(defaults.lakehouse),
                         help="table drivers the upsert (else the grouped) pipeline materializes into too: delta, iceberg, or ''")
+    parser.add_argument("--pipelines", default=",".join(defaults.pipelines),
+                        help="which pipelines run: grouped, top_n, upsert, window (a tumble with a lateness)")
     parser.add_argument("--local", action="store_true",
                         help="run the engines on local[2], not on a standalone cluster (no executor or worker faults)")
     parser.add_argument("--kafka-brokers", type=int, default=1, choices=(1, 3),
@@ -460,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
                       others=args.others, batch=args.batch, seed=args.seed, cluster=not args.local,
                       lakehouse=tuple(d for d in args.lakehouse.split(",") if d),
                       kafka_brokers=args.kafka_brokers,
+                      pipelines=tuple(p for p in args.pipelines.split(",") if p),
                       other_kinds=KAFKA_FAULTS if args.kafka_brokers > 1 else defaults.other_kinds)
     work = args.work or Path(tempfile.mkdtemp(prefix="refold-chaos-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,7 @@
 """What the chaos harness runs: the pipelines it writes (a grouped view, a Top-N view
-that re-groups in shards, and a grouped view of an upsert topic, the upsert one also
-into lakehouse tables) and the input it feeds them in chunks."""
+that re-groups in shards, a grouped view of an upsert topic, the upsert one also into
+lakehouse tables, and a windowed view with a lateness over an out-of-order topic of
+its own) and the input it feeds them in chunks."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from typing import Any
 
 import orjson
 import yaml
+
+from refold.dev.windowload import WindowWorkload
 
 GROUPED = {
     "total": {"sum": "score"},
@@ -27,6 +30,16 @@ GROUPED = {
 TOP_N = {"n": 3, "order_by": {"score": "desc"}, "partition_by": ["team"]}
 UPSERT = {"rows": {"count": "*"}, "total": {"sum": "score"}, "best": {"max": "score"}, "teams": {"set": "team"},
           "latest": {"last": "score"}}  # per player, over the upsert topic (one row a player)
+# the windowed pipeline's input (`refold.dev.windowload`): a 1 min tumble per player with 1 min of lateness,
+# 5 % of the appends late by up to 2 min (within the horizon or beyond it), late corrections and retractions
+WINDOW_MS = 60_000
+
+
+def window_workload(events: int, keys: int, seed: int) -> WindowWorkload:
+    """The windowed pipeline's input: `events` over 100 horizons, at most 1,000 players
+    (a window then holds a few rows of a player)."""
+    return WindowWorkload(events=events, keys=max(1, min(keys, 1_000)), window_ms=WINDOW_MS, lateness_ms=WINDOW_MS,
+                          seed=seed)
 
 
 def chunks(rows: Sequence[bytes], parts: int) -> Iterator[Sequence[bytes]]:
@@ -61,8 +74,10 @@ CACHE_KEYS = 2_000  # the grouped pipeline's `spark.state_cache_keys` (its shard
 
 
 def write_pipelines(kinds: Sequence[str], directory: Path, source: str, bootstrap: str, *, batch: int,
-                    master: str | None = None, upsert_source: str = "", lakehouse: Sequence[str] = ()) -> list[Path]:
-    """One pipeline file per kind (`grouped`, `top_n`, `upsert`) in `directory`; the
+                    master: str | None = None, upsert_source: str = "", lakehouse: Sequence[str] = (),
+                    window_source: str = "", window: WindowWorkload | None = None) -> list[Path]:
+    """One pipeline file per kind (`grouped`, `top_n`, `upsert`, `window`: a tumble
+    view with a lateness over `window_source`, per player, with its deltas) in `directory`; the
     upsert pipeline (else the grouped one) also materializes into a table of each
     `lakehouse` driver (`delta`, `iceberg`) under `directory/lake`, its view and its
     deltas. (A materialization reads view changes in Python: the changelog's grouped
@@ -73,20 +88,22 @@ def write_pipelines(kinds: Sequence[str], directory: Path, source: str, bootstra
     point once committed nothing)."""
     paths = []
     lake = directory / "lake"
-    lake_kind = "upsert" if "upsert" in kinds else "grouped"
+    lake_kind = "upsert" if "upsert" in kinds else "grouped"  # (a windowed view is not materialized)
     for kind in kinds:
         name = f"chaos-{kind}-{uuid.uuid4().hex[:6]}"
         views: dict[str, dict[str, Any]] = {
             "grouped": {"key": ["player_name"], "columns": GROUPED},
             "top_n": {"top_n": TOP_N},
             "upsert": {"key": ["player_name"], "columns": UPSERT},
+            "window": (window or window_workload(1, 1, 1)).view("tumble"),
         }
         view = views[kind]
+        sources = {"upsert": {"topic": upsert_source, "form": "upsert"}, "window": {"topic": window_source},
+                   "top_n": {"topic": source, "key": ["player_name"]}}
         spec: dict[str, Any] = {
             "pipeline": name,
             "kafka": {"bootstrap.servers": bootstrap},
-            "source": ({"topic": upsert_source, "form": "upsert"} if kind == "upsert"
-                       else {"topic": source, **({"key": ["player_name"]} if kind == "top_n" else {})}),
+            "source": sources.get(kind, {"topic": source}),
             "view": view,
             "outputs": {"view": {"topic": f"{name}.view"}},
             "trigger": "200ms",

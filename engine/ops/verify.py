@@ -173,7 +173,8 @@ def by_key(changes: Iterable[ViewChange]) -> dict[tuple[Any, ...], list[tuple[Op
     return out
 
 
-def verify(pipeline: Pipeline, settings: Mapping[str, Any], *, exact_order: bool | None = None) -> Report:
+def verify(pipeline: Pipeline, settings: Mapping[str, Any], *, exact_order: bool | None = None,
+           dead_letters: bool = False) -> Report:
     """Compare the committed outputs with the reference over the committed input.
 
     For a view keyed like its input messages (co-partitioned), each key's sequence of
@@ -181,7 +182,9 @@ def verify(pipeline: Pipeline, settings: Mapping[str, Any], *, exact_order: bool
     re-groups (a view key without the message key, a Top-N), the sequence depends on
     batch boundaries (the engine merges the partitions within a batch), so the whole
     changelog is compared only when `exact_order` (one batch); the folded view
-    always is.
+    always is. With `dead_letters` (a changelog source whose records all decode), the
+    committed dead letters too: each refused event's (partition, offset, reason) once,
+    exactly the reference's (a windowed view's `late` ones included).
     """
     report = Report()
     spec = pipeline.outputs.view
@@ -206,6 +209,8 @@ def verify(pipeline: Pipeline, settings: Mapping[str, Any], *, exact_order: bool
         partitions, report.dead_letters = read_source(pipeline, settings)
         report.events = sum(len(v) for v in partitions.values())
         expected = _expected(pipeline, settled, partitions)
+        if dead_letters:
+            _compare_dead_letters(report, pipeline, settings, _letters_of(pipeline, settled, partitions, expected))
         if homes is not None:
             for partition, events in partitions.items():
                 homes.update((_group_of(event.row, grouping), partition) for event in events)
@@ -249,12 +254,52 @@ def _expected(pipeline: Pipeline, settled: Pipeline, partitions: dict[int, list[
     if view.window is None or not co_partitioned(settled):
         return reference_changelog(view, merge_partitions(partitions), emit if view.window is not None else "per_event")
     result = ReferenceResult()
+    first = 0  # the index of the partition's first unit among every partition's, one after the other
     for partition in sorted(partitions):
-        part = reference_changelog(view, merge_partitions({partition: partitions[partition]}), emit)
+        units = merge_partitions({partition: partitions[partition]})
+        part = reference_changelog(view, units, emit)
         result.changes += part.changes
         result.view.update(part.view)
-        result.rejected += part.rejected
+        result.rejected += [(first + index, reason) for index, reason in part.rejected]
+        result.dead_letters += [(first + index, position, reason) for index, position, reason in part.dead_letters]
+        first += len(units)
     return result
+
+
+def _letters_of(pipeline: Pipeline, settled: Pipeline, partitions: dict[int, list[SourceEvent]],
+                expected: ReferenceResult) -> list[tuple[int, int, str]]:
+    """The reference's dead letters as (partition, offset, reason), from the units
+    `_expected` gave the reference (one partition's at a time for a co-partitioned
+    windowed view)."""
+    if pipeline.view.window is None or not co_partitioned(settled):
+        units = merge_partitions(partitions)
+    else:
+        units = [unit for partition in sorted(partitions) for unit in merge_partitions({partition: partitions[partition]})]
+    letters = []
+    for index, position, reason in expected.dead_letters:
+        tag = units[index][position].tag
+        letters.append((int(tag[1]), int(tag[2]), reason))
+    return letters
+
+
+def _compare_dead_letters(report: Report, pipeline: Pipeline, settings: Mapping[str, Any],
+                          want: list[tuple[int, int, str]]) -> None:
+    """The committed dead letters against the reference's: none missing, none extra,
+    none twice."""
+    from collections import Counter
+
+    from refold.recovery.records import decode_dead_letter
+
+    got: Counter[tuple[int, int, str]] = Counter()
+    for message in read_to_end(settings, pipeline.dlq_topic):
+        letter = decode_dead_letter(message.value())
+        got[(letter.partition, letter.offset, letter.reason)] += 1
+    wanted = Counter(want)
+    for letter in sorted(set(got) | set(wanted)):
+        if got[letter] != wanted[letter]:
+            partition, offset, reason = letter
+            report.add(f"dead letter {reason!r} of partition {partition} offset {offset}: "
+                       f"written {got[letter]} times, the reference {wanted[letter]}")
 
 
 def read_tables(entry: Any) -> tuple[dict[tuple[Any, ...], dict[str, Any]] | None, list[dict[str, Any]] | None]:
