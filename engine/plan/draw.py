@@ -12,7 +12,8 @@ _ROLES = {"source": "source", "repartition": "routed units, a partition per stag
 
 def _shards(stage: Stage) -> str:
     if stage.shards is None:
-        return "one per source partition" if stage.by_partition else "as many as the source has partitions"
+        return ("a shard per source partition, shard p reads partition p" if stage.by_partition
+                else "as many shards as the source has partitions")
     count = f"{stage.shards} shard{'s' if stage.shards != 1 else ''}"
     if stage.by_partition:
         return f"{count}, shard p reads partition p of its input"
@@ -69,7 +70,7 @@ def mermaid(plan: Plan) -> str:
     for topic in plan.topics:
         lines.append(f'  {ids[topic.name]}[("{topic.name}<br/>{_ROLES.get(topic.role, topic.role)}")]')
     for number, stage in enumerate(plan.stages, 1):
-        ids_text = stage.transactional_id("&lt;shard&gt;")
+        ids_text = stage.transactional_id("#lt;shard#gt;")
         lines.append(f'  s{number}["{number}. {stage.name}: {", ".join(stage.steps)}<br/>{_shards(stage)}'
                      f'<br/>{ids_text}"]')
     for number, stage in enumerate(plan.stages, 1):
