@@ -9,6 +9,8 @@ those names must find them again, so they are literals here, not derived."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -247,3 +249,21 @@ def test_the_plan_keeps_the_names_and_layouts_committed_pipelines_have(name: str
     assert ids == pinned["transactional_ids"]
     keys = [stage.checkpoint_key(shard).decode() for stage in plan.stages for shard in stage.shard_indexes]
     assert keys == pinned["checkpoint_keys"]
+
+
+def test_the_plan_and_recovery_import_nothing_above_them() -> None:
+    """The plan depends on the config alone, and recovery (which settles the plan from
+    what earlier runs committed) on the plan, never on the runtime that runs it."""
+    code = (
+        "import importlib, sys\n"
+        "importlib.import_module('refold.plan.draw')\n"
+        "plan = sorted(m for m in sys.modules if m.startswith(('refold.runtime', 'refold.recovery', 'refold.spark')))\n"
+        "for name in ('claims', 'layout', 'records', 'restore'):\n"
+        "    importlib.import_module('refold.recovery.' + name)\n"
+        "print(plan, sorted(m for m in sys.modules if m.startswith(('refold.runtime', 'refold.spark'))))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "[] []", done.stdout
+    imports = [line for path in sorted((ROOT / "engine" / "recovery").glob("*.py"))
+               for line in path.read_text().splitlines() if line.startswith(("from refold.runtime", "import refold.runtime"))]
+    assert imports == []
