@@ -43,6 +43,8 @@ from refold.kafka.io import (
     open_transactions,
     read_to_end,
 )
+from refold.plan import plan_of
+from refold.recovery.layout import settled
 from refold.recovery.restore import load_checkpoints
 from refold.spark.job import engine_topics, prepare_topics
 
@@ -155,7 +157,7 @@ def test_a_pipeline_replication_factor_of_one_is_used_and_warned_about(cluster, 
     ensure_topics(settings, [TopicSpec(source, 2)])
     pipeline = load_pipeline(write_pipeline(tmp_path, info.bootstrap, source, replication_factor=1))
     with caplog.at_level(logging.WARNING, logger="refold.spark.job"):
-        specs = prepare_topics(pipeline, settings, 2)
+        specs = prepare_topics(plan_of(settled(pipeline, {}, 2), 2), settings)
     admin = AdminClient(settings)
     assert {spec.name: replicas_of(admin, spec.name, spec.partitions)[0] for spec in specs} == {
         spec.name: 1 for spec in specs}

@@ -240,7 +240,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from refold.config import load_pipeline
     from refold.ops.explain import explain
 
-    print(explain(load_pipeline(args.pipeline)))
+    print(explain(load_pipeline(args.pipeline), drawing="mermaid" if args.mermaid else "tree"))
     return 0
 
 
@@ -372,9 +372,11 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("pipeline")
     status.set_defaults(func=cmd_status)
 
-    explain = sub.add_parser("explain", help="the view a pipeline runs (the spec a SQL view becomes), its shards "
-                                             "and topics")
+    explain = sub.add_parser("explain", help="the view a pipeline runs (the spec a SQL view becomes) and its plan: "
+                                             "its stages, shards, transactional ids and topics, as a tree")
     explain.add_argument("pipeline")
+    explain.add_argument("--mermaid", action="store_true",
+                         help="print the plan as a Mermaid flowchart (for docs) instead")
     explain.set_defaults(func=cmd_explain)
     return parser
 

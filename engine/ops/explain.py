@@ -3,7 +3,9 @@
 For a view written in SQL (`view: {sql: …}`) this is the view spec the query became
 (`refold.sql`), in the YAML form a pipeline may write instead; for any view, how it
 runs: its output key, its shards (one per source partition when it is co-partitioned
-with its source, else one that merges them) and the topics it writes. Needs no broker.
+with its source, else one that merges them) and the topics it writes; then its plan
+(`refold.plan`) drawn as a tree, or as a Mermaid flowchart. Needs no broker: what
+depends on the source's partitions or on earlier runs' state shows as not known yet.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ from typing import Any
 import yaml
 
 from refold.config import Pipeline
+from refold.plan import Plan, plan_of, view_key
+from refold.plan.draw import mermaid, tree
 from refold.runtime.native import core_of
-from refold.runtime.shards import co_partitioned, message_key, view_key
-from refold.runtime.tops import tops_topic
 
 
 def view_spec(pipeline: Pipeline) -> dict[str, Any]:
@@ -59,8 +61,18 @@ def window_text(pipeline: Pipeline) -> str:
             "letters (late)")
 
 
-def explain(pipeline: Pipeline) -> str:
-    """The text `refold explain` prints."""
+def explain(pipeline: Pipeline, *, drawing: str = "tree") -> str:
+    """The text `refold explain` prints: the view spec and how it runs, then its plan
+    (`drawing`: "tree", or "mermaid" for the flowchart alone)."""
+    plan = plan_of(pipeline)
+    if drawing == "mermaid":
+        return mermaid(plan)
+    return summary(plan) + "\n#\n" + "\n".join(f"# {line}" for line in tree(plan).splitlines())
+
+
+def summary(plan: Plan) -> str:
+    """The view spec the pipeline runs and, in comment lines, how it runs (the plan's)."""
+    pipeline = plan.pipeline
     view = pipeline.view
     lines = []
     if view.sql is not None:
@@ -71,22 +83,24 @@ def explain(pipeline: Pipeline) -> str:
     lines.append(f"# output key: {', '.join(output_key)}")
     if view.window is not None:
         lines.append(f"# window: {window_text(pipeline)}")
-    keys = ", ".join(message_key(pipeline)) or "(none)"
-    if co_partitioned(pipeline):
-        lines.append(f"# shards: one per partition of {pipeline.source.topic} (messages keyed by {keys}, "
+    source = plan.sources[0]
+    keys = ", ".join(source.key) or "(none)"
+    if plan.layout == "co-partitioned":
+        lines.append(f"# shards: one per partition of {source.topic} (messages keyed by {keys}, "
                      f"within the view's grouping {', '.join(view_key(view))})")
-    elif pipeline.shards != "merged" and pipeline.shards_refusal() is None:
-        count = (f"{pipeline.shards}" if pipeline.shards is not None else
+    elif plan.layout == "exchanged":
+        reduce = plan.stage("reduce")
+        count = (f"{reduce.shards}" if pipeline.shards is not None else
                  "as many as the source has partitions (settled at the first start; a one-partition source: merged)")
-        lines.append(f"# shards: stage 1 one per partition of {pipeline.source.topic} (messages keyed by {keys}; "
-                     f"live rows in {pipeline.rows_topic}), routed by {', '.join(view_key(view)) or 'nothing'} to "
-                     f"stage-2 shards through {pipeline.repartition_topic}: {count}")
-        if view.top_n is not None and not view.top_n.partition_by and pipeline.shards != 1:
+        lines.append(f"# shards: stage 1 one per partition of {source.topic} (messages keyed by {keys}; "
+                     f"live rows in {plan.first.state_topic}), routed by {', '.join(view_key(view)) or 'nothing'} "
+                     f"to stage-2 shards through {reduce.inputs[0]}: {count}")
+        if plan.ranked_globally:
             lines.append(f"# a global Top-N in shards: rows routed by {keys}, each shard's local top n to "
-                         f"{tops_topic(pipeline)}, ranked again by one stage-3 task (more than one shard)")
+                         f"{plan.stage('rank').inputs[0]}, ranked again by one stage-3 task (more than one shard)")
     else:
         grouping = ", ".join(view_key(view)) or "none: a global Top-N"
-        lines.append(f"# shards: one, merging every partition of {pipeline.source.topic} (messages keyed by "
+        lines.append(f"# shards: one, merging every partition of {source.topic} (messages keyed by "
                      f"{keys}; the view groups by {grouping})")
     lines.append(f"# reduces in: {core_of(pipeline)}")
     if pipeline.outputs.view is not None:

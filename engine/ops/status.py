@@ -15,10 +15,10 @@ from confluent_kafka import Consumer, TopicPartition
 from refold.config import Pipeline
 from refold.errors import PrerequisiteError, UserError
 from refold.kafka.io import consumer_config, partitions_of, read_to_end
+from refold.plan import Plan, plan_of, stage_writers
+from refold.recovery.layout import settle_shards
 from refold.recovery.records import Checkpoint, combined
 from refold.recovery.restore import load_checkpoints, load_writers
-from refold.runtime.exchange import view_pipeline
-from refold.runtime.tops import rank_pipeline, tops_topic
 
 EXACT_LAG_LIMIT = 100_000  # offsets; past this the lag is the offset distance
 
@@ -61,18 +61,30 @@ class StageStatus:
     rows: list[PartitionStatus]
 
 
+def committed_plan(pipeline: Pipeline, settings: dict[str, Any]) -> tuple[Plan, dict[str, dict[int, Checkpoint]]]:
+    """The plan the pipeline's committed state is laid out in (its earlier runs' `shards`,
+    whatever the file asks now), and every stage writer's checkpoints by shard."""
+    committed = load_writers(pipeline, settings, stage_writers(pipeline))
+    partitions = len(partitions_of(settings, pipeline.source.topic))
+    try:
+        laid_out = settle_shards(pipeline.model_copy(update={"shards": None}), committed, partitions)
+    except UserError:  # state an earlier Refold laid out otherwise: as the file says
+        laid_out = pipeline
+    return plan_of(laid_out, partitions), committed
+
+
 def later_stages(pipeline: Pipeline, settings: dict[str, Any]) -> list[StageStatus]:
-    """Stage 2 (and a global Top-N's stage 3) of a re-grouping view in shards, as their
-    checkpoints show them (none for any other view)."""
+    """The plan's stages after the first (a re-grouping view's stage 2, a global Top-N's
+    stage 3) that committed, with their checkpoints (none for any other view)."""
     stages = []
-    later = (("stage 2", view_pipeline(pipeline).writer, pipeline.repartition_topic),
-             ("stage 3", rank_pipeline(pipeline).writer, tops_topic(pipeline)))
-    committed = load_writers(pipeline, settings, [writer for _, writer, _ in later])
-    for name, writer, topic in later:
-        shards = sorted(committed[writer].values(), key=lambda c: c.shard)
+    plan, committed = committed_plan(pipeline, settings)
+    for number, stage in enumerate(plan.later, 2):
+        shards = sorted(committed[stage.writer].values(), key=lambda c: c.shard)
         if shards:
+            topic = stage.inputs[0]
             offsets = {p: o for c in shards for p, o in c.offsets.items()}
-            stages.append(StageStatus(name, writer, topic, shards, _lag(settings, topic, offsets, units=True)))
+            stages.append(StageStatus(f"stage {number}", stage.writer, topic, shards,
+                                      _lag(settings, topic, offsets, units=True)))
     return stages
 
 

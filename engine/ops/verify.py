@@ -25,8 +25,16 @@ from refold.kafka.io import partitions_of, read_to_end
 from refold.model.changelog import Op
 from refold.model.forms import RETRACT_FORM
 from refold.ops.explain import output_key_of
+from refold.plan import (
+    co_partitioned,
+    exchanged,
+    message_key,
+    ranked_globally,
+    stage2_shards,
+    view_key,
+    view_partitioning,
+)
 from refold.recovery.layout import settle_layout
-from refold.recovery.records import view_partitioning
 from refold.reduce import SourceEvent, ViewChange
 from refold.reduce.values import key_bytes
 from refold.reference import (
@@ -40,9 +48,7 @@ from refold.reference import (
 )
 from refold.runtime.batch import InputRecord
 from refold.runtime.exchange import shard_of
-from refold.runtime.shards import co_partitioned, exchanged, message_key, stage2_shards, view_key
 from refold.runtime.tables import is_table, table_item
-from refold.runtime.tops import ranked_globally
 
 
 @dataclass

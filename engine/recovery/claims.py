@@ -17,14 +17,9 @@ from typing import Any
 from refold import environment
 from refold.config import Pipeline
 from refold.kafka.transactions import FencedError, TransactionalWriter
-from refold.recovery.records import (
-    Checkpoint,
-    encode_checkpoint,
-    first_checkpoint,
-    view_partitioning,
-)
+from refold.plan import checkpoint_key, view_partitioning
+from refold.recovery.records import Checkpoint, encode_checkpoint, first_checkpoint
 from refold.recovery.restore import load_checkpoints
-from refold.runtime.shards import checkpoint_key
 
 log = logging.getLogger(__name__)
 

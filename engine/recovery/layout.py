@@ -32,21 +32,38 @@ from typing import Any
 from refold.config import Pipeline
 from refold.errors import UserError
 from refold.kafka.io import TopicSpec, partitions_of
-from refold.recovery.records import Checkpoint, view_partitioning
+from refold.plan import (
+    Plan,
+    co_partitioned,
+    plan_of,
+    ranked_globally,
+    stage_writers,
+    view_partitioning,
+)
+from refold.recovery.records import Checkpoint
 from refold.recovery.restore import load_writers
-from refold.runtime.exchange import view_pipeline
-from refold.runtime.shards import co_partitioned, exchanged, stage2_shards
-from refold.runtime.tops import rank_pipeline, ranked_globally, tops_state_topic, tops_topic
 
 log = logging.getLogger(__name__)
 
 
+def settle_plan(pipeline: Pipeline, settings: Mapping[str, Any], partitions: int) -> Plan:
+    """The plan this run runs (`refold.plan`): the pipeline as `settle_layout` settles it,
+    over a source of `partitions` partitions."""
+    return plan_of(settle_layout(pipeline, settings, partitions), partitions)
+
+
 def settle_layout(pipeline: Pipeline, settings: Mapping[str, Any], partitions: int) -> Pipeline:
     """The pipeline with `shards` and `outputs.view.partitioning` as this run runs them
-    (`settle_shards`, `settle_view_partitioning`), from one read of `P.checkpoints`.
-    `partitions`: the source's."""
-    committed = _committed(pipeline, settings)
-    return settle_view_partitioning(settle_shards(pipeline, committed, partitions), committed, partitions)
+    (`settled`), from one read of `P.checkpoints`. `partitions`: the source's."""
+    return settled(pipeline, _committed(pipeline, settings), partitions)
+
+
+def settled(pipeline: Pipeline, committed: Mapping[str, Mapping[int, Checkpoint]], partitions: int) -> Pipeline:
+    """The pipeline with `shards` and `outputs.view.partitioning` settled against the
+    checkpoints its stages' writers committed (`committed`, by writer; a writer not in
+    it committed nothing)."""
+    by_writer = {writer: dict(committed.get(writer, {})) for writer in stage_writers(pipeline)}
+    return settle_view_partitioning(settle_shards(pipeline, by_writer, partitions), by_writer, partitions)
 
 
 def settle_shards(pipeline: Pipeline, committed: dict[str, dict[int, Checkpoint]], partitions: int) -> Pipeline:
@@ -116,23 +133,25 @@ _PARTITIONED = {"shard": "shard (partitioning: shard)", "key": "key, murmur2 (pa
 
 
 def view_writers(pipeline: Pipeline, partitions: int) -> int:
-    """How many shards write the view (shard s to partition s when it is partitioned by
-    shard): a global Top-N's stage 3, or a merged view, is one; stage 2's M shards; a
-    co-partitioned view's one per source partition (`partitions`: the source's)."""
-    if ranked_globally(pipeline):
-        return 1
-    if exchanged(pipeline):
-        return stage2_shards(pipeline)
-    return partitions if co_partitioned(pipeline) else 1
+    """How many shards write the view (`Plan.view_writers`; `partitions`: the source's)."""
+    writers = plan_of(pipeline, partitions).view_writers
+    assert writers is not None
+    return writers
 
 
 def check_view_partitions(pipeline: Pipeline, settings: Mapping[str, Any], partitions: int) -> None:
+    """`check_plan_view_partitions` of the pipeline's plan over `partitions` source partitions."""
+    check_plan_view_partitions(plan_of(pipeline, partitions), settings)
+
+
+def check_plan_view_partitions(plan: Plan, settings: Mapping[str, Any]) -> None:
     """UserError unless a view partitioned by shard has a partition for each of its
-    writing shards (`view_writers`)."""
+    writing shards (`Plan.view_writers`)."""
+    pipeline = plan.pipeline
     view = pipeline.outputs.view
     if view is None or view_partitioning(pipeline) != "shard":
         return
-    writers, have = view_writers(pipeline, partitions), len(partitions_of(settings, view.topic))
+    writers, have = plan.view_writers or 1, len(partitions_of(settings, view.topic))
     if have < writers:
         raise UserError(
             f"outputs.view: {view.topic} has {have} partition(s), and pipeline {pipeline.pipeline!r} writes its "
@@ -142,21 +161,17 @@ def check_view_partitions(pipeline: Pipeline, settings: Mapping[str, Any], parti
 
 
 def exchange_topics(pipeline: Pipeline, partitions: int) -> list[TopicSpec]:
-    """A re-grouping view in shards' own topics: `P.repartition` (one partition per
-    stage-2 shard) and `P.rows` (a stage-1 shard's live rows in partition = shard)."""
-    if not exchanged(pipeline):
-        return []
-    specs = [TopicSpec(pipeline.repartition_topic, stage2_shards(pipeline)),
-             TopicSpec(pipeline.rows_topic, partitions, compacted=True)]
-    if ranked_globally(pipeline):  # a global Top-N's stage 3 (refold.runtime.tops)
-        specs += [TopicSpec(tops_topic(pipeline), 1), TopicSpec(tops_state_topic(pipeline), 1, compacted=True)]
-    return specs
+    """A re-grouping view's own topics, as the plan has them: `P.repartition`, `P.rows`
+    (and a global Top-N's `P.tops`, `P.tops.state`). `partitions`: what the engine
+    makes its topics with."""
+    roles = ("repartition", "rows", "tops", "tops state")
+    return [topic.spec() for topic in plan_of(pipeline, partitions).topics if topic.role in roles]
 
 
 def _committed(pipeline: Pipeline, settings: Mapping[str, Any]) -> dict[str, dict[int, Checkpoint]]:
     """The checkpoints of the writer's stages (`<writer>`, `<writer>.view`, `<writer>.top`),
     by writer, in one read of `P.checkpoints` (all empty for a new pipeline)."""
-    writers = [pipeline.writer, view_pipeline(pipeline).writer, rank_pipeline(pipeline).writer]
+    writers = list(stage_writers(pipeline))
     try:
         partitions_of(settings, pipeline.checkpoints_topic)
     except UserError:
@@ -167,7 +182,7 @@ def _committed(pipeline: Pipeline, settings: Mapping[str, Any]) -> dict[str, dic
 def _earlier_layout(pipeline: Pipeline, committed: dict[str, dict[int, Checkpoint]]) -> int | str | None:
     """The layout the writer's earlier runs committed: M (stage-2 shards claimed),
     "merged" (a committed batch and no stage 2), or None (nothing committed yet)."""
-    stage2 = committed[view_pipeline(pipeline).writer]
+    stage2 = committed[stage_writers(pipeline)[1]]
     if stage2:
         return max(stage2) + 1
     if any(checkpoint.batch > 0 for checkpoint in committed[pipeline.writer].values()):
@@ -177,9 +192,9 @@ def _earlier_layout(pipeline: Pipeline, committed: dict[str, dict[int, Checkpoin
 
 def _check_ranked(pipeline: Pipeline, committed: dict[str, dict[int, Checkpoint]]) -> None:
     """UserError for a global Top-N that committed in shards before stage 3 ranked it
-    (refold.runtime.tops): its rows all lie in one stage-2 shard, not by message key."""
-    stage2 = committed[view_pipeline(pipeline).writer]
-    if any(c.batch > 0 for c in stage2.values()) and not committed[rank_pipeline(pipeline).writer]:
+    (its stage 3): its rows all lie in one stage-2 shard, not by message key."""
+    _writer, view_writer, rank_writer = stage_writers(pipeline)
+    if any(c.batch > 0 for c in committed[view_writer].values()) and not committed[rank_writer]:
         raise UserError(
             f"shards: pipeline {pipeline.pipeline!r} (writer {pipeline.writer!r}) is a global Top-N whose state an "
             "earlier Refold committed in one stage-2 shard; this one spreads its rows over the shards by message key "

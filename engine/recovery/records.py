@@ -20,6 +20,7 @@ from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from refold.codecs import load_schema
 from refold.codecs.schemas import schema_path
 from refold.errors import InternalError
+from refold.plan import view_partitioning
 
 if TYPE_CHECKING:
     from refold.config import Pipeline
@@ -75,13 +76,6 @@ def first_checkpoint(pipeline: Pipeline, shard: int) -> Checkpoint:
         shard=shard,
         view_partitioning=view_partitioning(pipeline),
     )
-
-
-def view_partitioning(pipeline: Pipeline) -> str:
-    """How the pipeline's shards partition its view records (`outputs.view.partitioning`,
-    as settled at start): "shard" (shard s writes partition s) or "key" (murmur2)."""
-    view = pipeline.outputs.view
-    return view.partitioning if view is not None and view.partitioning is not None else "shard"
 
 
 def combined(checkpoints: Sequence[Checkpoint]) -> Checkpoint | None:

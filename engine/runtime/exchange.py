@@ -59,6 +59,14 @@ from refold.kafka.io import admin_client, read_to_end
 from refold.kafka.transactions import TransactionalWriter
 from refold.model.changelog import Op
 from refold.model.reasons import Reason
+from refold.plan import (
+    close_id,
+    message_key,
+    ranked_globally,
+    stage2_shards,
+    tops_topic,
+    view_pipeline,
+)
 from refold.recovery.records import PendingRecord
 from refold.reduce import Rejected, SourceEvent, make_reducer
 from refold.reduce.grouped import GroupedReducer
@@ -68,29 +76,17 @@ from refold.runtime.batch import InputRecord, Outgoing, Unit, Units
 from refold.runtime.native import NativeRead, Unsupported, refold_native
 from refold.runtime.render import UnitChanges
 from refold.runtime.shard import ShardProcessor
-from refold.runtime.shards import message_key, stage2_shards
-from refold.runtime.tops import (
-    CLOSE_FIRST,
-    LocalTops,
-    local_top_record,
-    ranked_globally,
-    tops_topic,
-)
+from refold.runtime.tops import CLOSE_FIRST, LocalTops, local_top_record
 
 log = logging.getLogger(__name__)
 
+__all__ = ["ApplyProcessor", "Closer", "ExchangeReader", "RouteProcessor", "RouteValidator", "close_value",
+           "merge_keys", "read_closed", "shard_of", "trim", "view_pipeline"]
 
 
 def shard_of(key_json: bytes, shards: int) -> int:
     """The stage-2 shard of a view key (its `key_bytes`): stable across runs and machines."""
     return int.from_bytes(hashlib.blake2b(key_json, digest_size=8).digest(), "big") % shards
-
-
-def view_pipeline(pipeline: Pipeline) -> Pipeline:
-    """Stage 2's pipeline: the same view and outputs, its input `P.repartition`, its
-    writer `<writer>.view` (its transactional ids, checkpoint records and stores)."""
-    source = pipeline.source.model_copy(update={"topic": pipeline.repartition_topic})
-    return pipeline.model_copy(update={"writer": f"{pipeline.writer}.view", "source": source})
 
 
 def close_value(run: int, seq: int) -> bytes:
@@ -275,7 +271,7 @@ class Closer:
         assert stage2_shards(pipeline)
         self.pipeline = pipeline
         self.writer = TransactionalWriter(
-            dict(settings), pipeline.transactional_id("close"), timeout_ms=environment.transaction_timeout_ms(),
+            dict(settings), close_id(pipeline), timeout_ms=environment.transaction_timeout_ms(),
             label=f"pipeline {pipeline.pipeline!r} (close)",
         )
         self.writer.initialise()  # fences an older run's driver

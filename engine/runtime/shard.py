@@ -50,6 +50,7 @@ from refold.errors import OperationalError
 from refold.kafka.io import consumer_config
 from refold.kafka.transactions import TransactionalWriter, TransactionFailed
 from refold.model.reasons import Reason
+from refold.plan import checkpoint_key, shard_writer, view_partitioning
 from refold.recovery.records import (
     Checkpoint,
     PendingRecord,
@@ -57,7 +58,6 @@ from refold.recovery.records import (
     encode_checkpoint,
     encode_dead_letter,
     first_checkpoint,
-    view_partitioning,
 )
 from refold.recovery.restore import load_checkpoints
 from refold.reduce import Rejected, make_reducer, whole_state
@@ -68,7 +68,7 @@ from refold.runtime.collector import collector_paused
 from refold.runtime.hooks import NO_HOOKS, Hooks
 from refold.runtime.native import NativeRead, Unsupported, native_core, read_batch, reads_natively
 from refold.runtime.render import Renderer, UnitChanges
-from refold.runtime.shards import KeyCheck, checkpoint_key, shard_writer
+from refold.runtime.shards import KeyCheck
 from refold.runtime.tables import LastRows, TableReader, is_table, reduce_table_rows, touched_by
 from refold.state import Recovery, ShardId, ShardStore, Stamp, bring_to
 

@@ -1,5 +1,6 @@
 """Shards: which input partitions each of a view's tasks covers (DESIGN.md §1, §3).
 
+Which layout a view runs in is the plan's (`refold.plan`); here are its shards at work.
 A view is **co-partitioned** with its source when the message-key columns
 (`source.key`, by default the view key) are a subset of the view-key columns (for a
 Top-N, `partition_by`): each view key's events then all lie in one partition, and the
@@ -25,27 +26,24 @@ from typing import Any
 
 import orjson
 
-from refold.config import Pipeline, ViewSpec
+from refold.config import Pipeline
 from refold.errors import UserError
+from refold.plan import (
+    by_partition,
+    checkpoint_key,
+    co_partitioned,
+    exchanged,
+    message_key,
+    ranked_globally,
+    shard_writer,
+    stage2_shards,
+    view_key,
+)
 
-
-def view_key(view: ViewSpec) -> tuple[str, ...]:
-    """The view's grouping columns: `key`, or a Top-N's `partition_by` (empty: global)."""
-    if view.top_n is not None:
-        return tuple(view.top_n.partition_by)
-    return tuple(view.key)
-
-
-def message_key(pipeline: Pipeline) -> tuple[str, ...]:
-    """The columns the source's messages are keyed by: `source.key`, else the view key."""
-    return tuple(pipeline.source.key) or view_key(pipeline.view)
-
-
-def co_partitioned(pipeline: Pipeline) -> bool:
-    """Whether every view key's events lie in one source partition: the message-key
-    columns are a (non-empty) subset of the view-key columns."""
-    keys = message_key(pipeline)
-    return bool(keys) and set(keys) <= set(view_key(pipeline.view))
+# (the plan's rules, asked here by the shards' callers)
+__all__ = ["KeyCheck", "Shard", "ShardPlan", "by_partition", "check_state_partitions", "checkpoint_key",
+           "co_partitioned", "describe_key", "exchanged", "message_key", "plan_shards", "ranked_globally",
+           "shard_writer", "stage2_shards", "view_key"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,27 +87,9 @@ class ShardPlan:
         return by_shard
 
 
-def exchanged(pipeline: Pipeline) -> bool:
-    """Whether the view re-groups in `shards` (`refold.runtime.exchange`): its stage 1 runs
-    one shard per source partition, as a co-partitioned view does."""
-    return isinstance(pipeline.shards, int)
-
-
-def stage2_shards(pipeline: Pipeline) -> int:
-    """A re-grouping view's stage-2 shards (`shards: M`): M; 0 for any other view."""
-    return pipeline.shards if isinstance(pipeline.shards, int) else 0
-
-
-def ranked_globally(pipeline: Pipeline) -> bool:
-    """Whether the view is a global Top-N in more than one stage-2 shard (stage 3 ranks:
-    refold.runtime.tops, which exports it too). Here so that refold.runtime.native can
-    ask it: that module cannot import tops, which imports the shard."""
-    top_n = pipeline.view.top_n
-    return top_n is not None and not top_n.partition_by and stage2_shards(pipeline) > 1
-
-
 def plan_shards(pipeline: Pipeline) -> ShardPlan:
-    return ShardPlan(co_partitioned(pipeline) or exchanged(pipeline))
+    """How the first stage's shards cover the source's partitions (`refold.plan.by_partition`)."""
+    return ShardPlan(by_partition(pipeline))
 
 
 def check_state_partitions(pipeline: Pipeline, state_partitions: int, index: int) -> None:
@@ -124,17 +104,6 @@ def check_state_partitions(pipeline: Pipeline, state_partitions: int, index: int
         )
 
 
-def shard_writer(pipeline: Pipeline, shard: int) -> str:
-    """The shard's writer name, `<writer>-<shard>`: its materializations' fence and
-    checkpoint owner (the writer part of `P-<writer>-<shard>`)."""
-    return f"{pipeline.writer}-{shard}"
-
-
-def checkpoint_key(writer: str, shard: int) -> bytes:
-    """The key of a shard's record in `P.checkpoints`."""
-    return f"{writer}/{shard}".encode()
-
-
 class KeyCheck:
     """Checks message keys against the rows of a co-partitioned view (see the module's
     docstring). One per run, shared by its shards: `verified` once a record matched."""
@@ -142,7 +111,7 @@ class KeyCheck:
     def __init__(self, pipeline: Pipeline) -> None:
         self.topic = pipeline.source.topic
         self.columns = message_key(pipeline)
-        self.enabled = co_partitioned(pipeline) or exchanged(pipeline)
+        self.enabled = by_partition(pipeline)
         # Debezium's keys are not Refold's bytes: comparing them means parsing each one
         self.every_record = pipeline.source.format != "debezium-json"
         self.verified = False

@@ -36,31 +36,14 @@ import orjson
 
 from refold.config import Pipeline, ViewSpec
 from refold.model.changelog import Op
+from refold.plan import rank_pipeline, ranked_globally, tops_state_topic, tops_topic
 from refold.recovery.records import PendingRecord
 from refold.reduce import SourceEvent
 from refold.reduce.topn import TopNReducer
 from refold.runtime.batch import InputRecord, Outgoing, Units
 from refold.runtime.shard import ShardProcessor
-from refold.runtime.shards import ranked_globally
 
 CLOSE_FIRST = b"{"  # a close record's value; a unit's local-top change is a JSON array
-
-
-def tops_topic(pipeline: Pipeline) -> str:
-    """The stage-2 shards' local-top changes, one partition, read by stage 3."""
-    return f"{pipeline.pipeline}.tops"
-
-
-def tops_state_topic(pipeline: Pipeline) -> str:
-    """Stage 3's state (compacted, one partition): the entries of the shards' local tops."""
-    return f"{pipeline.pipeline}.tops.state"
-
-
-def rank_pipeline(pipeline: Pipeline) -> Pipeline:
-    """Stage 3's pipeline: the same view and outputs, its input `P.tops`, its writer
-    `<writer>.top` (its transactional id, checkpoint record and store)."""
-    source = pipeline.source.model_copy(update={"topic": tops_topic(pipeline)})
-    return pipeline.model_copy(update={"writer": f"{pipeline.writer}.top", "source": source})
 
 
 class LocalTops:

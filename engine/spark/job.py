@@ -26,20 +26,15 @@ from refold.config import Pipeline
 from refold.errors import RefoldError, UserError
 from refold.kafka.io import TopicSpec, durability_warnings, ensure_topics, partitions_of
 from refold.ops.monitor import Monitor
+from refold.plan import Plan, plan_of
 from refold.recovery.claims import claim_shards
-from refold.recovery.layout import (
-    check_view_partitions,
-    exchange_topics,
-    settle_layout,
-    view_writers,
-)
-from refold.recovery.records import combined, view_partitioning
+from refold.recovery.layout import check_plan_view_partitions, settle_plan, settled
+from refold.recovery.records import combined
 from refold.recovery.restore import reconcile_spark_checkpoint
-from refold.runtime.exchange import Closer, trim, view_pipeline
+from refold.runtime.exchange import Closer, trim
 from refold.runtime.hooks import Hooks
 from refold.runtime.processor import BatchStats, together, with_outputs
-from refold.runtime.shards import check_state_partitions, exchanged, plan_shards, stage2_shards
-from refold.runtime.tops import rank_pipeline, ranked_globally, tops_topic
+from refold.runtime.shards import check_state_partitions
 from refold.spark import logs
 from refold.spark.launch import check_master as check_master
 from refold.spark.launch import java_options as java_options
@@ -52,12 +47,13 @@ from refold.spark.tasks import SUMMARY, ShardTask, reported_error, summary_offse
 log = logging.getLogger(__name__)
 
 
-def prepare_topics(pipeline: Pipeline, settings: dict[str, Any], source_partitions: int) -> list[TopicSpec]:
-    """Create the engine's topics that do not exist yet (`engine_topics`, with the
+def prepare_topics(plan: Plan, settings: dict[str, Any]) -> list[TopicSpec]:
+    """Create the plan's topics that do not exist yet (`Plan.engine_topics`, with the
     pipeline's `replication_factor`, else min(3, brokers) replicas), and log a warning
     for each durability setting that weakens exactly-once on a cluster of several
     brokers (`durability_warnings`: one replica, or min.insync.replicas 1)."""
-    specs = engine_topics(pipeline, max(pipeline.partitions, source_partitions))
+    pipeline = plan.pipeline
+    specs = plan.engine_topics()
     ensure_topics(settings, specs, replication_factor=pipeline.replication_factor)
     for warning in durability_warnings(settings, [pipeline.source.topic, *(spec.name for spec in specs)]):
         log.warning("pipeline %s: %s", pipeline.pipeline, warning)
@@ -65,28 +61,10 @@ def prepare_topics(pipeline: Pipeline, settings: dict[str, Any], source_partitio
 
 
 def engine_topics(pipeline: Pipeline, partitions: int) -> list[TopicSpec]:
-    """The topics the engine writes: its outputs and its recovery log (DESIGN.md §3).
-    `P.state` and `P.checkpoints` get as many partitions as the source (or
-    `partitions`): a shard's state goes to `P.state` partition = shard. A re-grouping
-    view in `shards` adds `P.repartition` (one partition per shard) and `P.rows`."""
-    specs = [
-        TopicSpec(pipeline.checkpoints_topic, partitions, compacted=True),
-        TopicSpec(pipeline.state_topic, max(partitions, stage2_shards(pipeline)), compacted=True),
-        TopicSpec(pipeline.dlq_topic, 1),
-    ]
-    specs += exchange_topics(pipeline, partitions)  # a re-grouping view in shards
-    view = pipeline.outputs.view
-    if view is not None:
-        # Partitioned by shard, each writing shard has a partition of its own. A Top-N
-        # leaderboard is small and its places change together: one partition per writer
-        # (one for a global Top-N) keeps each leaderboard's changelog in one total order,
-        # as RFC-015 shows it.
-        writers = view_writers(pipeline, partitions) if view_partitioning(pipeline) == "shard" else 1
-        view_partitions = writers if pipeline.view.is_top_n else max(partitions, writers)
-        specs.append(TopicSpec(view.topic, view_partitions, compacted=view.form == "upsert"))
-    if pipeline.outputs.delta is not None:
-        specs.append(TopicSpec(pipeline.outputs.delta.topic, partitions))
-    return specs
+    """The topics a new pipeline's first run makes over a source of `partitions`
+    partitions (the plan's, `Plan.engine_topics`): its outputs and its recovery log
+    (DESIGN.md §3), and a re-grouping view's exchange."""
+    return plan_of(settled(pipeline, {}, partitions), partitions).engine_topics()
 
 
 def spark_checkpoint_dir(pipeline: Pipeline) -> Path:
@@ -149,11 +127,12 @@ def run_pipeline(
         partitions = partitions_of(settings, topic)
     except UserError as exc:
         raise UserError(f"source.topic: {exc}") from exc
-    pipeline = settle_layout(pipeline, settings, len(partitions))
-    prepare_topics(pipeline, settings, len(partitions))
-    check_view_partitions(pipeline, settings, len(partitions))
+    plan = settle_plan(pipeline, settings, len(partitions))  # the pipeline's shape, read from here on
+    pipeline = plan.pipeline
+    prepare_topics(plan, settings)
+    check_plan_view_partitions(plan, settings)
     own_spark = spark is None
-    spark, start = _start_engine(pipeline, settings, partitions, spark)
+    spark, start = _start_engine(plan, settings, spark)
     progress = Progress(pipeline, quiet)
     monitor: Monitor | None = None
     query: Any = None
@@ -198,30 +177,27 @@ def run_pipeline(
 
 
 class Start:
-    """What the driver settles before the query starts (`claim_shards`): every shard's
-    writer fenced and its checkpoint claimed for this run, the committed offsets
-    (`offsets`, kept current from the tasks' summaries for the monitor's lag), the run's
-    id, and `P.checkpoints`' partition count."""
+    """What the driver settles before the query starts (`claim_shards`): every shard of
+    every stage of the plan fenced and its checkpoint claimed for this run, the committed
+    offsets (`offsets`, kept current from the tasks' summaries for the monitor's lag),
+    the run's id, and `P.checkpoints`' partition count."""
 
-    def __init__(self, pipeline: Pipeline, settings: dict[str, Any], partitions: list[int]) -> None:
+    def __init__(self, plan: Plan, settings: dict[str, Any]) -> None:
         started = time.monotonic()
+        pipeline = plan.pipeline
         self.run = int(time.time() * 1000)
-        self.plan = plan_shards(pipeline)
-        self.shards = [shard.index for shard in self.plan.shards(partitions)]
+        self.plan = plan
+        self.shards = plan.first.shard_indexes
         state_partitions = len(partitions_of(settings, pipeline.state_topic))
-        for index in self.shards:
-            check_state_partitions(pipeline, state_partitions, index)
+        for stage in plan.stages:
+            if stage.state_topic == pipeline.state_topic or stage is plan.first:
+                for index in stage.shard_indexes:
+                    check_state_partitions(pipeline, state_partitions, index)
         self.checkpoint_partitions = len(partitions_of(settings, pipeline.checkpoints_topic))
         claimed = claim_shards(pipeline, settings, self.shards, self.run, self.checkpoint_partitions)
-        self.closer: Closer | None = None
-        if exchanged(pipeline):  # a re-grouping view in shards: stage 2's shards and the driver's close
-            for index in range(stage2_shards(pipeline)):
-                check_state_partitions(pipeline, state_partitions, index)
-            claim_shards(view_pipeline(pipeline), settings, list(range(stage2_shards(pipeline))), self.run,
-                         self.checkpoint_partitions)
-            if ranked_globally(pipeline):  # a global Top-N's stage 3
-                claim_shards(rank_pipeline(pipeline), settings, [0], self.run, self.checkpoint_partitions)
-            self.closer = Closer(pipeline, settings)
+        for stage in plan.later:  # a re-grouping view's stage 2 (and a global Top-N's stage 3)
+            claim_shards(stage.pipeline, settings, stage.shard_indexes, self.run, self.checkpoint_partitions)
+        self.closer: Closer | None = Closer(pipeline, settings) if plan.close_id is not None else None
         committed = combined([c for c in claimed.values() if c.batch > 0])
         self.offsets: dict[int, int] = dict(committed.offsets) if committed is not None else {}
         self.aborts = 0
@@ -230,16 +206,17 @@ class Start:
                  self.offsets, time.monotonic() - started)
 
 
-def _start_engine(pipeline: Pipeline, settings: dict[str, Any], partitions: list[int], spark: Any) -> tuple[Any, Start]:
+def _start_engine(plan: Plan, settings: dict[str, Any], spark: Any) -> tuple[Any, Start]:
     """Spark (ours when `spark` is None) and the run's start, side by side: the JVM comes
     up (seconds, mostly outside Python) while the shards are fenced and the checkpoints
     read. Our Spark stops when the start fails."""
     if spark is not None:
-        return spark, Start(pipeline, settings, partitions)
+        return spark, Start(plan, settings)
+    pipeline = plan.pipeline
     with ThreadPoolExecutor(1, thread_name_prefix="refold-spark-start") as pool:
         starting = pool.submit(spark_session, pipeline.spark.master, pipeline.spark.conf, f"refold-{pipeline.pipeline}")
         try:
-            start = Start(pipeline, settings, partitions)
+            start = Start(plan, settings)
         except BaseException:
             with contextlib.suppress(Exception):
                 starting.result().stop()
@@ -390,14 +367,16 @@ class _Batches:
         close = close or self.start.closer.close(self.start.run)
         task = ShardTask(self.pipeline, self.settings, self.hooks, self.start.run,
                          self.start.checkpoint_partitions, False, stage="apply", close=close)
-        shards = stage2_shards(self.pipeline)
-        rows = run_shards(spark, task, shards)  # each shard on its executor, batch after batch
-        trim(self.settings, self.pipeline, summary_offsets(rows))
-        if ranked_globally(self.pipeline) and not any(row["error_kind"] for row in rows):  # stage 3
+        reduce = self.start.plan.stage("reduce")
+        assert reduce.shards is not None
+        rows = run_shards(spark, task, reduce.shards)  # each shard on its executor, batch after batch
+        trim(self.settings, self.pipeline, summary_offsets(rows), reduce.inputs[0])
+        if self.start.plan.ranked_globally and not any(row["error_kind"] for row in rows):  # stage 3
+            rank = self.start.plan.stage("rank")
             close = self.start.closer.close(self.start.run, tops=True)
             task = replace(task, stage="top", close=close)
             ranked = [{**row, "stage": 3} for row in run_shards(spark, task, 1)]
-            trim(self.settings, self.pipeline, summary_offsets(ranked), tops_topic(self.pipeline))
+            trim(self.settings, self.pipeline, summary_offsets(ranked), rank.inputs[0])
             rows += ranked
         return rows
 

@@ -1,0 +1,30 @@
+"""The plan: a pipeline's shape as one value (`refold.plan.plan`), and its drawing
+(`refold.plan.draw`)."""
+
+from refold.plan.plan import (
+    Plan,
+    Source,
+    Stage,
+    Topic,
+    by_partition,
+    checkpoint_key,
+    close_id,
+    co_partitioned,
+    exchanged,
+    message_key,
+    plan_of,
+    rank_pipeline,
+    ranked_globally,
+    shard_writer,
+    stage2_shards,
+    stage_writers,
+    tops_state_topic,
+    tops_topic,
+    view_key,
+    view_partitioning,
+    view_pipeline,
+)
+
+__all__ = ["Plan", "Source", "Stage", "Topic", "by_partition", "checkpoint_key", "close_id", "co_partitioned", "exchanged", "message_key",
+           "plan_of", "rank_pipeline", "ranked_globally", "shard_writer", "stage2_shards", "stage_writers",
+           "tops_state_topic", "tops_topic", "view_key", "view_partitioning", "view_pipeline"]
