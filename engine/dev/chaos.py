@@ -75,26 +75,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from refold.cli.produce import produce
 from refold.dev import kafkacluster, localkafka, localspark, sparkprocs
 from refold.dev.chaosengine import FAULTS, ChaosResult, Engine, exit_kind
 from refold.dev.chaoskafka import KAFKA_FAULTS, inject_kafka, wait_in_sync
-from refold.dev.chaospipelines import chunks, upsert_records, window_workload, write_pipelines
+from refold.dev.chaospipelines import (
+    chunks,
+    half_of,
+    produce_chunk,
+    produce_upserts,
+    upsert_records,
+    window_workload,
+    write_pipelines,
+)
 from refold.dev.testing import Workload, generate
 from refold.dev.windowload import generate_windowed
-from refold.errors import RefoldError, UserError
+from refold.errors import UserError
 from refold.kafka.io import (
-    TopicSpec,
     consumer_config,
-    ensure_topics,
     open_transactions,
     partitions_of,
     producer_config,
 )
-from refold.kafka.transactions import TransactionalWriter
 from refold.model import jsonbytes
 from refold.ops.verify import verify
 from refold.recovery.restore import load_checkpoints
@@ -244,58 +247,6 @@ def final_markers(settings: dict[str, Any], topics: Sequence[str]) -> list[str]:
     finally:
         consumer.close()
     return problems
-
-
-def half_of(rows: Sequence[bytes]) -> int:
-    """Where a chunk splits in two: its middle, moved on past a `+C` so that no correction
-    pair is cut."""
-    cut = len(rows) // 2
-    while cut < len(rows) and orjson.loads(rows[cut]).get("op") == "+C":
-        cut += 1
-    return cut
-
-
-def produce_chunk(settings: dict[str, Any], topic: str, rows: Sequence[bytes], partitions: int, say: Any) -> None:
-    """Produce one chunk, retrying while the broker is still coming back from a restart
-    (its transaction coordinator loading): a failed init_transactions wrote nothing."""
-    for attempt in range(1, 6):
-        try:
-            produce(settings, topic, rows, ["player_name"], partitions=partitions,
-                    per_transaction=10_000, prevalidate=False, progress=False)
-            return
-        except UserError as exc:
-            # a transaction that could not start, or that the cluster did not take (aborted)
-            retry = ("cannot start a Kafka transaction" in str(exc) or "cannot initialise transactions" in str(exc)
-                     or "nothing of it is visible" in str(exc))
-            if attempt == 5 or not retry:
-                raise
-            say(f"  producing a chunk failed ({exc}); again in 5s")
-            time.sleep(5)
-
-
-def produce_upserts(settings: dict[str, Any], topic: str, records: Sequence[tuple[bytes, bytes | None]],
-                    partitions: int, say: Any) -> None:
-    """Write upsert records in one transaction (partitioned by key, as a producer of a
-    table does). Starting the transaction is retried while the broker comes back from
-    a restart (nothing is written then); a failed commit is not (it may have landed)."""
-    ensure_topics(settings, [TopicSpec(topic, partitions)])
-    writer = TransactionalWriter(settings, f"chaos-upserts-{uuid.uuid4()}", timeout_ms=60_000)
-    try:
-        for attempt in range(1, 6):
-            try:
-                writer.initialise()
-                break
-            except (RefoldError, KafkaException) as exc:
-                if attempt == 5:
-                    raise
-                say(f"  starting the upsert records' transaction failed ({exc}); again in 5s")
-                time.sleep(5)
-        writer.begin()
-        for key, value in records:
-            writer.send(topic, key, value)
-        writer.commit()
-    finally:
-        writer.close()
 
 
 def _finish_and_verify(engines: list[Engine], result: ChaosResult, settings: dict[str, Any], say: Any,

@@ -5,6 +5,7 @@ its own) and the input it feeds them in chunks."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -12,8 +13,13 @@ from typing import Any
 
 import orjson
 import yaml
+from confluent_kafka import KafkaException
 
+from refold.cli.produce import produce
 from refold.dev.windowload import WindowWorkload
+from refold.errors import RefoldError, UserError
+from refold.kafka.io import TopicSpec, ensure_topics
+from refold.kafka.transactions import TransactionalWriter
 
 GROUPED = {
     "total": {"sum": "score"},
@@ -133,3 +139,55 @@ def _table(driver: str, lake: Path, kind: str) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
     where = {"path": str(folder)} if driver == "delta" else {"warehouse": str(folder)}
     return {"driver": driver, **where, "view": f"{kind}_view", "delta": f"{kind}_deltas"}
+
+
+def half_of(rows: Sequence[bytes]) -> int:
+    """Where a chunk splits in two: its middle, moved on past a `+C` so that no correction
+    pair is cut."""
+    cut = len(rows) // 2
+    while cut < len(rows) and orjson.loads(rows[cut]).get("op") == "+C":
+        cut += 1
+    return cut
+
+
+def produce_chunk(settings: dict[str, Any], topic: str, rows: Sequence[bytes], partitions: int, say: Any) -> None:
+    """Produce one chunk, retrying while the broker is still coming back from a restart
+    (its transaction coordinator loading): a failed init_transactions wrote nothing."""
+    for attempt in range(1, 6):
+        try:
+            produce(settings, topic, rows, ["player_name"], partitions=partitions,
+                    per_transaction=10_000, prevalidate=False, progress=False)
+            return
+        except UserError as exc:
+            # a transaction that could not start, or that the cluster did not take (aborted)
+            retry = ("cannot start a Kafka transaction" in str(exc) or "cannot initialise transactions" in str(exc)
+                     or "nothing of it is visible" in str(exc))
+            if attempt == 5 or not retry:
+                raise
+            say(f"  producing a chunk failed ({exc}); again in 5s")
+            time.sleep(5)
+
+
+def produce_upserts(settings: dict[str, Any], topic: str, records: Sequence[tuple[bytes, bytes | None]],
+                    partitions: int, say: Any) -> None:
+    """Write upsert records in one transaction (partitioned by key, as a producer of a
+    table does). Starting the transaction is retried while the broker comes back from
+    a restart (nothing is written then); a failed commit is not (it may have landed)."""
+    ensure_topics(settings, [TopicSpec(topic, partitions)])
+    writer = TransactionalWriter(settings, f"chaos-upserts-{uuid.uuid4()}", timeout_ms=60_000)
+    try:
+        for attempt in range(1, 6):
+            try:
+                writer.initialise()
+                break
+            except (RefoldError, KafkaException) as exc:
+                if attempt == 5:
+                    raise
+                say(f"  starting the upsert records' transaction failed ({exc}); again in 5s")
+                time.sleep(5)
+        writer.begin()
+        for key, value in records:
+            writer.send(topic, key, value)
+        writer.commit()
+    finally:
+        writer.close()
