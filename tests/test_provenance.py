@@ -1,0 +1,181 @@
+"""Provenance: every view record's cause headers (`refold.cause`, `refold.retracts`) are
+the reference's (`refold.reference_causes`), for random changelogs and random batch
+cuts, through real transactions and a restart in the middle (the causes of what later
+records retract come back from `P.state`), with the Python reducers and the native
+core, grouped and Top-N, each output form; read back from the broker as written; a
+replay writes nothing again; `outputs.provenance: off` writes no headers."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from refold.config import Pipeline, parse_pipeline
+from refold.kafka.io import ensure_topics, read_to_end
+from refold.model.changelog import Op
+from refold.recovery.records import Checkpoint
+from refold.reduce import SourceEvent
+from refold.reference_causes import headers_of, in_form, reference_causes
+from refold.runtime.batch import InputRecord, Outgoing
+from refold.runtime.processor import BatchProcessor
+from refold.runtime.shard import ShardProcessor
+from refold.spark.job import engine_topics
+
+pytestmark = pytest.mark.kafka
+
+PARTITIONS = 2
+GROUPED = {"key": ["g"], "columns": {"total": {"sum": "score"}, "best": {"max": "score"}, "n": {"count": "*"}}}
+TOP_N = {"top_n": {"n": 2, "order_by": {"score": "desc"}, "partition_by": ["g"]}}
+
+
+class Recording(ShardProcessor):
+    """Commits as the engine does, and keeps what each batch sent."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.sent: list[tuple[int, Outgoing]] = []
+        super().__init__(*args, **kwargs)
+
+    def _commit(self, out: Outgoing, checkpoint: Checkpoint) -> None:
+        super()._commit(out, checkpoint)
+        self.sent.append((checkpoint.batch, out))
+
+
+class RecordingProcessor(BatchProcessor):
+    shard_type = Recording
+
+
+def _pipeline(settings_: dict[str, Any], source: str, view: dict[str, Any], form: str, core: str,
+              provenance: bool = True) -> Pipeline:
+    name = f"pv{uuid.uuid4().hex[:8]}"
+    outputs: dict[str, Any] = {"view": {"topic": f"{name}.view", "form": form}, "provenance": provenance}
+    if "top_n" not in view:
+        outputs["delta"] = {"topic": f"{name}.delta"}
+    pipeline = parse_pipeline({"pipeline": name, "kafka": settings_, "source": {"topic": source},
+                               "view": view, "outputs": outputs, "spark": {"core": core}})
+    ensure_topics(settings_, engine_topics(pipeline, PARTITIONS))
+    return pipeline
+
+
+# a changelog: (op, group, score) steps over the live rows; -C/+C pairs correct a live row
+steps = st.lists(st.tuples(st.sampled_from(["+A", "+A", "-R", "-C", "-X"]), st.integers(0, 3), st.integers(0, 9)),
+                 min_size=1, max_size=40)
+
+
+def _records(plan: list[tuple[str, int, int]]) -> tuple[list[InputRecord], dict[int, list[list[SourceEvent]]]]:
+    """The input records in the order written, and each partition's units as the
+    reference reads them (a retraction of a row that is not live `-X` is refused)."""
+    offsets = [0] * PARTITIONS
+    live: dict[int, list[dict[str, Any]]] = {}
+    records: list[InputRecord] = []
+    units: dict[int, list[list[SourceEvent]]] = {p: [] for p in range(PARTITIONS)}
+
+    def emit(op: str, row: dict[str, Any]) -> SourceEvent:
+        partition = row["g"] % PARTITIONS
+        offset = offsets[partition]
+        offsets[partition] += 1
+        records.append(InputRecord(partition, offset, orjson.dumps({"g": row["g"]}),
+                                   orjson.dumps({"op": op, **row}), 1_000 + offset))
+        return SourceEvent(Op.parse(op), row, (1_000 + offset, partition, offset))
+
+    for number, (op, g, score) in enumerate(plan):
+        rows = live.setdefault(g, [])
+        if op == "+A" or (op in ("-R", "-C") and not rows):
+            row = {"g": g, "id": number, "score": score}
+            rows.append(row)
+            units[g % PARTITIONS].append([emit("+A", row)])
+        elif op == "-R":
+            row = rows.pop(score % len(rows))
+            units[g % PARTITIONS].append([emit("-R", row)])
+        elif op == "-C":
+            at = score % len(rows)
+            old, new = rows[at], {**rows[at], "score": score}
+            rows[at] = new
+            units[g % PARTITIONS].append([emit("-C", old), emit("+C", new)])
+        else:  # a retraction of a row never added: a dead letter, nothing written
+            units[g % PARTITIONS].append([emit("-R", {"g": g, "id": -1, "score": score})])
+    return records, units
+
+
+def _written(shard: Recording) -> list[tuple[bytes, str | None, Any]]:
+    out = []
+    for _batch, sent in shard.sent:
+        for key, value, _ts, headers in sent.view:
+            out.append((key, None if value is None else orjson.loads(value).get("op", "+A"), headers))
+    return out
+
+
+CASES = [(GROUPED, form, core) for form in ("changelog", "retract", "upsert") for core in ("python", "native")]
+CASES += [(TOP_N, form, core) for form in ("changelog", "retract") for core in ("python", "native")]
+
+
+@pytest.mark.parametrize(("view", "form", "core"), CASES,
+                         ids=[f"{'topn' if 'top_n' in v else 'grouped'}-{f}-{c}" for v, f, c in CASES])
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(plan=steps, data=st.data())
+def test_every_view_record_names_the_reference_cause(bootstrap_servers, topic, view, form, core, plan, data) -> None:
+    settings_ = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=PARTITIONS)
+    pipeline = _pipeline(settings_, source, view, form, core)
+    records, units = _records(plan)
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(records) - 1)), max_size=4)))
+    batches = [records[a:b] for a, b in zip([0, *cuts], [*cuts, len(records)], strict=True) if a < b]
+    restart = data.draw(st.integers(0, len(batches)))
+    written: dict[int, list[Any]] = {p: [] for p in range(PARTITIONS)}
+    for part in (batches[:restart], batches[restart:]):  # a restart: later retractions' causes from P.state
+        processor = RecordingProcessor(pipeline, settings_)
+        try:
+            for batch in part:
+                processor.process(batch)
+            for index, shard in processor.shards.items():
+                assert isinstance(shard, Recording)
+                written[index] += _written(shard)
+        finally:
+            processor.close()
+    view_spec = pipeline.view
+    for partition in range(PARTITIONS):
+        want = [(c.change.key_json(), None if op is None else op.code, headers_of(c))
+                for op, c in in_form(reference_causes(view_spec, units[partition]), form)]
+        assert written[partition] == want, f"partition {partition}"
+    # as the broker has them: view partition = shard
+    read: dict[int, list[Any]] = {p: [] for p in range(PARTITIONS)}
+    for msg in read_to_end(settings_, pipeline.outputs.view.topic):
+        read[msg.partition()].append((msg.key(), msg.headers()))
+    for partition in range(PARTITIONS):
+        assert read[partition] == [(key, headers) for key, _op, headers in written[partition]]
+    # a replay of every batch writes nothing again
+    processor = RecordingProcessor(pipeline, settings_)
+    try:
+        assert all(processor.process(batch) is None for batch in batches)
+    finally:
+        processor.close()
+
+
+def test_deltas_and_dead_letters_name_their_cause_and_off_writes_none(bootstrap_servers, topic) -> None:
+    settings_ = {"bootstrap.servers": bootstrap_servers}
+    records, _units = _records([("+A", 0, 5), ("+A", 0, 7), ("-C", 0, 1), ("-X", 2, 3), ("+A", 1, 2)])
+    for provenance in (True, False):
+        pipeline = _pipeline(settings_, topic(partitions=PARTITIONS), GROUPED, "changelog", "auto", provenance)
+        processor = BatchProcessor(pipeline, settings_)
+        try:
+            processor.process(records)
+        finally:
+            processor.close()
+        deltas = list(read_to_end(settings_, pipeline.outputs.delta.topic))
+        letters = list(read_to_end(settings_, pipeline.dlq_topic))
+        views = list(read_to_end(settings_, pipeline.outputs.view.topic))
+        assert len(letters) == 1 and len(deltas) == 2 and len(views) == 6
+        if not provenance:
+            assert all(msg.headers() is None for msg in [*deltas, *views])
+            assert "refold.cause" not in dict(letters[0].headers())
+            continue
+        # group 0 (partition 0): +A @0, +A @1, -C/+C @2-3; the delta names the last (the pair's -C)
+        by_key = {orjson.loads(msg.key())["g"]: dict(msg.headers()) for msg in deltas}
+        assert by_key[0] == {"refold.cause": b"0:2"}
+        assert by_key[1] == {"refold.cause": b"1:0"}
+        # group 2's not-live retraction: partition 0, offset 4
+        assert dict(letters[0].headers())["refold.cause"] == b"0:4"
