@@ -265,7 +265,7 @@ class TransactionalWriter:
             for key, value, headers in records:
                 while True:
                     try:
-                        produce(topic, value, key, where, on_delivery, headers=headers)
+                        produce(topic, value, key, where, on_delivery, headers=headers)  # type: ignore[arg-type]
                         break
                     except BufferError:
                         producer.poll(0.05)

@@ -28,7 +28,16 @@ from refold.reduce.statecodec import (
     state_value,
     summary_key,
 )
-from refold.reduce.types import Cause, Changes, DeltaRows, Number, Rejected, SourceEvent, Tag, ViewChange, cause_of
+from refold.reduce.types import (
+    Cause,
+    Changes,
+    DeltaRows,
+    Number,
+    Rejected,
+    SourceEvent,
+    Tag,
+    cause_of,
+)
 from refold.reduce.values import (
     checked_key,
     diff_changes,

@@ -9,8 +9,14 @@ from typing import Any
 from refold.config import ViewSpec
 from refold.model.reasons import Reason
 from refold.reduce.ordered import Sorted
-from refold.reduce.statecodec import decode_state, row_fingerprint, row_key, state_value, summary_key
-from refold.reduce.types import Cause, Changes, Rejected, SourceEvent, Tag, ViewChange, cause_of
+from refold.reduce.statecodec import (
+    decode_state,
+    row_fingerprint,
+    row_key,
+    state_value,
+    summary_key,
+)
+from refold.reduce.types import Cause, Changes, Rejected, SourceEvent, Tag, cause_of
 from refold.reduce.values import (
     checked_key,
     diff_changes,
