@@ -179,3 +179,63 @@ def test_deltas_and_dead_letters_name_their_cause_and_off_writes_none(bootstrap_
         assert by_key[1] == {"refold.cause": b"1:0"}
         # group 2's not-live retraction: partition 0, offset 4
         assert dict(letters[0].headers())["refold.cause"] == b"0:4"
+
+
+MATCH_SCORES = [(1, 1, "Alice", 100), (1, 1, "Bob", 80), (2, 2, "Alice", 70), (2, 2, "Charlie", 90),
+                (3, 3, "Bob", 60), (3, 3, "Charlie", 110)]  # RFC-015's (match_time, match_id, player_name, score)
+
+
+def test_trace_names_the_match_result_behind_each_leaderboard_row(bootstrap_servers, topic) -> None:
+    from io import StringIO
+
+    from confluent_kafka import Producer
+
+    from refold.cli import trace
+
+    settings_ = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=1)
+    producer = Producer(settings_)
+    values = [orjson.dumps({"op": "+A", "match_time": t, "match_id": m, "player_name": p, "score": s})
+              for t, m, p, s in MATCH_SCORES]
+    for value in values:
+        producer.produce(source, value, None, 0)
+    producer.flush(30)
+    name = f"pt{uuid.uuid4().hex[:8]}"
+    pipeline = parse_pipeline({"pipeline": name, "kafka": settings_, "source": {"topic": source},
+                               "view": {"top_n": {"n": 2, "order_by": {"score": "desc"}}},
+                               "outputs": {"view": {"topic": f"{name}.view"}}})
+    ensure_topics(settings_, engine_topics(pipeline, 1))
+    records = [InputRecord(0, offset, None, value, 1_000 + offset) for offset, value in enumerate(values)]
+    processor = BatchProcessor(pipeline, settings_)
+    try:
+        processor.process(records[:3])
+        processor.process(records[3:])
+    finally:
+        processor.close()
+
+    # place 1: Alice's 100 (offset 0), then Charlie's 110 (offset 5) corrects it
+    first = trace.trace_key(pipeline, settings_, {"place": 1})
+    assert [(r["op"], r["row"]["player_name"], r["cause"]["offset"]) for r in first] == [
+        ("+A", "Alice", 0), ("-C", "Alice", 5), ("+C", "Charlie", 5)]
+    assert first[2]["cause"]["row"]["score"] == 110 and first[2]["cause"]["op"] == "+A"
+    assert first[1]["retracts"]["offset"] == 0 and first[1]["retracts"]["row"]["player_name"] == "Alice"
+    assert "retracts" not in first[0] and "retracts" not in first[2]
+    # place 2: Bob's 80 (1), Charlie's 90 (3), Alice's 100 moved down by Charlie's 110 (5)
+    second = trace.trace_key(pipeline, settings_, {"place": 2})
+    assert [(r["op"], r["row"]["player_name"], r["cause"]["offset"]) for r in second] == [
+        ("+A", "Bob", 1), ("-C", "Bob", 3), ("+C", "Charlie", 3), ("-C", "Charlie", 5), ("+C", "Alice", 5)]
+    assert second[3]["retracts"]["offset"] == 3
+    # what Charlie's 110 changed: both places; Bob's 60 (offset 4) changed nothing
+    caused = trace.trace_input(pipeline, settings_, source, 0, 5)
+    assert [(r["output"], r["op"], r["key"]["place"]) for r in caused] == [
+        ("view", "-C", 1), ("view", "+C", 1), ("view", "-C", 2), ("view", "+C", 2)]
+    assert trace.trace_input(pipeline, settings_, source, 0, 4) == []
+    # the command's output: one JSON object per record; bounded by --since/--until
+    out = StringIO()
+    assert trace.run(pipeline, settings_, key='{"place": 1}', input_=None, since=1, until=None, as_json=True, out=out) == 0
+    lines = [orjson.loads(line) for line in out.getvalue().splitlines()]
+    assert [(line["op"], line["cause"]["offset"]) for line in lines] == [("-C", 5), ("+C", 5)]
+    assert trace.run(pipeline, settings_, key='{"place": 1}', input_=None, since=None, until=1, as_json=False,
+                     out=StringIO()) == 0
+    assert trace.run(pipeline, settings_, key='{"place": 3}', input_=None, since=None, until=None, as_json=False,
+                     out=StringIO()) == 1
