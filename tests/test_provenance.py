@@ -239,3 +239,52 @@ def test_trace_names_the_match_result_behind_each_leaderboard_row(bootstrap_serv
                      out=StringIO()) == 0
     assert trace.run(pipeline, settings_, key='{"place": 3}', input_=None, since=None, until=None, as_json=False,
                      out=StringIO()) == 1
+
+
+@pytest.mark.parametrize("source_spec", [
+    {"format": "jsonl", "key": ["player"]},  # a re-grouping view in shards: stage 2 names the original event
+    {"format": "jsonl", "key": ["player"], "form": "upsert"},  # the cause is the table record
+], ids=["exchange", "upsert"])
+def test_causes_after_an_exchange_and_of_an_upsert_source(bootstrap_servers, topic, source_spec) -> None:
+    settings_ = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=PARTITIONS)
+    name = f"px{uuid.uuid4().hex[:8]}"
+    upsert = source_spec.get("form") == "upsert"
+    pipeline = parse_pipeline({
+        "pipeline": name, "kafka": settings_, "source": {"topic": source, **source_spec},
+        **({} if upsert else {"shards": 2}),
+        "view": {"key": ["team"], "columns": {"total": {"sum": "score"}}},
+        "outputs": {"view": {"topic": f"{name}.view"}}})
+    ensure_topics(settings_, engine_topics(pipeline, PARTITIONS))
+    rows = [("ann", "red", 1), ("bob", "red", 2), ("cat", "blue", 3), ("ann", "red", 5), ("bob", "blue", 7)]
+    offsets = [0] * PARTITIONS
+    records, by_cause = [], {}
+    teams: dict[bytes, set[str]] = {}
+    teams_of: dict[str, str] = {}
+    for player, team, score in rows:
+        partition = len(player) % PARTITIONS if player != "bob" else 1
+        row = {"player": player, "team": team, "score": score}
+        value = orjson.dumps(row if upsert else {"op": "+A", **row})
+        records.append(InputRecord(partition, offsets[partition], orjson.dumps({"player": player}), value, 1_000))
+        cause = b"%d:%d" % (partition, offsets[partition])
+        by_cause[cause] = row
+        # the teams the record changes: its own, and (an upsert replaces the player's row) the one it leaves
+        teams[cause] = {team, *([teams_of[player]] if upsert and player in teams_of else [])}
+        teams_of[player] = team
+        offsets[partition] += 1
+    processor = BatchProcessor(pipeline, settings_)
+    try:
+        processor.process(records)
+    finally:
+        processor.close()
+    written = list(read_to_end(settings_, pipeline.outputs.view.topic))
+    assert written
+    latest: dict[bytes, bytes] = {}
+    for msg in sorted(written, key=lambda m: (m.partition(), m.offset())):
+        headers = dict(msg.headers())
+        record = orjson.loads(msg.value())
+        assert record["team"] in teams[headers["refold.cause"]]  # an input record that changes the team
+        if record["op"] in ("-C", "-R"):
+            assert headers["refold.retracts"] == latest[msg.key()]
+        else:
+            latest[msg.key()] = headers["refold.cause"]
