@@ -288,3 +288,45 @@ def test_causes_after_an_exchange_and_of_an_upsert_source(bootstrap_servers, top
             assert headers["refold.retracts"] == latest[msg.key()]
         else:
             latest[msg.key()] = headers["refold.cause"]
+
+
+@pytest.mark.spark
+def test_causes_are_byte_identical_after_kill_9_and_restarts(bootstrap_servers, topic, tmp_path) -> None:
+    # the engine (Spark, local[1]) killed inside a transaction and after a commit, then run
+    # to the end: its view records, headers included, are those of the same
+    # input reduced in one go without a crash (the output is a pure function of the input)
+    from engine_runs import load_source
+    from test_crash import finish, start_engine, write_pipeline
+
+    from refold.config import load_pipeline
+
+    settings_ = {"bootstrap.servers": bootstrap_servers}
+    source, _events = load_source(bootstrap_servers, topic, partitions=2, events=900, keys=40, seed=11)
+    path = write_pipeline(tmp_path, source, bootstrap_servers)
+    for crash in ("in_txn:2", "after_commit:3"):
+        code, err = finish(start_engine(path, crash=crash))
+        assert code == -9, f"{crash}: {err[-2000:]}"
+    code, err = finish(start_engine(path))
+    assert code == 0, err[-3000:]
+    crashed = load_pipeline(path)
+    clean = load_pipeline(write_pipeline(tmp_path, source, bootstrap_servers))
+    ensure_topics(settings_, engine_topics(clean, 2))
+    records = [InputRecord(msg.partition(), msg.offset(), msg.key(), msg.value(), msg.timestamp()[1])
+               for msg in read_to_end(settings_, source)]
+    processor = BatchProcessor(clean, settings_)
+    try:
+        processor.process(records)
+    finally:
+        processor.close()
+
+    def written(topic_name: str) -> dict[int, list[Any]]:
+        by_partition: dict[int, list[Any]] = {}
+        for msg in read_to_end(settings_, topic_name):
+            by_partition.setdefault(msg.partition(), []).append((msg.key(), msg.value(), msg.headers()))
+        return by_partition
+
+    assert crashed.outputs.view is not None and clean.outputs.view is not None
+    view = written(crashed.outputs.view.topic)
+    assert view == written(clean.outputs.view.topic)
+    assert sum(len(records) for records in view.values()) > 100
+    assert all(headers for records in view.values() for _key, _value, headers in records)
