@@ -330,3 +330,43 @@ def test_causes_are_byte_identical_after_kill_9_and_restarts(bootstrap_servers, 
     assert view == written(clean.outputs.view.topic)
     assert sum(len(records) for records in view.values()) > 100
     assert all(headers for records in view.values() for _key, _value, headers in records)
+
+
+@pytest.mark.parametrize("view", [GROUPED, TOP_N], ids=["grouped", "topn"])
+def test_state_without_causes_loads_and_its_next_retraction_names_none(view) -> None:
+    # P.state written before causes were kept: a grouped key's summary without "c", a
+    # Top-N group without its `[group]` summary. Both cores load it; the record a
+    # retraction takes back has an unknown cause (no refold.retracts), the next ones a known one.
+    from refold.reduce import decode_state, make_reducer
+    from refold.reduce.statecodec import state_value
+    from refold.runtime.native import native_core
+    from refold.runtime.render import Renderer
+
+    pipeline = parse_pipeline({"pipeline": "old", "source": {"topic": "s"}, "view": view,
+                               "outputs": {"view": {"topic": "v"}}})
+    first = make_reducer(pipeline.view)
+    first.apply([SourceEvent(Op.APPEND, {"g": 0, "id": 0, "score": 5}, (1, 0, 0))])
+    old = []
+    for key, value in first.take_state_changes():
+        assert value is not None
+        record = decode_state(value)
+        if record["kind"] == "KEY_SUMMARY":
+            if "top_n" in view:
+                continue  # no [group] summary
+            values = {k: v for k, v in record["values"].items() if k != "c"}
+            value = state_value("KEY_SUMMARY", orjson.dumps(list(record["key"])), record["count"], values, ())
+        old.append((key, value))
+    event = SourceEvent(Op.APPEND, {"g": 0, "id": 1, "score": 9}, (2, 0, 1))
+    later = SourceEvent(Op.APPEND, {"g": 0, "id": 2, "score": 12}, (3, 0, 2))
+    python = make_reducer(pipeline.view)
+    python.restore(old)
+    renderer = Renderer(pipeline)
+    py_records = renderer.view([(python.apply([event]), 2), (python.apply([later]), 3)])
+    core = native_core(pipeline)
+    assert core is not None
+    core.restore(old)
+    _rejected, native_records, _delta, _state = core.apply_batch([((event, None),), ((later, None),)])
+    assert native_records == py_records
+    headers = [dict(h) for _k, _v, _ts, h in py_records]
+    assert headers[0] == {"refold.cause": b"0:1"}  # a -C of a record whose cause is unknown
+    assert {"refold.cause": b"0:2", "refold.retracts": b"0:1"} in headers  # known from here on
