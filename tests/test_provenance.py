@@ -370,3 +370,28 @@ def test_state_without_causes_loads_and_its_next_retraction_names_none(view) -> 
     headers = [dict(h) for _k, _v, _ts, h in py_records]
     assert headers[0] == {"refold.cause": b"0:1"}  # a -C of a record whose cause is unknown
     assert {"refold.cause": b"0:2", "refold.retracts": b"0:1"} in headers  # known from here on
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(plan=steps)
+def test_a_global_top_n_in_shards_names_the_reference_cause(bootstrap_servers, topic, plan) -> None:
+    # stage 3 ranks the entries each unit moved in the shards' local tops: its records
+    # name the unit's input event, not an entry's (one batch: the one-shard view's order)
+    settings_ = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=PARTITIONS)
+    name = f"pg{uuid.uuid4().hex[:8]}"
+    pipeline = parse_pipeline({"pipeline": name, "kafka": settings_, "source": {"topic": source, "key": ["g"]},
+                               "shards": 2, "view": {"top_n": {"n": 2, "order_by": {"score": "desc"}}},
+                               "outputs": {"view": {"topic": f"{name}.view"}}})
+    ensure_topics(settings_, engine_topics(pipeline, PARTITIONS))
+    records, units = _records(plan)
+    processor = BatchProcessor(pipeline, settings_)
+    try:
+        processor.process(records)
+    finally:
+        processor.close()
+    merged = sorted((unit for partition in units.values() for unit in partition), key=lambda unit: unit[0].tag)
+    want = [(c.change.key_json(), headers_of(c)) for c in reference_causes(pipeline.view, merged)]
+    assert pipeline.outputs.view is not None
+    got = [(msg.key(), msg.headers()) for msg in read_to_end(settings_, pipeline.outputs.view.topic)]
+    assert got == want

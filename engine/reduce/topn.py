@@ -88,7 +88,9 @@ class TopNReducer:
                 parts.append((0, (-kind, -order if kind == 0 else _Desc(order))))
         return tuple(parts)
 
-    def apply(self, unit: Sequence[SourceEvent]) -> Changes:
+    def apply(self, unit: Sequence[SourceEvent], cause: Cause | None = None) -> Changes:
+        """`cause`: the unit's cause when its first event's tag is not it (a global
+        Top-N's stage 3, whose events are the entries a unit moved)."""
         prepared = []
         for index, event in enumerate(unit):
             group = self.view_key(event, index)
@@ -130,7 +132,8 @@ class TopNReducer:
             if at < moved[group]:
                 moved[group] = at
             self._dirty.add((group, fp))
-        cause = cause_of(unit[0].tag)
+        if cause is None:
+            cause = cause_of(unit[0].tag)
         changes = Changes(cause)
         retracts = changes.retracts
         for group, old_top in touched.items():
