@@ -92,12 +92,12 @@ class SparkSinkShard(ShardProcessor):
         keys: list[bytes | None] = []
         values: list[bytes | None] = []
         if self.pipeline.outputs.view is not None:
-            for key, value, _ts in out.view:
+            for key, value, _ts, _headers in out.view:
                 topics.append(self.pipeline.outputs.view.topic)
                 keys.append(key)
                 values.append(value)
         if self.pipeline.outputs.delta is not None:
-            for key, value in out.delta:
+            for key, value, _headers in out.delta:
                 topics.append(self.pipeline.outputs.delta.topic)
                 keys.append(key)
                 values.append(value)

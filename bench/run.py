@@ -74,7 +74,8 @@ STATE_ROOT = Path("/tmp/refold-bench/state")  # the bench pipelines' local state
 
 
 def pipeline(name: str, source: str, bootstrap: str, batch: int, state_dir: Path | str | None = None,
-             spark: dict[str, Any] | None = None, key: str = "player_name", shards: int | str | None = None) -> Pipeline:
+             spark: dict[str, Any] | None = None, key: str = "player_name", shards: int | str | None = None,
+             provenance: bool = True) -> Pipeline:
     """The bench's grouped view over `source`; its Spark checkpoint in /tmp/refold-bench/<name>
     and its shards' local stores under `state_dir` (default `STATE_ROOT`); `spark`: more
     settings of its `spark:` block (`state_cache_keys`, `master`, `conf`). `key`: the view
@@ -94,7 +95,8 @@ def pipeline(name: str, source: str, bootstrap: str, batch: int, state_dir: Path
                     "latest": {"last": "score"},
                 },
             },
-            "outputs": {"view": {"topic": f"{name}.view"}, "delta": {"topic": f"{name}.delta"}},
+            "outputs": {"view": {"topic": f"{name}.view"}, "delta": {"topic": f"{name}.delta"},
+                        "provenance": provenance},
             "trigger": "100ms",
             "max_batch_events": batch,
             "spark": {"checkpoint_dir": f"/tmp/refold-bench/{name}", "state_dir": str(state_dir or STATE_ROOT),
@@ -197,7 +199,8 @@ def run_contender(name: str, args: argparse.Namespace, bootstrap: str, source: s
     else:
         if spark is None:
             spark = spark_session(name="refold-bench")
-        p = pipeline(f"bench-{'alo' if name == 'spark-sink' else 'eos'}-{run_id}", source, bootstrap, args.batch)
+        p = pipeline(f"bench-{'alo' if name == 'spark-sink' else 'eos'}-{run_id}", source, bootstrap, args.batch,
+                     provenance=getattr(args, "provenance", "on") == "on")
         try:
             results[name] = timed_run(p, bootstrap, spark, events, baseline=name == "spark-sink")
         finally:
@@ -220,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="multiset: total, games, best (faithful); signed: total, games in one level")
     parser.add_argument("--flink-parallelism", type=int, default=2)
     parser.add_argument("--flink-checkpoint-ms", type=int, default=1000)
+    parser.add_argument("--provenance", choices=("on", "off"), default="on",
+                        help="Refold's cause headers (outputs.provenance), to measure what they cost")
     parser.add_argument("--json-dir", type=Path, default=RESULTS,
                         help="where contenders.json and eos_vs_spark.json go (default docs/bench)")
     args = parser.parse_args(argv)

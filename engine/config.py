@@ -122,6 +122,16 @@ class Outputs(_Model):
     delta: DeltaOutput | None = None
     # each entry validated by its driver's settings model (refold.connectors.settings)
     materialize: list[MaterializeSettings] = []
+    # cause headers (`refold.cause`, `refold.retracts`) on the view, delta and dead-letter
+    # records (docs/SEMANTICS.md, "Provenance"); `off` (YAML's false) writes none
+    provenance: bool = True
+
+    @field_validator("provenance", mode="before")
+    @classmethod
+    def _on_off(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.lower() in ("on", "off"):
+            return value.lower() == "on"
+        return value
 
     @model_validator(mode="after")
     def _some(self) -> Outputs:

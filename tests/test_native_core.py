@@ -388,7 +388,8 @@ def test_constructor_and_restore_errors() -> None:
             core.restore([(b"[[1]]", bad)])
     rejected, view, delta, state = core.apply_batch([E(Op.APPEND, {"k": 1, "x": 2})])
     assert (rejected, view, delta) == ([], [], [])
-    assert (b"[[1]]", state_value("KEY_SUMMARY", b"[1]", 1, {"s": {"x": ["2", 0]}, "nn": {}}, ())) in state
+    # the summary keeps the cause of the key's view row (partition 0, offset 1)
+    assert (b"[[1]]", state_value("KEY_SUMMARY", b"[1]", 1, {"s": {"x": ["2", 0]}, "nn": {}, "c": [0, 1]}, ())) in state
     assert core.view() == {(1,): {"k": 1, "s": 2}}
     assert len(core) == 1
 

@@ -252,6 +252,9 @@ def test_a_clean_segment_is_read_in_the_native_core(tmp_path: Path) -> None:
     finally:
         native.close()
     assert "read_routed" in calls and "apply_read" in calls
-    rows = [orjson.loads(value) for _key, value, _ts in native.sent.view]
-    totals = [row["total"] for row in rows if row["op"] in ("+A", "+C")]
+    rows = [(orjson.loads(value), dict(headers)) for _key, value, _ts, headers in native.sent.view]
+    totals = [row["total"] for row, _ in rows if row["op"] in ("+A", "+C")]
     assert totals == [4, 11, 13, 14]  # partition 0's two units (merge key [3,0,0]) before partition 1's
+    # each names its original source event (the routed unit's tag: partition, offset)
+    causes = [headers["refold.cause"] for row, headers in rows if row["op"] in ("+A", "+C")]
+    assert causes == [b"0:0", b"0:1", b"1:0", b"0:2"]

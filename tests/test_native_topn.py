@@ -23,6 +23,7 @@ from refold_native import TopNCore, Unsupported
 from refold.config import Pipeline, parse_pipeline
 from refold.model.changelog import Op
 from refold.reduce import Rejected, SourceEvent
+from refold.reduce.statecodec import state_value
 from refold.reduce.topn import TopNReducer
 from refold.reduce.values import key_bytes
 from refold.runtime.render import Renderer
@@ -323,6 +324,8 @@ def test_constructor_restore_and_no_view_output() -> None:
         with pytest.raises(ValueError):
             core.restore([(b'[[],"00000000000000000000000000000000"]', bad)])
     rejected, view, delta, state = core.apply_batch([E(Op.APPEND, {"s": 2}), E(Op.APPEND, {"s": 1}, 2)])
-    assert (rejected, view, delta, len(state)) == ([], [], [], 2)  # no view output: state only
+    # no view output: state only, two rows and the group's summary (its places' causes)
+    assert (rejected, view, delta, len(state)) == ([], [], [], 3)
+    assert (b"[[]]", state_value("KEY_SUMMARY", b"[]", 1, {"c": [[0, 2]]}, ())) in state
     assert core.view() == {(1,): {"place": 1, "s": 1}}
     assert len(core) == 1

@@ -236,6 +236,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0 if print_status(pipeline, bootstrap=args.bootstrap_servers) else NEVER_RAN
 
 
+def cmd_trace(args: argparse.Namespace) -> int:
+    from refold.cli import trace
+
+    pipeline = _pipeline(args)
+    return trace.run(pipeline, pipeline.kafka_settings(args.bootstrap_servers), key=args.key, input_=args.input,
+                     since=args.since, until=args.until, as_json=args.json)
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     from refold.config import load_pipeline
     from refold.ops.explain import explain
@@ -371,6 +379,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     status.add_argument("pipeline")
     status.set_defaults(func=cmd_status)
+
+    trace = sub.add_parser(
+        "trace", help="a view key's history with the input event behind each change, or what an input event caused",
+        description="From the cause headers of the view, delta and dead-letter records (docs/provenance.md): "
+                    "--key, a view key's records oldest first, each with the input event that caused it and "
+                    "the one whose record it retracts; --input, every record that input event caused.",
+        epilog="exit status: 0 records found; 1 none found; 2 an error.",
+    )
+    trace.add_argument("pipeline")
+    trace.add_argument("--key", metavar="JSON", help="the view key as a JSON object of its key columns")
+    trace.add_argument("--input", metavar="TOPIC:PARTITION:OFFSET", help="an input event of the source topic")
+    trace.add_argument("--since", type=int, metavar="OFFSET", help="scan view records from this offset on")
+    trace.add_argument("--until", type=int, metavar="OFFSET", help="scan view records before this offset")
+    trace.add_argument("--json", action="store_true", help="one JSON object per record")
+    trace.set_defaults(func=cmd_trace)
 
     explain = sub.add_parser("explain", help="the view a pipeline runs (the spec a SQL view becomes) and its plan: "
                                              "its stages, shards, transactional ids and topics, as a tree")

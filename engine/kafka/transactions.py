@@ -255,6 +255,23 @@ class TransactionalWriter:
         except (KafkaException, SystemError) as exc:
             self._fail(exc)
 
+    def send_all_headed(self, topic: str, records: Iterable[tuple[bytes | None, bytes | None, Headers | None]],
+                        partition: int | None = None) -> None:
+        """`send_all` of records with their headers (None: none)."""
+        producer = self._ready()
+        produce, on_delivery = producer.produce, self._on_delivery
+        where = -1 if partition is None else partition
+        try:
+            for key, value, headers in records:
+                while True:
+                    try:
+                        produce(topic, value, key, where, on_delivery, headers=headers)  # type: ignore[arg-type]
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+        except (KafkaException, SystemError) as exc:
+            self._fail(exc)
+
     def commit(self, consumed: Mapping[str, Mapping[int, int]] | None = None) -> None:
         """Commit the open transaction, with `consumed` (topic → partition → next offset)
         as the consumer group's offsets. Returns once committed; raises FencedError,

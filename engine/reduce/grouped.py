@@ -28,7 +28,16 @@ from refold.reduce.statecodec import (
     state_value,
     summary_key,
 )
-from refold.reduce.types import Number, Rejected, SourceEvent, Tag, ViewChange
+from refold.reduce.types import (
+    Cause,
+    Changes,
+    DeltaRows,
+    Number,
+    Rejected,
+    SourceEvent,
+    Tag,
+    cause_of,
+)
 from refold.reduce.values import (
     checked_key,
     diff_changes,
@@ -99,7 +108,7 @@ class _Multiset:
 class _Key:
     """One view key's live rows, running values and current view row (None until set)."""
 
-    __slots__ = ("floats", "multisets", "nonnull", "order", "rows", "sums", "total", "view")
+    __slots__ = ("cause", "floats", "multisets", "nonnull", "order", "rows", "sums", "total", "view")
 
     def __init__(self, plan: _Plan) -> None:
         self.rows: dict[bytes, _Row] = {}
@@ -110,14 +119,16 @@ class _Key:
         self.multisets: list[_Multiset] = [_Multiset() for _ in plan.multiset_columns]
         self.order: Sorted | None = Sorted() if plan.needs_tags else None
         self.view: dict[str, Any] | None = None
+        self.cause: Cause | None = None  # the cause of the view record that wrote `view` (None: unknown)
 
 
 class _Delta:
     """One view key's contributions in the current batch: its delta row's source."""
 
-    __slots__ = ("contribs", "floats", "multisets", "nonnull", "sums", "total")
+    __slots__ = ("cause", "contribs", "floats", "multisets", "nonnull", "sums", "total")
 
     def __init__(self, plan: _Plan) -> None:
+        self.cause: Cause | None = None  # the batch's last event that contributed
         self.total = 0  # copies added minus copies removed in the batch
         self.sums: dict[str, Number] = dict.fromkeys(plan.sum_columns, 0)
         self.floats: dict[str, int] = dict.fromkeys(plan.sum_columns, 0)
@@ -244,42 +255,47 @@ class GroupedReducer:
         self._deltas: dict[tuple[Any, ...], _Delta] = {}
         self._dirty_keys: set[tuple[Any, ...]] = set()
         self._dirty_rows: set[tuple[tuple[Any, ...], bytes]] = set()
+        self._cause: Cause | None = None  # the cause of the unit being applied
 
     # apply ------------------------------------------------------------------------------
 
-    def apply(self, unit: Sequence[SourceEvent]) -> list[ViewChange]:
+    def apply(self, unit: Sequence[SourceEvent]) -> Changes:
         if len(unit) == 1:
             return self._apply_event(unit[0])
         prepared = [(event, *self._checked(event, index)) for index, event in enumerate(unit)]
         self._check_live(prepared)
-        before: dict[tuple[Any, ...], dict[str, Any] | None] = {}
+        cause = self._cause = cause_of(unit[0].tag)
+        before: dict[tuple[Any, ...], tuple[dict[str, Any] | None, Cause | None]] = {}
         for event, key, fp in prepared:
             state = self.keys.get(key)
             if key not in before:
-                before[key] = state.view if state is not None else None
+                before[key] = (state.view, state.cause) if state is not None else (None, None)
             if event.op.adds:
                 self._add(key, fp, event)
             else:
                 self._remove(key, fp, event)
-        changes: list[ViewChange] = []
+        changes = Changes(cause)
         for key in sorted(before, key=key_bytes) if len(before) > 1 else before:
-            changes.extend(self._settle(key, before[key]))
+            self._settle(key, *before[key], changes)
         return changes
 
-    def _apply_event(self, event: SourceEvent) -> list[ViewChange]:
+    def _apply_event(self, event: SourceEvent) -> Changes:
         """`apply` of a unit of one event (most units): one key, so no pending counts
         and no ordering of keys."""
         key, fp = self._checked(event, 0)
         state = self.keys.get(key)
+        cause = self._cause = cause_of(event.tag)
         if event.op.adds:
-            before = state.view if state is not None else None
+            before, before_cause = (state.view, state.cause) if state is not None else (None, None)
             self._add(key, fp, event)
         else:
             if state is None or fp not in state.rows:  # a live row has at least one copy
                 raise Rejected(Reason.NOT_LIVE, 0)
-            before = state.view
+            before, before_cause = state.view, state.cause
             self._remove(key, fp, event)
-        return self._settle(key, before)
+        changes = Changes(cause)
+        self._settle(key, before, before_cause, changes)
+        return changes
 
     def view_key(self, event: SourceEvent, index: int) -> tuple[Any, ...]:
         """The event's view key; Rejected (at `index` of its unit) when its key is
@@ -298,16 +314,23 @@ class GroupedReducer:
             fp = live_fingerprint(event.row, fp, state.rows)  # state from before null equalled absent
         return key, fp
 
-    def _settle(self, key: tuple[Any, ...], before: dict[str, Any] | None) -> list[ViewChange]:
+    def _settle(
+        self, key: tuple[Any, ...], before: dict[str, Any] | None, before_cause: Cause | None, changes: Changes
+    ) -> None:
         """After a unit: the key's new view row (or its end when no live row is left) and
-        its view records against `before`."""
+        its view records against `before` into `changes`, with the cause of what they
+        retract (`before_cause`); the key keeps the unit's cause when its row changed."""
         state = self.keys[key]
         if state.total == 0:
             del self.keys[key]
             new = None
         else:
             new = state.view = self._view_row(key, state)
-        return diff_changes(before, new, key, self.key_columns)
+        diff = diff_changes(before, new, key, self.key_columns)
+        if diff:
+            state.cause = changes.cause
+            changes.extend(diff)
+            changes.retracts.extend(None if change.op.adds else before_cause for change in diff)
 
     def _check_live(self, prepared: list[tuple[SourceEvent, tuple[Any, ...], bytes]]) -> None:
         pending: dict[tuple[tuple[Any, ...], bytes], int] = {}
@@ -365,6 +388,7 @@ class GroupedReducer:
         if delta is None:
             delta = self._deltas[key] = _Delta(plan)
         delta.total += sign
+        delta.cause = self._cause
         row_vals = entry.vals
         for column in plan.sum_columns:
             value = values.get(column)
@@ -410,9 +434,9 @@ class GroupedReducer:
 
     # batch boundaries ----------------------------------------------------------------------
 
-    def take_deltas(self) -> list[dict[str, Any]]:
+    def take_deltas(self) -> DeltaRows:
         readers = self.plan.delta_readers
-        out = []
+        out = DeltaRows()
         for key in sorted(self._deltas, key=key_bytes):
             delta = self._deltas[key]
             row: dict[str, Any] = dict(zip(self.key_columns, key, strict=True))
@@ -420,6 +444,7 @@ class GroupedReducer:
             for name, read in readers:
                 row[name] = read(delta)
             out.append(row)
+            out.causes.append(delta.cause)
         self._deltas = {}
         return out
 
@@ -432,10 +457,12 @@ class GroupedReducer:
             if state is None:
                 records.append((summary_key(kj), None))
                 continue
-            summary = {
+            summary: dict[str, Any] = {
                 "s": {c: [str(state.sums[c]), state.floats[c]] for c in self.plan.sum_columns},
                 "nn": state.nonnull,
             }
+            if state.cause is not None:  # the cause of the key's current view record
+                summary["c"] = state.cause
             records.append((summary_key(kj), state_value("KEY_SUMMARY", kj, state.total, summary, ())))
         for key, fp in self._dirty_rows:
             kj = key_json[key]
@@ -477,6 +504,8 @@ class GroupedReducer:
                     state.sums[column] = Fraction(total) if floats else int(total)
                     state.floats[column] = floats
                 state.nonnull.update(record["values"]["nn"])
+                cause = record["values"].get("c")  # (absent in state written before causes were kept)
+                state.cause = (cause[0], cause[1]) if cause is not None else None
                 continue
             fp = row_fingerprint(record_key)
             vals = tuple(record["values"]) if record["values"] is not None else None

@@ -9,8 +9,14 @@ from typing import Any
 from refold.config import ViewSpec
 from refold.model.reasons import Reason
 from refold.reduce.ordered import Sorted
-from refold.reduce.statecodec import decode_state, row_fingerprint, row_key, state_value
-from refold.reduce.types import Rejected, SourceEvent, Tag, ViewChange
+from refold.reduce.statecodec import (
+    decode_state,
+    row_fingerprint,
+    row_key,
+    state_value,
+    summary_key,
+)
+from refold.reduce.types import Cause, Changes, Rejected, SourceEvent, Tag, cause_of
 from refold.reduce.values import (
     checked_key,
     diff_changes,
@@ -42,13 +48,14 @@ class _Desc:
 class _Group:
     """One `partition_by` group: its live rows, ranked, and its current output."""
 
-    __slots__ = ("fps", "ranked", "rows", "top")
+    __slots__ = ("causes", "fps", "ranked", "rows", "top")
 
     def __init__(self) -> None:
         self.ranked = Sorted()  # (sort key, tag, fp)
         self.rows: dict[bytes, tuple[dict[str, Any], list[Tag]]] = {}  # fp -> (row, live tags ascending)
         self.top: list[dict[str, Any]] = []  # the output rows at places 1..
         self.fps: list[bytes] = []  # the fingerprints of their rows
+        self.causes: list[Cause | None] = []  # the causes of the view records that wrote them (None: unknown)
 
 
 class TopNReducer:
@@ -64,6 +71,7 @@ class TopNReducer:
         self.columns = None if spec.top_n.columns is None else tuple(spec.top_n.columns)
         self.groups: dict[tuple[Any, ...], _Group] = {}
         self._dirty: set[tuple[tuple[Any, ...], bytes]] = set()
+        self._dirty_causes: set[tuple[Any, ...]] = set()  # groups whose places' causes changed
 
     def _sort_key(self, row: dict[str, Any]) -> tuple[Any, ...]:
         """The rank of a row by `order_by`, in `value_order`, nulls last either way; rows
@@ -80,7 +88,9 @@ class TopNReducer:
                 parts.append((0, (-kind, -order if kind == 0 else _Desc(order))))
         return tuple(parts)
 
-    def apply(self, unit: Sequence[SourceEvent]) -> list[ViewChange]:
+    def apply(self, unit: Sequence[SourceEvent], cause: Cause | None = None) -> Changes:
+        """`cause`: the unit's cause when its first event's tag is not it (a global
+        Top-N's stage 3, whose events are the entries a unit moved)."""
         prepared = []
         for index, event in enumerate(unit):
             group = self.view_key(event, index)
@@ -122,16 +132,20 @@ class TopNReducer:
             if at < moved[group]:
                 moved[group] = at
             self._dirty.add((group, fp))
-        changes: list[ViewChange] = []
+        if cause is None:
+            cause = cause_of(unit[0].tag)
+        changes = Changes(cause)
+        retracts = changes.retracts
         for group, old_top in touched.items():
             # the ranks before the first one a change moved hold what they held: their places stand
             start = moved[group]
             if start >= n:
                 continue
             state = self.groups[group]
-            old_fps = state.fps
+            old_fps, old_causes = state.fps, state.causes
             self._retop(group, state, start)
             new_top, new_fps = state.top, state.fps
+            causes = state.causes = [old_causes[at] if at < len(old_causes) else None for at in range(len(new_top))]
             if not state.rows:
                 del self.groups[group]
             for place in range(start + 1, max(len(old_top), len(new_top)) + 1):
@@ -140,10 +154,18 @@ class TopNReducer:
                     continue  # the same row at the same place: the same output row
                 old = old_top[at] if at < len(old_top) else None
                 new = new_top[at] if at < len(new_top) else None
-                changes.extend(diff_changes(old, new, (*group, place), self.key_names))
-        if len(touched) > 1:
-            order = {id(c): i for i, c in enumerate(changes)}
-            changes.sort(key=lambda c: (key_bytes(c.key), order[id(c)]))
+                diff = diff_changes(old, new, (*group, place), self.key_names)
+                if diff:
+                    retracted = old_causes[at] if at < len(old_causes) else None
+                    changes.extend(diff)
+                    retracts.extend(None if change.op.adds else retracted for change in diff)
+                    if new is not None:
+                        causes[at] = cause
+                    self._dirty_causes.add(group)
+        if len(touched) > 1 and len(changes) > 1:
+            paired = sorted(zip(changes, retracts, strict=True), key=lambda p: key_bytes(p[0].key))  # (stable)
+            changes[:] = [change for change, _ in paired]
+            retracts[:] = [retracted for _, retracted in paired]
         return changes
 
     def view_key(self, event: SourceEvent, index: int) -> tuple[Any, ...]:
@@ -191,7 +213,16 @@ class TopNReducer:
             else:
                 row, tags = found
                 records.append((row_key(kj, fp), state_value("LIVE_ROW", kj, len(tags), row, tags)))
+        for group in self._dirty_causes:  # `[group]`: the causes of its places' view records
+            state = self.groups.get(group)
+            kj = key_bytes(group)
+            if state is None:
+                records.append((summary_key(kj), None))
+            else:
+                causes = [list(c) if c is not None else None for c in state.causes]
+                records.append((summary_key(kj), state_value("KEY_SUMMARY", kj, len(causes), {"c": causes}, ())))
         self._dirty = set()
+        self._dirty_causes = set()
         records.sort(key=lambda r: r[0])
         return records
 
@@ -206,6 +237,7 @@ class TopNReducer:
         """Add the groups these records hold (every row of each); groups already held
         are left as they are unless records of theirs come again."""
         restored: set[tuple[Any, ...]] = set()
+        causes: dict[tuple[Any, ...], list[Cause | None]] = {}
         for record_key, value in records:
             record = decode_state(value)
             group = record["key"]
@@ -214,6 +246,9 @@ class TopNReducer:
                 state = self.groups[group] = _Group()
             else:
                 state = self.groups[group]
+            if record["kind"] == "KEY_SUMMARY":  # the causes of its places (absent in older state)
+                causes[group] = [(c[0], c[1]) if c is not None else None for c in record["values"]["c"]]
+                continue
             fp = row_fingerprint(record_key)
             row, tags = record["values"], list(record["tags"])
             state.rows[fp] = (row, tags)
@@ -222,8 +257,13 @@ class TopNReducer:
                 state.ranked.add((sort_key, tag, fp))
         for group in restored:
             state = self.groups[group]
+            if not state.rows:  # (only its causes came: the group is gone)
+                del self.groups[group]
+                continue
             state.top, state.fps = [], []
             self._retop(group, state, 0)
+            known = causes.get(group, [])
+            state.causes = [known[at] if at < len(known) else None for at in range(len(state.top))]
 
     def view(self) -> dict[tuple[Any, ...], dict[str, Any]]:
         return {(*group, row["place"]): dict(row) for group, state in self.groups.items() for row in state.top}

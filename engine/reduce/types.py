@@ -13,6 +13,12 @@ from refold.model.changelog import Op
 
 Tag = tuple[int, int, int]  # (event_time, partition, offset)
 Number = int | Fraction
+Cause = tuple[int, int]  # the input event an output record came of: (partition, offset) of the source topic
+
+
+def cause_of(tag: Tag) -> Cause:
+    """The cause an event's tag names: its source partition and offset."""
+    return tag[1], tag[2]
 
 
 class SourceEvent(NamedTuple):
@@ -36,6 +42,31 @@ class ViewChange(NamedTuple):
     def key_json(self) -> bytes:
         """The Kafka message key: a JSON object of the key columns."""
         return jsonbytes.dumps(dict(zip(self.key_names, self.key, strict=True)))
+
+
+class Changes(list[ViewChange]):
+    """One unit's view changes (a list, equal to a plain list of the same changes) with
+    their provenance: `cause`, the unit's cause (its first event's: a correction pair
+    names its `-C`), and `retracts`, one per change, the cause of the output record a
+    `-R`/`-C` takes back (None for `+A`/`+C`, and where it is unknown)."""
+
+    __slots__ = ("cause", "retracts")
+
+    def __init__(self, cause: Cause | None = None) -> None:
+        super().__init__()
+        self.cause = cause
+        self.retracts: list[Cause | None] = []
+
+
+class DeltaRows(list[dict[str, Any]]):
+    """A batch's delta rows (a list) with, per row, its cause: the last input event of
+    the batch that contributed to its key."""
+
+    __slots__ = ("causes",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.causes: list[Cause | None] = []
 
 
 class Rejected(Exception):

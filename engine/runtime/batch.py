@@ -52,8 +52,9 @@ Unit = tuple[Item] | tuple[Item, Item]  # an event alone, or a -C and its +C
 class Outgoing:
     """The records of one batch, in the order they will be produced."""
 
-    view: list[tuple[bytes, bytes | None, int | None]] = field(default_factory=list)
-    delta: list[tuple[bytes, bytes]] = field(default_factory=list)
+    # (key, value, event time, headers): the headers name each record's cause (refold.runtime.render)
+    view: list[tuple[bytes, bytes | None, int | None, list[tuple[str, bytes]] | None]] = field(default_factory=list)
+    delta: list[tuple[bytes, bytes, list[tuple[str, bytes]] | None]] = field(default_factory=list)
     dlq: list[DeadLetter] = field(default_factory=list)
     state: list[tuple[bytes, bytes | None]] = field(default_factory=list)
     delta_rows: list[dict[str, Any]] = field(default_factory=list)  # for delta materializations

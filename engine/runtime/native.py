@@ -95,13 +95,16 @@ def native_core(pipeline: Pipeline) -> Any | None:
     if view.top_n is not None:
         top_n = view.top_n
         columns = None if top_n.columns is None else list(top_n.columns)
-        return refold_native.TopNCore(top_n.n, list(top_n.order_by.items()), list(top_n.partition_by), columns, form)
-    return refold_native.GroupedCore(
-        list(view.key),
-        [(name, spec.agg, spec.column) for name, spec in view.columns.items()],
-        form,
-        outputs.delta is not None,
-    )
+        core = refold_native.TopNCore(top_n.n, list(top_n.order_by.items()), list(top_n.partition_by), columns, form)
+    else:
+        core = refold_native.GroupedCore(
+            list(view.key),
+            [(name, spec.agg, spec.column) for name, spec in view.columns.items()],
+            form,
+            outputs.delta is not None,
+        )
+    core.provenance = outputs.provenance  # cause headers on its view and delta records
+    return core
 
 
 def reads_natively(pipeline: Pipeline) -> bool:

@@ -67,7 +67,7 @@ from refold.runtime.batch import BatchStats, DeadLetters, InputRecord, Outgoing,
 from refold.runtime.collector import collector_paused
 from refold.runtime.hooks import NO_HOOKS, Hooks
 from refold.runtime.native import NativeRead, Unsupported, native_core, read_batch, reads_natively
-from refold.runtime.render import Renderer, UnitChanges
+from refold.runtime.render import CAUSE, Renderer, UnitChanges, cause_bytes
 from refold.runtime.shards import KeyCheck
 from refold.runtime.tables import LastRows, TableReader, is_table, reduce_table_rows, touched_by
 from refold.state import Recovery, ShardId, ShardStore, Stamp, bring_to
@@ -479,12 +479,17 @@ class ShardProcessor:
         writer.begin()
         if pipeline.outputs.view is not None:
             # partitioned by shard, a view partition has this shard alone as its writer (a -C right before its +C)
-            writer.send_all(pipeline.outputs.view.topic, [(key, value) for key, value, _ts in out.view],
-                            partition=self.shard if view_partitioning(pipeline) == "shard" else None)
+            writer.send_all_headed(pipeline.outputs.view.topic,
+                                   [(key, value, headers) for key, value, _ts, headers in out.view],
+                                   partition=self.shard if view_partitioning(pipeline) == "shard" else None)
         if pipeline.outputs.delta is not None:
-            writer.send_all(pipeline.outputs.delta.topic, out.delta)
+            writer.send_all_headed(pipeline.outputs.delta.topic, out.delta)
+        provenance = pipeline.outputs.provenance
         for letter in out.dlq:
-            writer.send(pipeline.dlq_topic, letter.key, encode_dead_letter(letter), dead_letter_headers(letter))
+            headers = dead_letter_headers(letter)
+            if provenance:  # a dead letter's cause is its own record
+                headers.append((CAUSE, cause_bytes((letter.partition, letter.offset))))
+            writer.send(pipeline.dlq_topic, letter.key, encode_dead_letter(letter), headers)
         for partition, values in out.exchange.items():  # a re-grouping view's stage 1: its routed units
             writer.send_all(out.exchange_topic or pipeline.repartition_topic, [(None, v) for v in values], partition=partition)
         writer.send_all(self.state_topic, out.state, partition=self.shard)

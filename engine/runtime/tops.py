@@ -38,9 +38,10 @@ from refold.config import Pipeline, ViewSpec
 from refold.model.changelog import Op
 from refold.plan import rank_pipeline, ranked_globally, tops_state_topic, tops_topic
 from refold.recovery.records import PendingRecord
-from refold.reduce import SourceEvent
+from refold.reduce import Rejected, SourceEvent
 from refold.reduce.topn import TopNReducer
-from refold.runtime.batch import InputRecord, Outgoing, Units
+from refold.runtime.batch import InputRecord, Outgoing, Unit, Units
+from refold.runtime.render import UnitChanges
 from refold.runtime.shard import ShardProcessor
 
 CLOSE_FIRST = b"{"  # a close record's value; a unit's local-top change is a JSON array
@@ -103,6 +104,7 @@ class RankReader:
 
     def read(self, fresh: Sequence[InputRecord], pending: Mapping[int, PendingRecord], out: Outgoing) -> Units:
         units: dict[tuple[Any, ...], list[tuple[SourceEvent, InputRecord]]] = {}
+        self.causes: list[tuple[int, int]] = []  # each unit's cause: its source partition and first offset
         for record in sorted(fresh, key=lambda r: r.offset):
             value = record.value or b""
             if value[:1] == CLOSE_FIRST:
@@ -117,6 +119,7 @@ class RankReader:
             # order; the order makes replays byte for byte the same)
             events = sorted(units[key], key=lambda item: (item[0].op.adds, item[0].tag))
             ordered.append(tuple(events))
+            self.causes.append((key[1][1], key[2]))  # (the merge key is a tag of the unit's partition)
         return Units(ordered, {}, 0)  # (a unit here may hold more than a pair)
 
 
@@ -137,6 +140,17 @@ class RankProcessor(ShardProcessor):
 
     def _new_core(self) -> Any:
         return None  # a Top-N reduces in Python
+
+    def _reduce(self, units: Sequence[Unit], out: Outgoing) -> list[UnitChanges]:
+        """Each unit with its cause (`RankReader.causes`): its events are entries, not it."""
+        assert isinstance(self.reader, RankReader)
+        changes: list[UnitChanges] = []
+        for unit, cause in zip(units, self.reader.causes, strict=True):
+            try:
+                changes.append((self.reducer.apply([event for event, _ in unit], cause), unit[0][0].tag[0]))
+            except Rejected as rejected:  # (stage 2 applied it: not expected)
+                self.dead_letters.rejected(out, unit, rejected)
+        return changes
 
 
 __all__ = ["CLOSE_FIRST", "LocalTops", "RankProcessor", "RankReader", "local_top_record", "rank_pipeline",

@@ -189,6 +189,37 @@ pub struct Core {
     prepared: Option<Vec<Vec<Ev>>>,
     /// the Python units `touched` read (the list, held), until `apply_batch` of that list
     converted: Option<(Py<PyAny>, Vec<Vec<Ev>>)>,
+    /// cause headers on the view and delta records (`outputs.provenance`)
+    pub provenance: bool,
+}
+
+/// The input event an output record came of: (partition, offset) of the source topic.
+pub type Cause = (i64, i64);
+
+/// A cause as a header's value, `<partition>:<offset>` (refold.runtime.render.cause_bytes).
+pub(crate) fn cause_bytes(cause: Cause) -> Vec<u8> {
+    format!("{}:{}", cause.0, cause.1).into_bytes()
+}
+
+/// A record's headers: `[("refold.cause", cause)]`, with `("refold.retracts", its cause)` for a
+/// record that takes back one whose cause is known.
+pub(crate) fn headers<'py>(
+    py: Python<'py>,
+    cause: &Bound<'py, PyAny>,
+    retracts: Option<Cause>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let list = pyo3::types::PyList::new(py, [cause.clone()])?;
+    if let Some(retracted) = retracts {
+        let value = pyo3::types::PyBytes::new(py, &cause_bytes(retracted));
+        list.append(pyo3::types::PyTuple::new(py, [pyo3::types::PyString::new(py, "refold.retracts").into_any(), value.into_any()])?)?;
+    }
+    Ok(list.into_any())
+}
+
+/// The `("refold.cause", value)` header of a cause, made once per unit.
+pub(crate) fn cause_header<'py>(py: Python<'py>, cause: Cause) -> PyResult<Bound<'py, PyAny>> {
+    let value = pyo3::types::PyBytes::new(py, &cause_bytes(cause));
+    Ok(pyo3::types::PyTuple::new(py, [pyo3::types::PyString::new(py, "refold.cause").into_any(), value.into_any()])?.into_any())
 }
 
 fn fits_i64(n: i128) -> Result<i64, Unsup> {
@@ -197,7 +228,16 @@ fn fits_i64(n: i128) -> Result<i64, Unsup> {
 
 impl Core {
     pub fn new(plan: Plan) -> Core {
-        Core { plan, keys: Map::default(), batch: Batch::default(), scratch: Vec::new(), ranges: Vec::new(), prepared: None, converted: None }
+        Core {
+            plan,
+            keys: Map::default(),
+            batch: Batch::default(),
+            scratch: Vec::new(),
+            ranges: Vec::new(),
+            prepared: None,
+            converted: None,
+            provenance: true,
+        }
     }
 
     pub fn len(&self) -> usize {

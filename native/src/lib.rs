@@ -165,6 +165,12 @@ impl GroupedCore {
         self.core.view(py)
     }
 
+    /// Whether view and delta records carry cause headers (`outputs.provenance`; on).
+    #[setter]
+    fn set_provenance(&mut self, on: bool) {
+        self.core.provenance = on;
+    }
+
     fn __len__(&self) -> usize {
         self.core.len()
     }
@@ -244,6 +250,12 @@ impl TopNCore {
     /// `TopNReducer.view()`: the current output rows by (*group, place).
     fn view<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         self.core.view(py)
+    }
+
+    /// Whether view records carry cause headers (`outputs.provenance`; on).
+    #[setter]
+    fn set_provenance(&mut self, on: bool) {
+        self.core.provenance = on;
     }
 
     fn __len__(&self) -> usize {

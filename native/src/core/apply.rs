@@ -46,8 +46,9 @@ pub struct BatchOut<'py> {
     pub state: Vec<Bound<'py, PyAny>>,
 }
 
-/// A unit's view records before they are ordered: (adds, message key, value or None).
-pub(super) type UnitRecords<'py> = Vec<(bool, Bound<'py, PyAny>, Option<Bound<'py, PyAny>>)>;
+/// A unit's view records before they are ordered: (adds, message key, value or None,
+/// the cause of the record it retracts).
+pub(super) type UnitRecords<'py> = Vec<(bool, Bound<'py, PyAny>, Option<Bound<'py, PyAny>>, Option<super::Cause>)>;
 
 pub(crate) fn blake2b16(data: &[u8]) -> Fp {
     let mut hasher = Blake2b::<U16>::new();
@@ -377,6 +378,8 @@ impl Core {
                 return Err(Fail::Unsup(Unsup::new("an empty unit")));
             }
             records.clear();
+            let cause = (events[0].tag.1, events[0].tag.2);
+            self.batch.cause = cause;
             match self.apply_unit(py, events, &mut records) {
                 Ok(ts) => {
                     if records.is_empty() {
@@ -384,19 +387,24 @@ impl Core {
                     }
                     let Ok(ts) = ts.into_pyobject(py);
                     let ts = ts.into_any();
-                    let mut push = |key: &Bound<'py, PyAny>, value: &Option<Bound<'py, PyAny>>| -> PyResult<()> {
+                    let header = if self.provenance { Some(super::cause_header(py, cause)?) } else { None };
+                    let mut push = |key: &Bound<'py, PyAny>, value: &Option<Bound<'py, PyAny>>, retracts: Option<super::Cause>| -> PyResult<()> {
                         let value = value.clone().unwrap_or_else(|| py.None().into_bound(py));
-                        out.view.push(PyTuple::new(py, [key.clone(), value, ts.clone()])?.into_any());
+                        let headers = match &header {
+                            Some(header) => super::headers(py, header, retracts)?,
+                            None => py.None().into_bound(py),
+                        };
+                        out.view.push(PyTuple::new(py, [key.clone(), value, ts.clone(), headers])?.into_any());
                         Ok(())
                     };
                     if retract && records.len() > 1 {
                         // _retractions_first
-                        for (_, key, value) in records.iter().filter(|r| !r.0).chain(records.iter().filter(|r| r.0)) {
-                            push(key, value)?;
+                        for (_, key, value, retracts) in records.iter().filter(|r| !r.0).chain(records.iter().filter(|r| r.0)) {
+                            push(key, value, *retracts)?;
                         }
                     } else {
-                        for (_, key, value) in &records {
-                            push(key, value)?;
+                        for (_, key, value, retracts) in &records {
+                            push(key, value, *retracts)?;
                         }
                     }
                 }

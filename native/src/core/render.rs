@@ -33,33 +33,37 @@ impl Core {
         key: &[u8],
         records: &mut UnitRecords<'py>,
     ) -> Result<(), Fail> {
-        let Core { plan, keys, scratch: buf, ranges, .. } = self;
+        let Core { plan, keys, scratch: buf, ranges, batch, .. } = self;
         let hashbrown::hash_map::EntryRef::Occupied(entry) = keys.entry_ref(key) else {
             unreachable!("a settled key is held")
         };
-        let (old, new);
+        let (old, new, old_cause);
         let mut held = None;
         if entry.get().total == 0 {
-            old = entry.remove().view;
+            let state = entry.remove();
+            (old, old_cause) = (state.view, state.cause);
             new = None;
         } else {
             let state = entry.into_mut();
             new = Some(Self::view_row(plan, state)?);
             old = state.view.take();
+            old_cause = state.cause;
             held = Some(state);
         }
+        // (with no view output too: the key's cause follows its view row, as Python's)
+        let changed = match (&old, &new) {
+            (None, None) => false,
+            (Some(a), Some(b)) => !a.iter().zip(b).all(|(x, y)| x.canon_eq(y)),
+            _ => true,
+        };
         if let Some(form) = plan.form {
-            let changed = match (&old, &new) {
-                (None, None) => false,
-                (Some(a), Some(b)) => !a.iter().zip(b).all(|(x, y)| x.canon_eq(y)),
-                _ => true,
-            };
             if changed {
                 key_part_ranges(key, ranges);
                 let parts = KeyParts(key, ranges);
                 buf.clear();
                 render(buf, &plan.message_key, None, parts, Cols::Values(&[]), 0);
                 let message_key = bytes(py, buf);
+                let retracts = old_cause;
                 let mut emit = |op: &[u8], adds: bool, row: &[Value]| {
                     buf.clear();
                     let value = match form {
@@ -85,7 +89,7 @@ impl Core {
                             Some(bytes(py, buf))
                         }
                     };
-                    records.push((adds, message_key.clone(), value));
+                    records.push((adds, message_key.clone(), value, if adds { None } else { retracts }));
                 };
                 match (&old, &new) {
                     (None, Some(b)) => emit(b"+A", true, b),
@@ -100,6 +104,9 @@ impl Core {
         }
         if let Some(state) = held {
             state.view = new;
+            if changed {
+                state.cause = Some(batch.cause);
+            }
         }
         Ok(())
     }
@@ -114,7 +121,7 @@ impl Core {
     /// summary (`[key]`), as `,` sorts before `]`.
     pub(super) fn take_deltas<'py>(&mut self, py: Python<'py>, out: &mut BatchOut<'py>) -> Result<(), Fail> {
         let plan = &self.plan;
-        let Batch { keys: touched, sums, nonnull, mut values, mut contribs, mut rows, .. } = std::mem::take(&mut self.batch);
+        let Batch { keys: touched, sums, nonnull, mut values, mut contribs, mut rows, causes, .. } = std::mem::take(&mut self.batch);
         let n = touched.len();
         rows.sort_unstable();
         rows.dedup();
@@ -169,7 +176,12 @@ impl Core {
                 let message_key = bytes(py, buf);
                 buf.clear();
                 render(buf, &plan.delta_row, None, parts, cols, total);
-                out.delta.push(pair(py, message_key, Some(bytes(py, buf)))?);
+                let headers = if self.provenance {
+                    super::headers(py, &super::cause_header(py, causes[at])?, None)?
+                } else {
+                    py.None().into_bound(py)
+                };
+                out.delta.push(PyTuple::new(py, [message_key, bytes(py, buf), headers])?.into_any());
             }
             // take_state_changes
             let kj: &[u8] = key;
@@ -227,7 +239,15 @@ impl Core {
                         json.push(b':');
                         write_int(&mut json, state.nonnull[i]);
                     }
-                    json.extend_from_slice(b"}}");
+                    json.push(b'}');
+                    if let Some((partition, offset)) = state.cause {
+                        json.extend_from_slice(b",\"c\":[");
+                        write_int(&mut json, partition);
+                        json.push(b',');
+                        write_int(&mut json, offset);
+                        json.push(b']');
+                    }
+                    json.push(b'}');
                     buf.clear();
                     statecodec::state_value(buf, KEY_SUMMARY, kj, state.total, Some(&json), &[]);
                     Some(bytes(py, buf))

@@ -64,6 +64,15 @@ impl Core {
                     let Value::Int(n) = n else { return Err(bad().into()) };
                     state.nonnull[slot] = *n;
                 }
+                // the cause of the key's view record (absent in state written before causes were kept)
+                state.cause = match field("c") {
+                    None => None,
+                    Some(Value::List(pair)) => match pair.as_slice() {
+                        [Value::Int(partition), Value::Int(offset)] => Some((*partition, *offset)),
+                        _ => return Err(bad().into()),
+                    },
+                    Some(_) => return Err(bad().into()),
+                };
                 continue;
             }
             if record.kind != LIVE_ROW {

@@ -8,7 +8,7 @@ use rustc_hash::FxHashMap;
 
 use super::apply::Checked;
 use super::plan::{Agg, Plan};
-use super::{fits_i64, Core, Fail, Fp, KeyBytes, Map, NO_SLOT};
+use super::{fits_i64, Cause, Core, Fail, Fp, KeyBytes, Map, NO_SLOT};
 use crate::statecodec::Tag;
 use crate::value::{row_get, Scalar, Unsup, Value};
 
@@ -35,6 +35,8 @@ pub(super) struct KeyState {
     pub(super) order: BTreeMap<(Tag, Fp), u32>,
     /// the view row's column values (the key columns' are in the key's JSON)
     pub(super) view: Option<Vec<Value>>,
+    /// the cause of the view record that wrote `view` (None: unknown)
+    pub(super) cause: Option<Cause>,
 }
 
 impl KeyState {
@@ -48,6 +50,7 @@ impl KeyState {
             multisets: vec![BTreeMap::new(); plan.multiset_names.len()],
             order: BTreeMap::new(),
             view: None,
+            cause: None,
         }
     }
 }
@@ -70,6 +73,10 @@ pub(super) struct Batch {
     pub(super) contribs: Vec<(u32, u32, Tag, Value, i64)>,
     /// `_dirty_rows`: (slot, fingerprint)
     pub(super) rows: Vec<(u32, Fp)>,
+    /// `_Delta.cause` by slot: the batch's last unit that touched the key
+    pub(super) causes: Vec<Cause>,
+    /// the cause of the unit being applied
+    pub(super) cause: Cause,
 }
 
 /// Where each slot's items are in a vector sorted by slot: `starts[slot]..starts[slot + 1]`.
@@ -150,9 +157,10 @@ impl Core {
         sign: i64,
     ) -> Result<(), Fail> {
         if state.slot == NO_SLOT {
-            let Batch { keys, slots, sums, nonnull, .. } = &mut *batch;
+            let Batch { keys, slots, sums, nonnull, causes, .. } = &mut *batch;
             state.slot = *slots.entry_ref(c.key.as_slice()).or_insert_with(|| {
                 keys.push((KeyBytes::from(c.key.as_slice()), 0));
+                causes.push((0, 0));
                 sums.resize(sums.len() + plan.sum_names.len(), 0);
                 nonnull.resize(nonnull.len() + plan.nonnull_names.len(), 0);
                 (keys.len() - 1) as u32
@@ -161,6 +169,7 @@ impl Core {
         let at = state.slot;
         batch.rows.push((at, c.fp));
         batch.keys[at as usize].1 += sign;
+        batch.causes[at as usize] = batch.cause;
         let base = at as usize * plan.sum_names.len();
         for (slot, value) in c.sums.iter().enumerate() {
             if let Some(n) = value {

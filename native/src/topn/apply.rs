@@ -127,12 +127,13 @@ impl TopN {
         };
         let Group { parts, ranked, rows, top, fps } = held.get_mut();
         let mut at = start;
+        let mut changed = false;
         for fp in ranked.fps_from(start).take(plan.n - start) {
             if at < fps.len() && fps[at] == fp {
                 at += 1;
                 continue; // the same row at the same place: the same output row
             }
-            let new = Out { place: at as i64 + 1, row: rows[&fp].row.clone() };
+            let new = Out { place: at as i64 + 1, row: rows[&fp].row.clone(), cause: Some(self.cause) };
             let old = if at < top.len() {
                 fps[at] = fp;
                 Some(std::mem::replace(&mut top[at], new.clone()))
@@ -141,11 +142,18 @@ impl TopN {
                 top.push(new.clone());
                 None
             };
-            plan.diff(&mut self.scratch, &mut self.written, parts, g, old.as_ref(), Some(&new), changes);
+            if plan.diff(&mut self.scratch, &mut self.written, parts, g, old.as_ref(), Some(&new), changes) {
+                changed = true;
+            } else if let Some(old) = &old {
+                top[at].cause = old.cause; // no record written: the place's record is still the old one
+            }
             at += 1;
         }
         for old in &top[at.min(top.len())..] {
-            plan.diff(&mut self.scratch, &mut self.written, parts, g, Some(old), None, changes);
+            changed |= plan.diff(&mut self.scratch, &mut self.written, parts, g, Some(old), None, changes);
+        }
+        if changed {
+            self.dirty_causes.insert(KeyBytes::from(key));
         }
         top.truncate(at);
         fps.truncate(at);
@@ -166,8 +174,13 @@ impl TopN {
             }
             changes.clear();
             self.written.clear();
+            let cause = (events[0].tag.1, events[0].tag.2);
+            self.cause = cause;
             match self.apply_unit(events, &mut changes) {
-                Ok(ts) => self.plan.records(py, ts, &mut changes, &self.written, &mut out.view)?,
+                Ok(ts) => {
+                    let cause = if self.provenance { Some(cause) } else { None };
+                    self.plan.records(py, ts, cause, &mut changes, &self.written, &mut out.view)?
+                }
                 Err(Fail::Reject(rejected)) => out.rejected.push((unit_index, rejected)),
                 Err(other) => return Err(other),
             }

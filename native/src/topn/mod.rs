@@ -24,7 +24,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::core::{read_units, refused_records, routed_units, touched_or_none, units_of, BatchOut, Ev, Fail, Form, Fp, KeyBytes, KeyColumns, Map, ReadOut};
+use crate::core::{read_units, refused_records, routed_units, touched_or_none, units_of, BatchOut, Cause, Ev, Fail, Form, Fp, KeyBytes, KeyColumns, Map, ReadOut};
 use crate::statecodec::Tag;
 use crate::value::{Row, Value};
 
@@ -115,6 +115,8 @@ struct Live {
 struct Out {
     place: i64,
     row: Arc<Row>,
+    /// the cause of the view record that wrote it (None: unknown)
+    cause: Option<Cause>,
 }
 
 /// `_Group`: one group's live rows, ranked, and its current output.
@@ -139,6 +141,12 @@ pub struct TopN {
     groups: Map<KeyBytes, Group>,
     /// `_dirty`: (group key JSON, fingerprint) of the rows changed since the last batch
     dirty: FxHashSet<(KeyBytes, Fp)>,
+    /// `_dirty_causes`: the groups whose places' causes changed since the last batch
+    dirty_causes: FxHashSet<KeyBytes>,
+    /// the cause of the unit being applied
+    cause: Cause,
+    /// cause headers on the view records (`outputs.provenance`)
+    pub provenance: bool,
     scratch: Vec<u8>,
     /// a unit's view records, written side by side (`render::Change` says where)
     written: Vec<u8>,
@@ -154,6 +162,9 @@ impl TopN {
             plan,
             groups: Map::default(),
             dirty: FxHashSet::default(),
+            dirty_causes: FxHashSet::default(),
+            cause: (0, 0),
+            provenance: true,
             scratch: Vec::new(),
             written: Vec::new(),
             prepared: None,

@@ -8,9 +8,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 
 use super::{Head, Out, TopN, TopPlan};
-use crate::core::{Fail, Form};
+use crate::core::{Cause, Fail, Form};
 use crate::json::{write_int, write_str};
-use crate::statecodec::{self, LIVE_ROW};
+use crate::statecodec::{self, KEY_SUMMARY, LIVE_ROW};
 use crate::value::{row_get, write_canonical, write_dict, Row, Value};
 
 /// One view change of a unit, written: its group (by its place among the groups the
@@ -22,6 +22,8 @@ pub(super) struct Change {
     adds: bool,
     key: (usize, usize),
     value: Option<(usize, usize)>,
+    /// the cause of the record it takes back (a `-R`/`-C`)
+    retracts: Option<Cause>,
 }
 
 impl Change {
@@ -118,7 +120,8 @@ impl TopPlan {
     }
 
     /// `diff_changes(old, new, (*group, place), key_names)` for one place, written at
-    /// the end of `written`.
+    /// the end of `written`; whether the place's output row changed (a record written,
+    /// with a view output).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn diff(
         &self,
@@ -129,21 +132,22 @@ impl TopPlan {
         old: Option<&Out>,
         new: Option<&Out>,
         changes: &mut Vec<Change>,
-    ) {
-        let Some(form) = self.form else { return }; // no view output: nothing to write
+    ) -> bool {
         // the place, and its one or two (op code, output row) records
         type Records<'a> = [Option<(&'a [u8], &'a Out)>; 2];
         let (place, ops): (i64, Records<'_>) = match (old, new) {
-            (None, None) => return,
+            (None, None) => return false,
             (None, Some(new)) => (new.place, [Some((b"+A", new)), None]),
             (Some(old), None) => (old.place, [Some((b"-R", old)), None]),
             (Some(old), Some(new)) => {
                 if self.same_row(scratch, old, new) {
-                    return;
+                    return false;
                 }
                 (old.place, [Some((b"-C", old)), Some((b"+C", new))])
             }
         };
+        let Some(form) = self.form else { return true }; // no view output: nothing to write
+        let retracts = old.and_then(|old| old.cause);
         let no_row: Row = Vec::new();
         let start = written.len();
         self.write_out(written, None, parts, place, &no_row);
@@ -153,7 +157,7 @@ impl TopPlan {
             let code: Option<&[u8]> = match form {
                 Form::Upsert if op == b"-C" => continue, // its +C overwrites the key
                 Form::Upsert if op == b"-R" => {
-                    changes.push(Change { group, place, adds, key, value: None });
+                    changes.push(Change { group, place, adds, key, value: None, retracts });
                     continue;
                 }
                 Form::Upsert => None,
@@ -163,8 +167,9 @@ impl TopPlan {
             };
             let start = written.len();
             self.write_out(written, code, parts, place, &out.row);
-            changes.push(Change { group, place, adds, key, value: Some((start, written.len())) });
+            changes.push(Change { group, place, adds, key, value: Some((start, written.len())), retracts: if adds { None } else { retracts } });
         }
+        true
     }
 
     /// `same_row` of two output rows at one place of one group: their heads are equal,
@@ -200,6 +205,7 @@ impl TopPlan {
         &self,
         py: Python<'py>,
         ts: i64,
+        cause: Option<Cause>,
         changes: &mut [Change],
         written: &[u8],
         view: &mut Vec<Bound<'py, PyAny>>,
@@ -211,13 +217,21 @@ impl TopPlan {
             changes.sort_by_key(|c| c.adds); // stable
         }
         let ts = ts.into_pyobject(py)?.into_any();
+        let header = match cause {
+            Some(cause) => Some(crate::core::cause_header(py, cause)?),
+            None => None,
+        };
         for change in changes.iter() {
             let value = match change.value {
                 Some((start, end)) => PyBytes::new(py, &written[start..end]).into_any(),
                 None => py.None().into_bound(py),
             };
             let key = PyBytes::new(py, &written[change.key.0..change.key.1]).into_any();
-            view.push(PyTuple::new(py, [key, value, ts.clone()])?.into_any());
+            let headers = match &header {
+                Some(header) => crate::core::headers(py, header, change.retracts)?,
+                None => py.None().into_bound(py),
+            };
+            view.push(PyTuple::new(py, [key, value, ts.clone(), headers])?.into_any());
         }
         Ok(())
     }
@@ -242,6 +256,37 @@ impl TopN {
                 write_dict(&mut json, &live.row);
                 let start = written.len();
                 statecodec::state_value(&mut written, LIVE_ROW, kj, live.tags.len() as i64, Some(&json), &live.tags);
+                (start, written.len())
+            });
+            records.push((key, value));
+        }
+        for kj in std::mem::take(&mut self.dirty_causes) {
+            // `[group]`: the causes of its places' view records
+            let kj = kj.as_slice();
+            let start = written.len();
+            statecodec::summary_key(&mut written, kj);
+            let key = (start, written.len());
+            let value = self.groups.get(kj).map(|group| {
+                json.clear();
+                json.extend_from_slice(b"{\"c\":[");
+                for (i, out) in group.top.iter().enumerate() {
+                    if i > 0 {
+                        json.push(b',');
+                    }
+                    match out.cause {
+                        Some((partition, offset)) => {
+                            json.push(b'[');
+                            write_int(&mut json, partition);
+                            json.push(b',');
+                            write_int(&mut json, offset);
+                            json.push(b']');
+                        }
+                        None => json.extend_from_slice(b"null"),
+                    }
+                }
+                json.extend_from_slice(b"]}");
+                let start = written.len();
+                statecodec::state_value(&mut written, KEY_SUMMARY, kj, group.top.len() as i64, Some(&json), &[]);
                 (start, written.len())
             });
             records.push((key, value));

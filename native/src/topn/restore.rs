@@ -11,7 +11,7 @@ use rustc_hash::FxHashSet;
 use super::rank::{sort_key, Entry};
 use super::{Group, Live, TopN};
 use crate::core::{key_json, Fail, Fp, KeyBytes, KeyPart, RestoreFail};
-use crate::statecodec::{self, LIVE_ROW};
+use crate::statecodec::{self, KEY_SUMMARY, LIVE_ROW};
 use crate::value::{Unsup, Value};
 
 impl TopN {
@@ -19,6 +19,7 @@ impl TopN {
     /// replacing what was held of them; other groups stay as they are.
     pub fn restore(&mut self, records: &Bound<'_, PyAny>) -> Result<(), RestoreFail> {
         let mut restored: FxHashSet<Vec<u8>> = FxHashSet::default();
+        let mut causes: rustc_hash::FxHashMap<Vec<u8>, Vec<Option<crate::core::Cause>>> = Default::default();
         for item in records.try_iter().map_err(Fail::Py)? {
             let item = item.map_err(Fail::Py)?;
             let not_bytes = || Fail::Unsup(Unsup::new("a state record that is not (bytes, bytes)"));
@@ -27,6 +28,28 @@ impl TopN {
             let value = value.cast::<PyBytes>().map_err(|_| not_bytes())?.as_bytes();
             let record = statecodec::decode_state(value)?;
             let kj = group_json(&record.key)?;
+            if record.kind == KEY_SUMMARY {
+                // the causes of its places (absent in state written before causes were kept)
+                let bad = || Unsup::new("a Top-N group's summary the core does not read");
+                let Some(Value::Dict(values)) = &record.values else { return Err(bad().into()) };
+                let Some((_, Value::List(list))) = values.iter().find(|(n, _)| &**n == "c") else { return Err(bad().into()) };
+                let mut known = Vec::with_capacity(list.len());
+                for item in list {
+                    known.push(match item {
+                        Value::Null => None,
+                        Value::List(pair) => match pair.as_slice() {
+                            [Value::Int(partition), Value::Int(offset)] => Some((*partition, *offset)),
+                            _ => return Err(bad().into()),
+                        },
+                        _ => return Err(bad().into()),
+                    });
+                }
+                if restored.insert(kj.clone()) {
+                    self.groups.insert(KeyBytes::from(kj.as_slice()), Group::new(&kj));
+                }
+                causes.insert(kj, known);
+                continue;
+            }
             if record.kind != LIVE_ROW {
                 return Err(Unsup::new("a state record of another kind than a Top-N's live row").into());
             }
@@ -53,11 +76,21 @@ impl TopN {
         }
         for kj in restored {
             let group = self.groups.get_mut(kj.as_slice()).expect("restored above");
+            if group.rows.is_empty() {
+                // (only its causes came: the group is gone)
+                self.groups.remove(kj.as_slice());
+                continue;
+            }
+            let known = causes.remove(&kj).unwrap_or_default();
             let fps: Vec<Fp> = group.ranked.fps_from(0).take(self.plan.n).collect();
             group.top = fps
                 .iter()
                 .enumerate()
-                .map(|(at, fp)| super::Out { place: at as i64 + 1, row: group.rows[fp].row.clone() })
+                .map(|(at, fp)| super::Out {
+                    place: at as i64 + 1,
+                    row: group.rows[fp].row.clone(),
+                    cause: known.get(at).copied().flatten(),
+                })
                 .collect();
             group.fps = fps;
         }

@@ -1,0 +1,229 @@
+"""`refold trace PIPELINE.yaml`: why a view row is what it is, and what an input event
+changed, from the cause headers (docs/provenance.md).
+
+- `--key '{…}'`: the view key's records in the view topic, oldest first, each with the
+  input event its `refold.cause` names (fetched from the source topic: its op, row,
+  offset) and the cause of the record a `-C`/`-R` takes back (`refold.retracts`).
+- `--input TOPIC:PARTITION:OFFSET`: every view, delta and dead-letter record whose
+  `refold.cause` is that event.
+
+How it searches: a scan of the view topic's partitions, bounded by `--since`/`--until`
+(offsets, per partition), reading message keys and headers; `--input` of a
+co-partitioned view with view partitioning `shard` scans one partition only (shard =
+source partition). Each cause is one fetch from the source topic.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import Any, TextIO
+
+import orjson
+from confluent_kafka import Consumer, Message, TopicPartition
+
+from refold.config import Pipeline
+from refold.errors import UserError
+from refold.kafka.io import consumer_config, partitions_of, read_to_end
+from refold.model import jsonbytes
+from refold.recovery.records import view_partitioning
+from refold.runtime.render import CAUSE, RETRACTS, parse_cause
+from refold.runtime.shards import exchanged
+
+
+def output_key_names(pipeline: Pipeline) -> list[str]:
+    """The view output's key columns, in the order its message keys write them."""
+    view = pipeline.view
+    if view.top_n is not None:
+        return [*view.top_n.partition_by, "place"]
+    return [*view.key, *(("window_start", "window_end") if view.window is not None else ())]
+
+
+def view_message_key(pipeline: Pipeline, key: dict[str, Any]) -> bytes:
+    """The message key of the view records of `key` (a JSON object of the key columns)."""
+    names = output_key_names(pipeline)
+    missing = [name for name in names if name not in key]
+    extra = [name for name in key if name not in names]
+    if missing or extra:
+        raise UserError(f"--key names the view's key columns {names}: "
+                        + (f"missing {missing}" if missing else f"not a key column: {extra}"))
+    return jsonbytes.dumps({name: key[name] for name in names})
+
+
+def parse_input(text: str) -> tuple[str, int, int]:
+    """TOPIC:PARTITION:OFFSET (a topic may hold `:`: the last two fields are numbers)."""
+    topic, _, rest = text.rpartition(":")
+    topic, _, partition = topic.rpartition(":")
+    try:
+        return topic, int(partition), int(rest)
+    except ValueError:
+        raise UserError(f"--input {text!r}: write TOPIC:PARTITION:OFFSET") from None
+
+
+class Fetcher:
+    """Single records of the source topic by (partition, offset), read_committed."""
+
+    def __init__(self, settings: dict[str, Any], topic: str) -> None:
+        self.topic = topic
+        self.consumer = Consumer(consumer_config(settings, **{"enable.partition.eof": True}))
+
+    def fetch(self, partition: int, offset: int, timeout: float = 30.0) -> Message | None:
+        self.consumer.assign([TopicPartition(self.topic, partition, offset)])
+        while True:
+            msg = self.consumer.poll(timeout)
+            if msg is None:
+                return None
+            if msg.error():
+                return None  # (end of partition: the record is gone or not committed)
+            at = msg.offset()
+            if at is not None and at >= offset:
+                return msg if at == offset else None
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def _headers(msg: Message) -> dict[str, bytes]:
+    found: dict[str, bytes] = {}
+    for header in msg.headers() or []:
+        name, value = header[0], header[1]
+        if isinstance(value, bytes):
+            found[name] = value
+        elif isinstance(value, str):
+            found[name] = value.encode()
+    return found
+
+
+def _scan(settings: dict[str, Any], topic: str, since: int | None, until: int | None,
+          only: list[int] | None = None) -> Iterator[Message]:
+    start = {p: since for p in partitions_of(settings, topic)} if since is not None else None
+    for msg in read_to_end(settings, topic, start=start, only=only):
+        if until is None or msg.offset() < until:
+            yield msg
+
+
+def _op_row(value: bytes | None) -> tuple[str, Any]:
+    """A record's op and row (an upsert form's tombstone: `-R` with no row)."""
+    if value is None:
+        return "-R", None
+    try:
+        row = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return "?", None
+    if isinstance(row, dict):
+        op = row.pop("op", "+A")
+        return op if isinstance(op, str) else str(op), row
+    return "?", row
+
+
+def _event(fetcher: Fetcher, header: bytes | None) -> dict[str, Any] | None:
+    if header is None:
+        return None
+    partition, offset = parse_cause(header)
+    found: dict[str, Any] = {"topic": fetcher.topic, "partition": partition, "offset": offset}
+    msg = fetcher.fetch(partition, offset)
+    if msg is not None:
+        found["op"], found["row"] = _op_row(msg.value())
+        found["timestamp"] = msg.timestamp()[1]
+    return found
+
+
+def _record(kind: str, msg: Message, fetcher: Fetcher | None) -> dict[str, Any]:
+    headers = _headers(msg)
+    op, row = _op_row(msg.value())
+    out: dict[str, Any] = {"output": kind, "topic": msg.topic(), "partition": msg.partition(), "offset": msg.offset(),
+                           "op": op, "key": orjson.loads(key) if (key := msg.key()) else None, "row": row}
+    if fetcher is not None:
+        out["cause"] = _event(fetcher, headers.get(CAUSE))
+        if RETRACTS in headers:
+            out["retracts"] = _event(fetcher, headers[RETRACTS])
+    else:
+        out["cause"] = headers.get(CAUSE, b"").decode() or None
+    return out
+
+
+def _print(record: dict[str, Any], as_json: bool, out: TextIO) -> None:
+    if as_json:
+        out.write(orjson.dumps(record).decode() + "\n")
+        return
+    line = (f"{record['output']} {record['topic']}[{record['partition']}]@{record['offset']} {record['op']} "
+            f"{orjson.dumps(record['row']).decode()}")
+    cause = record.get("cause")
+    if isinstance(cause, dict):
+        line += f"\n    cause: {cause['topic']}[{cause['partition']}]@{cause['offset']}"
+        if "op" in cause:
+            line += f" {cause['op']} {orjson.dumps(cause['row']).decode()}"
+    elif cause:
+        line += f"\n    cause: {cause}"
+    else:
+        line += "\n    cause: unknown (no refold.cause header)"
+    retracts = record.get("retracts")
+    if isinstance(retracts, dict):
+        line += f"\n    retracts the record caused by {retracts['topic']}[{retracts['partition']}]@{retracts['offset']}"
+        if "op" in retracts:
+            line += f" {retracts['op']} {orjson.dumps(retracts['row']).decode()}"
+    out.write(line + "\n")
+
+
+def trace_key(pipeline: Pipeline, settings: dict[str, Any], key: dict[str, Any], *, since: int | None = None,
+              until: int | None = None) -> list[dict[str, Any]]:
+    """The key's view records, oldest first, each with its cause (and retracted cause)."""
+    if pipeline.outputs.view is None:
+        raise UserError("the pipeline has no view output to trace")
+    wanted = view_message_key(pipeline, key)
+    fetcher = Fetcher(settings, pipeline.source.topic)
+    try:
+        found = [msg for msg in _scan(settings, pipeline.outputs.view.topic, since, until) if msg.key() == wanted]
+        found.sort(key=lambda msg: (msg.partition(), msg.offset()))
+        return [_record("view", msg, fetcher) for msg in found]
+    finally:
+        fetcher.close()
+
+
+def trace_input(pipeline: Pipeline, settings: dict[str, Any], topic: str, partition: int, offset: int, *,
+                since: int | None = None, until: int | None = None) -> list[dict[str, Any]]:
+    """Every view, delta and dead-letter record that input event caused."""
+    if topic != pipeline.source.topic:
+        raise UserError(f"--input names topic {topic!r}; the pipeline's source is {pipeline.source.topic!r}")
+    cause = b"%d:%d" % (partition, offset)
+    outputs = [("view", pipeline.outputs.view.topic if pipeline.outputs.view else None),
+               ("delta", pipeline.outputs.delta.topic if pipeline.outputs.delta else None),
+               ("dead letter", pipeline.dlq_topic)]
+    found: list[dict[str, Any]] = []
+    for kind, output in outputs:
+        if output is None:
+            continue
+        only = None
+        if kind == "view" and not exchanged(pipeline) and view_partitioning(pipeline) == "shard":
+            only = [partition]  # shard = source partition: its view records are in its partition
+        try:
+            msgs = list(_scan(settings, output, since if kind == "view" else None,
+                              until if kind == "view" else None, only))
+        except Exception:  # a dead-letter topic that does not exist yet: nothing there
+            if kind == "dead letter":
+                continue
+            raise
+        found += [_record(kind, msg, None) for msg in msgs if _headers(msg).get(CAUSE) == cause]
+    return found
+
+
+def run(pipeline: Pipeline, settings: dict[str, Any], *, key: str | None, input_: str | None, since: int | None,
+        until: int | None, as_json: bool, out: TextIO = sys.stdout) -> int:
+    """`refold trace`: prints the records; 0 when some were found, 1 when none."""
+    if (key is None) == (input_ is None):
+        raise UserError("name one of --key '{...}' and --input TOPIC:PARTITION:OFFSET")
+    if key is not None:
+        try:
+            parsed = orjson.loads(key)
+        except orjson.JSONDecodeError as exc:
+            raise UserError(f"--key {key!r}: not JSON ({exc})") from None
+        if not isinstance(parsed, dict):
+            raise UserError(f"--key {key!r}: write a JSON object of the view's key columns")
+        records = trace_key(pipeline, settings, parsed, since=since, until=until)
+    else:
+        assert input_ is not None
+        topic, partition, offset = parse_input(input_)
+        records = trace_input(pipeline, settings, topic, partition, offset, since=since, until=until)
+    for record in records:
+        _print(record, as_json, out)
+    return 0 if records else 1
