@@ -20,7 +20,7 @@ import orjson
 
 from refold.config import ColumnSpec, ViewSpec
 from refold.model.reasons import Reason
-from refold.reduce.ordered import Sorted
+from refold.reduce.ordered import Multiset, Sorted
 from refold.reduce.statecodec import (
     decode_state,
     row_fingerprint,
@@ -61,50 +61,6 @@ class _Row:
         self.vals = vals  # the kept columns' values; only when a reduction needs them
 
 
-class _Multiset:
-    """One column's live values and their copies, in `value_order` (min, max, set).
-
-    Most keys hold one distinct value, so the sorted index of the values is made only
-    when a second one arrives: a sorted container costs more to make than to use."""
-
-    __slots__ = ("counts", "ordered")
-
-    def __init__(self) -> None:
-        self.counts: dict[Any, int] = {}
-        self.ordered: Sorted | None = None
-
-    def change(self, value: Any, copies: int) -> None:
-        counts = self.counts
-        count = counts.get(value, 0) + copies
-        if count:
-            if value not in counts:
-                if self.ordered is not None:
-                    self.ordered.add(value)
-                elif counts:
-                    self.ordered = Sorted(counts, key=value_order)
-                    self.ordered.add(value)
-            counts[value] = count
-        else:
-            del counts[value]
-            if self.ordered is not None:
-                self.ordered.remove(value)
-
-    def __bool__(self) -> bool:
-        return bool(self.counts)
-
-    def values(self) -> Iterable[Any]:
-        """The distinct values, smallest first."""
-        return self.ordered if self.ordered is not None else self.counts
-
-    def extreme(self, last: bool) -> Any:
-        """The smallest (or, when `last`, the largest) value; None when empty."""
-        if not self.counts:
-            return None
-        if self.ordered is not None:
-            return self.ordered[-1 if last else 0]
-        return next(iter(self.counts))
-
-
 class _Key:
     """One view key's live rows, running values and current view row (None until set)."""
 
@@ -116,7 +72,7 @@ class _Key:
         self.sums: dict[str, Number] = dict.fromkeys(plan.sum_columns, 0)
         self.floats: dict[str, int] = dict.fromkeys(plan.sum_columns, 0)
         self.nonnull: dict[str, int] = dict.fromkeys(plan.nonnull_columns, 0)
-        self.multisets: list[_Multiset] = [_Multiset() for _ in plan.multiset_columns]
+        self.multisets: list[Multiset] = [Multiset() for _ in plan.multiset_columns]
         self.order: Sorted | None = Sorted() if plan.needs_tags else None
         self.view: dict[str, Any] | None = None
         self.cause: Cause | None = None  # the cause of the view record that wrote `view` (None: unknown)

@@ -21,6 +21,8 @@ from typing import Any
 
 from sortedcontainers import SortedKeyList, SortedList
 
+from refold.reduce.values import value_order
+
 LIMIT = 512  # items kept in a plain list; sortedcontainers' own sublists hold ~1,000
 
 
@@ -89,3 +91,47 @@ class Sorted:
 
     def __repr__(self) -> str:
         return f"Sorted({list(self._items)!r})"
+
+
+class Multiset:
+    """One column's live values and their copies, in `value_order` (min, max, set).
+
+    Most keys hold one distinct value, so the sorted index of the values is made only
+    when a second one arrives: a sorted container costs more to make than to use."""
+
+    __slots__ = ("counts", "ordered")
+
+    def __init__(self) -> None:
+        self.counts: dict[Any, int] = {}
+        self.ordered: Sorted | None = None
+
+    def change(self, value: Any, copies: int) -> None:
+        counts = self.counts
+        count = counts.get(value, 0) + copies
+        if count:
+            if value not in counts:
+                if self.ordered is not None:
+                    self.ordered.add(value)
+                elif counts:
+                    self.ordered = Sorted(counts, key=value_order)
+                    self.ordered.add(value)
+            counts[value] = count
+        else:
+            del counts[value]
+            if self.ordered is not None:
+                self.ordered.remove(value)
+
+    def __bool__(self) -> bool:
+        return bool(self.counts)
+
+    def values(self) -> Iterable[Any]:
+        """The distinct values, smallest first."""
+        return self.ordered if self.ordered is not None else self.counts
+
+    def extreme(self, last: bool) -> Any:
+        """The smallest (or, when `last`, the largest) value; None when empty."""
+        if not self.counts:
+            return None
+        if self.ordered is not None:
+            return self.ordered[-1 if last else 0]
+        return next(iter(self.counts))

@@ -1,17 +1,16 @@
 """One shard's part of a micro-batch, exactly once: decode, pair, merge, reduce, commit
 in one transaction.
 
-A `ShardProcessor` owns one shard of a view (`refold.runtime.shards`): its
-transactional writer `P-<writer>-<shard>` (`refold.kafka.transactions`), its local
-state store (`refold.state`), its reducer, its checkpoint and its materialization
-sessions. It is independent of Spark: the records of its partitions in each
-micro-batch (partition, offset, key, value, timestamp) are handed to it (a Spark task,
-`refold.spark.tasks`, or `refold.runtime.processor.BatchProcessor`; tests too).
+A `ShardProcessor` owns one shard of a view: its transactional writer
+`P-<writer>-<shard>`, its local state store (`refold.state`), its reducer, its
+checkpoint and its materialization sessions. It is independent of Spark: the records
+of its partitions in each micro-batch are handed to it (by a Spark task,
+`refold.spark.tasks`, or `refold.runtime.processor.BatchProcessor`).
 
 Start (`_start`): take the store's lock (a second attempt of the shard on this machine
-waits here until the first is done), initialise the writer (fences every older attempt,
-settles its open transaction), read the shard's committed checkpoint, bring the store to
-it (`refold.state.bring_to`: as is, caught up or restored from `P.state` partition = shard).
+waits for the first), initialise the writer (fences every older attempt, settles its
+open transaction), read the shard's checkpoint and bring the store to it
+(`refold.state.bring_to`: as is, caught up or restored from `P.state` partition = shard).
 
 The reducer holds only the keys the shard's batches touched (up to
 `spark.state_cache_keys`; then it starts empty again; `refold.spark.tasks` bounds a
@@ -26,9 +25,9 @@ covers are dropped first, so a replayed batch writes nothing. When a transaction
 or times out, the shard throws its reducer away, starts again and runs the batch again
 (three times at most); a fence stops it (`FencedError`).
 
-`suspend()` lets go of the store's lock between a Spark task and the next (any
-Python worker of an executor may run the shard's next task); `resume()` takes it
-again and says whether the store still holds what this processor last committed.
+`suspend()` lets go of the store's lock between a Spark task and the next (any worker
+may run the shard's next task); `resume()` takes it again and says whether the store
+still holds what this processor last committed.
 """
 
 from __future__ import annotations
@@ -393,9 +392,8 @@ class ShardProcessor:
         self.held |= wanted
 
     def _stamp(self, state: Sequence[tuple[bytes, bytes | None]], checkpoint: Checkpoint) -> None:
-        """After the commit: the batch's state changes and the committed checkpoint's stamp
-        into the store, in one write batch. `state_end` is partition p's high watermark
-        (read_uncommitted): past this batch's records; what else lies before it is aborted."""
+        """After the commit: the state changes and the checkpoint's stamp into the store in one
+        write batch; the stamp's offset is P.state's high watermark (past this batch's records)."""
         assert self.store is not None
         if self._watermarks is None:
             self._watermarks = Consumer(consumer_config(self.settings, **{"isolation.level": "read_uncommitted"}))
@@ -404,8 +402,7 @@ class ShardProcessor:
         self.store.apply(state, Stamp(checkpoint.batch, int(high), checkpoint.committed_at))
 
     def _reduce(self, units: Sequence[Unit], out: Outgoing) -> list[UnitChanges]:
-        """Apply each unit; a refused unit changes nothing and is dead-lettered, one
-        dead letter per input record (a Debezium update is a pair from one record)."""
+        """Apply each unit; a refused one changes nothing and is dead-lettered, once per record."""
         changes: list[UnitChanges] = []
         for unit in filter_units(self.row_filter, units, functools.partial(self.dead_letters.refuse, out)):
             try:
@@ -415,8 +412,7 @@ class ShardProcessor:
         return changes
 
     def _reduce_natively(self, units: Sequence[Unit], out: Outgoing) -> bool:
-        """`_reduce` and the records of its changes, deltas and state, all in the native
-        core; False when the core cannot take the batch (`_fall_back`)."""
+        """`_reduce` and its records, all in the native core; False when it cannot (`_fall_back`)."""
         assert self.core is not None
         letters = len(out.dlq)
         units = filter_units(self.row_filter, units, functools.partial(self.dead_letters.refuse, out))
