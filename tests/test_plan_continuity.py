@@ -51,6 +51,7 @@ from refold.runtime.batch import InputRecord
 from refold.runtime.processor import BatchProcessor
 from refold.spark.job import engine_topics
 data = json.loads(sys.argv[1])
+data["spark"]["core"] = "python"  # the installed native core is the new code's
 pipeline = parse_pipeline(data)
 settings = pipeline.kafka_settings()
 ensure_topics(settings, engine_topics(pipeline, 3))
