@@ -47,7 +47,7 @@ pub struct BatchOut<'py> {
 }
 
 /// A unit's view records before they are ordered: (adds, message key, value or None).
-pub(super) type UnitRecords<'py> = Vec<(bool, Bound<'py, PyAny>, Option<Bound<'py, PyAny>>)>;
+pub(crate) type UnitRecords<'py> = Vec<(bool, Bound<'py, PyAny>, Option<Bound<'py, PyAny>>)>;
 
 pub(crate) fn blake2b16(data: &[u8]) -> Fp {
     let mut hasher = Blake2b::<U16>::new();
@@ -293,7 +293,7 @@ impl Core {
     // apply ---------------------------------------------------------------------------
 
     /// `GroupedReducer.apply(unit)` and the unit's part of `Renderer.view`.
-    fn apply_unit<'py>(&mut self, py: Python<'py>, events: &[Ev], records: &mut UnitRecords<'py>) -> Result<i64, Fail> {
+    pub(crate) fn apply_unit<'py>(&mut self, py: Python<'py>, events: &[Ev], records: &mut UnitRecords<'py>) -> Result<i64, Fail> {
         let ts;
         if events.len() == 1 {
             // _apply_event
