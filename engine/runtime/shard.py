@@ -66,7 +66,14 @@ from refold.reduce.where import condition_of, filter_units
 from refold.runtime.batch import BatchStats, DeadLetters, InputRecord, Outgoing, Unit, UnitReader
 from refold.runtime.collector import collector_paused
 from refold.runtime.hooks import NO_HOOKS, Hooks
-from refold.runtime.native import NativeRead, Unsupported, native_core, read_batch, reads_natively
+from refold.runtime.native import (
+    NativeRead,
+    Unsupported,
+    native_core,
+    read_batch,
+    reads_natively,
+    refusal_shown,
+)
 from refold.runtime.render import Renderer, UnitChanges
 from refold.runtime.shards import KeyCheck, checkpoint_key, shard_writer
 from refold.runtime.tables import LastRows, TableReader, is_table, reduce_table_rows, touched_by
@@ -374,8 +381,9 @@ class ShardProcessor:
         assert self.store is not None
         if self.pipeline.view.window is not None or (self.materializations is not None and self.materializations.backfilling):
             if not self.held_all:  # (a windowed view's windows close by the watermark: it holds them all)
-                self._forget_reducer()
-                self.reducer.restore(whole_state(self.store))
+                if forget:  # (else the native core holds a batch it read, and nothing yet: held_all is not set)
+                    self._forget_reducer()
+                (self.reducer if self.core is None else self.core).restore(whole_state(self.store))
                 self.held_all = True
             return
         if self.held_all:
@@ -426,8 +434,8 @@ class ShardProcessor:
             refused, view, delta, state = self.core.apply_batch(units)
         except Unsupported as exc:
             return self._fall_back(out, letters, exc)
-        for unit_index, index, reason, _detail in refused:
-            self.dead_letters.refuse(out, units[unit_index], index, Reason(reason))
+        for unit_index, index, reason, *shown in refused:
+            self.dead_letters.refuse(out, units[unit_index], index, Reason(reason), *refusal_shown(reason, shown))
         out.view, out.delta, out.state = view, delta, state
         return True
 
@@ -435,7 +443,7 @@ class ShardProcessor:
         """The native core reads, reduces and renders the batch (`read_batch`): the held
         `-C`s for the checkpoint; None when it does not take the batch."""
         read = self._core_read(fresh)
-        if read is not None and self._over_cache(read.touched - self.held):
+        if read is not None and self.pipeline.view.window is None and self._over_cache(read.touched - self.held):
             # the core keeps what it read, and starting empty is a new core: empty
             # first, then the new core reads the batch again (once per cache's fill)
             self._forget_reducer()
