@@ -105,6 +105,8 @@ bench-clean: setup jars
 bench-hotpath: setup jars
 	$(PY) -m bench.hotpath $(HOTPATH_ARGS)
 	$(PY) -m bench.hotpath --view top_n $(HOTPATH_ARGS)
+	$(PY) -m bench.hotpath --view tumble $(HOTPATH_ARGS)
+	$(PY) -m bench.hotpath --view hop $(HOTPATH_ARGS)
 
 bench-contenders: setup jars
 	$(PY) -m bench.run $(BENCH_ARGS)

@@ -214,13 +214,13 @@ def test_state_records_restore_a_reducer_that_goes_on_as_the_first() -> None:
         assert second(later) == first(later)
 
 
-def test_windowed_views_reduce_in_python_and_a_native_core_asked_for_is_refused() -> None:
+def test_session_windows_reduce_in_python_and_a_native_core_asked_for_is_refused() -> None:
     pipeline = parse_pipeline({
         "pipeline": "w", "source": {"topic": "s"}, "spark": {"core": "native"},
-        "view": {"key": ["team"], "columns": {"n": {"count": "*"}}, "window": {"time": "ts", "tumble": "1h"}},
+        "view": {"key": ["team"], "columns": {"n": {"count": "*"}}, "window": {"time": "ts", "session": {"gap": "1h"}}},
         "outputs": {"view": {"topic": "w.view"}}})
-    assert "windowed views" in (why_not(pipeline) or "")
-    with pytest.raises(ConfigError, match="windowed views"):
+    assert "session windows" in (why_not(pipeline) or "")
+    with pytest.raises(ConfigError, match="session windows"):
         native_core(pipeline)
 
 

@@ -39,7 +39,7 @@ from refold.reduce.statecodec import (
     summary_key,
 )
 from refold.reduce.topn import TopNReducer
-from refold.reduce.types import Rejected, SourceEvent, Tag, ViewChange
+from refold.reduce.types import DeltaRows, Rejected, SourceEvent, Tag, ViewChange
 from refold.reduce.values import diff_changes, fingerprint, key_bytes
 from refold.state.store import VIEW_RECORD_FIRST
 
@@ -357,8 +357,9 @@ class WindowedReducer:
 
     # batch boundaries --------------------------------------------------------------------
 
-    def take_deltas(self) -> list[dict[str, Any]]:
-        return [] if self.inner is None else list(self.inner.take_deltas())
+    def take_deltas(self) -> DeltaRows:
+        """The inner grouped view's delta rows, with their causes (a session view has none)."""
+        return DeltaRows() if self.inner is None else self.inner.take_deltas()
 
     def take_state_changes(self) -> list[tuple[bytes, bytes | None]]:
         records: list[tuple[bytes, bytes | None]] = []

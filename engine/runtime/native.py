@@ -18,6 +18,11 @@ For a `jsonl` changelog without `view.where` the core also reads the batch's rec
 (`read_batch`: decode, message-key check, pairing, merge, as `UnitReader.read`), with no
 Python object per event, when every record is clean; a batch with anything Python would
 dead-letter or read otherwise goes through `UnitReader` as before (core/read.rs).
+
+A `WindowCore` runs a windowed grouped view with a tumble or hop window (emit
+`per_event`) as `WindowedReducer` does (tests/test_native_windows.py): its refusals
+carry a fifth item, their headers (a `late` event's window and the watermark). Session
+windows, a windowed Top-N and `emit: final` reduce in Python.
 """
 
 from __future__ import annotations
@@ -55,8 +60,14 @@ def why_not(pipeline: Pipeline) -> str | None:
     if refold_native is None:
         return "the native core (refold_native) is not built: `make setup` builds it from native/"
     outputs = pipeline.outputs
-    if pipeline.view.window is not None:
-        return "windowed views (view.window) reduce in Python"
+    window = pipeline.view.window
+    if window is not None:
+        if window.kind == "session":
+            return "session windows (view.window.session) reduce in Python"
+        if pipeline.view.top_n is not None:
+            return "a windowed Top-N reduces in Python"
+        if outputs.view is not None and outputs.view.emit == "final":
+            return "a windowed view with emit: final reduces in Python"
     if ranked_globally(pipeline):
         return "a global Top-N in shards ranks its shards' rows in Python (refold.runtime.tops)"
     if is_table(pipeline):
@@ -92,6 +103,18 @@ def native_core(pipeline: Pipeline) -> Any | None:
     assert refold_native is not None
     view, outputs = pipeline.view, pipeline.outputs
     form = outputs.view.form if outputs.view is not None else None
+    if view.window is not None:
+        window = view.window
+        return refold_native.WindowCore(
+            list(view.key),
+            [(name, spec.agg, spec.column) for name, spec in view.columns.items()],
+            form,
+            outputs.delta is not None,
+            window.time,
+            window.size_ms,
+            window.slide_ms,
+            window.lateness_ms,
+        )
     if view.top_n is not None:
         top_n = view.top_n
         columns = None if top_n.columns is None else list(top_n.columns)
@@ -120,11 +143,21 @@ class NativeRead(NamedTuple):
     touched: set[bytes]
     pending: dict[int, PendingRecord]
 
-    def refuse(self, refused: Sequence[tuple[tuple[int, ...], int, str, str | None]], dead_letters: DeadLetters,
-               out: Outgoing) -> None:
+    def refuse(self, refused: Sequence[tuple[Any, ...]], dead_letters: DeadLetters, out: Outgoing) -> None:
         """Dead letters for the units `apply_read` refused (their records by index)."""
-        for indices, index, reason, _detail in refused:
-            dead_letters.refuse(out, [(None, self.records[i]) for i in indices], index, Reason(reason))
+        for indices, index, reason, *shown in refused:
+            units = [(None, self.records[i]) for i in indices]
+            dead_letters.refuse(out, units, index, Reason(reason), *refusal_shown(reason, shown))
+
+
+def refusal_shown(reason: str, shown: Sequence[Any]) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+    """A native refusal's (detail, headers) as a dead letter shows them
+    (`DeadLetters.rejected`): a windowed view's own refusals (`late`, `bad event time`,
+    whose refusals carry their headers) with their detail and headers, the others' details
+    left out."""
+    if reason in (Reason.LATE, Reason.BAD_TIME):
+        return shown[0], tuple(shown[1]) if len(shown) > 1 else ()
+    return None, ()
 
 
 def read_batch(core: Any, reader: UnitReader, fresh: Sequence[InputRecord],
@@ -145,4 +178,4 @@ def read_batch(core: Any, reader: UnitReader, fresh: Sequence[InputRecord],
     return NativeRead(records, set(touched), pending_out)
 
 
-__all__ = ["NativeRead", "Unsupported", "core_of", "native_core", "read_batch", "reads_natively", "why_not"]
+__all__ = ["NativeRead", "Unsupported", "core_of", "native_core", "read_batch", "reads_natively", "refusal_shown", "why_not"]

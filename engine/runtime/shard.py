@@ -1,33 +1,24 @@
 """One shard's part of a micro-batch, exactly once: decode, pair, merge, reduce, commit
 in one transaction.
 
-A `ShardProcessor` owns one shard of a view: its transactional writer
-`P-<writer>-<shard>`, its local state store (`refold.state`), its reducer, its
-checkpoint and its materialization sessions. It is independent of Spark: the records
-of its partitions in each micro-batch are handed to it (by a Spark task,
-`refold.spark.tasks`, or `refold.runtime.processor.BatchProcessor`).
+A `ShardProcessor` owns one shard of a view: its transactional writer `P-<writer>-<shard>`,
+local store (`refold.state`), reducer, checkpoint and materialization sessions. Spark is not
+needed: a Spark task (`refold.spark.tasks`) or `BatchProcessor` hands it each batch's records.
 
-Start (`_start`): take the store's lock (a second attempt of the shard on this machine
-waits for the first), initialise the writer (fences every older attempt, settles its
-open transaction), read the shard's checkpoint and bring the store to it
-(`refold.state.bring_to`: as is, caught up or restored from `P.state` partition = shard).
+Start (`_start`): lock the store (a second attempt waits for the first), initialise the
+writer (fencing older attempts), read the checkpoint and bring the store to it
+(`refold.state.bring_to`: as is, caught up, or restored from `P.state`).
 
-The reducer holds only the keys the shard's batches touched (up to
-`spark.state_cache_keys`; then it starts empty again; `refold.spark.tasks` bounds a
-worker's reducers together): before a batch it loads the keys it is about to touch
-from the store. Every batch commits, in one Kafka transaction of the shard: the view
-changelog, the delta updates, the dead letters, the state changelog (`P.state`,
-partition = shard), the shard's checkpoint (`P.checkpoints`, key `<writer>/<shard>`)
-and the consumer group's offsets of its partitions. After the commit, and only then,
-the store takes the same state changes with the checkpoint's stamp in one write batch:
-the store is never ahead of Kafka. Records at offsets the last checkpoint already
-covers are dropped first, so a replayed batch writes nothing. When a transaction fails
-or times out, the shard throws its reducer away, starts again and runs the batch again
-(three times at most); a fence stops it (`FencedError`).
+The reducer holds the keys the shard's batches touched (up to `spark.state_cache_keys`),
+loaded from the store before each batch. Every batch commits in one Kafka transaction of
+the shard: view, deltas, dead letters, `P.state` (partition = shard), the checkpoint
+(`P.checkpoints`, key `<writer>/<shard>`) and the consumed offsets; only then does the
+store take the same changes with the checkpoint's stamp, so it is never ahead of Kafka.
+Records the last checkpoint covers are dropped first (a replay writes nothing); a failed
+transaction runs the batch again (three times at most); a fence stops the shard.
 
-`suspend()` lets go of the store's lock between a Spark task and the next (any worker
-may run the shard's next task); `resume()` takes it again and says whether the store
-still holds what this processor last committed.
+`suspend()` lets go of the store's lock between two Spark tasks; `resume()` takes it
+again and says whether the store still holds what this processor last committed.
 """
 
 from __future__ import annotations
@@ -65,7 +56,14 @@ from refold.reduce.where import condition_of, filter_units
 from refold.runtime.batch import BatchStats, DeadLetters, InputRecord, Outgoing, Unit, UnitReader
 from refold.runtime.collector import collector_paused
 from refold.runtime.hooks import NO_HOOKS, Hooks
-from refold.runtime.native import NativeRead, Unsupported, native_core, read_batch, reads_natively
+from refold.runtime.native import (
+    NativeRead,
+    Unsupported,
+    native_core,
+    read_batch,
+    reads_natively,
+    refusal_shown,
+)
 from refold.runtime.render import CAUSE, Renderer, UnitChanges, cause_bytes
 from refold.runtime.shards import KeyCheck
 from refold.runtime.tables import LastRows, TableReader, is_table, reduce_table_rows, touched_by
@@ -373,8 +371,9 @@ class ShardProcessor:
         assert self.store is not None
         if self.pipeline.view.window is not None or (self.materializations is not None and self.materializations.backfilling):
             if not self.held_all:  # (a windowed view's windows close by the watermark: it holds them all)
-                self._forget_reducer()
-                self.reducer.restore(whole_state(self.store))
+                if forget:  # (else the native core holds a batch it read, and nothing yet: held_all is not set)
+                    self._forget_reducer()
+                (self.reducer if self.core is None else self.core).restore(whole_state(self.store))
                 self.held_all = True
             return
         if self.held_all:
@@ -422,8 +421,8 @@ class ShardProcessor:
             refused, view, delta, state = self.core.apply_batch(units)
         except Unsupported as exc:
             return self._fall_back(out, letters, exc)
-        for unit_index, index, reason, _detail in refused:
-            self.dead_letters.refuse(out, units[unit_index], index, Reason(reason))
+        for unit_index, index, reason, *shown in refused:
+            self.dead_letters.refuse(out, units[unit_index], index, Reason(reason), *refusal_shown(reason, shown))
         out.view, out.delta, out.state = view, delta, state
         return True
 
@@ -431,7 +430,7 @@ class ShardProcessor:
         """The native core reads, reduces and renders the batch (`read_batch`): the held
         `-C`s for the checkpoint; None when it does not take the batch."""
         read = self._core_read(fresh)
-        if read is not None and self._over_cache(read.touched - self.held):
+        if read is not None and self.pipeline.view.window is None and self._over_cache(read.touched - self.held):
             # the core keeps what it read, and starting empty is a new core: empty
             # first, then the new core reads the batch again (once per cache's fill)
             self._forget_reducer()

@@ -46,7 +46,7 @@ use self::plan::Src;
 pub use self::restore::RestoreFail;
 // what the Top-N core (crate::topn) shares with this one: events in, key checks and
 // row identity, the reader of a clean batch, the output form, the refusals
-pub(crate) use self::apply::{fingerprint, live_fingerprint, units_of, BatchOut, KeyColumns};
+pub(crate) use self::apply::{fingerprint, live_fingerprint, units_of, BatchOut, KeyColumns, UnitRecords};
 pub(crate) use self::plan::Form;
 pub(crate) use self::read::{read_units, refused_records, touched_or_none, ReadOut};
 pub(crate) use self::routed::routed_units;
@@ -242,6 +242,24 @@ impl Core {
 
     pub fn len(&self) -> usize {
         self.keys.len()
+    }
+
+    // what a windowed view (crate::window) needs of the keys it wraps
+
+    /// Whether the core holds this key (its JSON).
+    pub(crate) fn holds(&self, kj: &[u8]) -> bool {
+        self.keys.contains_key(kj)
+    }
+
+    /// The JSON of every key the core holds.
+    pub(crate) fn key_jsons(&self) -> impl Iterator<Item = &[u8]> {
+        self.keys.keys().map(KeyBytes::as_slice)
+    }
+
+    /// Forget a key (a window that closed): the fingerprints of its live rows, whose
+    /// records (and its summary's) the caller tombstones; None when it was not held.
+    pub(crate) fn forget_key(&mut self, kj: &[u8]) -> Option<Vec<Fp>> {
+        self.keys.remove(kj).map(|state| state.rows.into_keys().collect())
     }
 
     /// `GroupedReducer.view()`: {key tuple: view row dict}.

@@ -9,13 +9,17 @@
 //!
 //! - `topn`: the Top-N reduction and its rendering (refold.reduce.topn)
 //!
-//! This file is the Python interface: `GroupedCore`, `TopNCore` and `Unsupported`.
+//! - `window`: windowed grouped views, tumble and hop (refold.reduce.windowed)
+//!
+//! This file is the Python interface: `GroupedCore`, `TopNCore`, `WindowCore` and
+//! `Unsupported`.
 
 mod core;
 mod json;
 mod statecodec;
 mod topn;
 mod value;
+mod window;
 
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
@@ -24,6 +28,7 @@ use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyTuple};
 
 use crate::core::{Core, Fail, Plan, RestoreFail, Router};
 use crate::topn::{TopN, TopPlan};
+use crate::window::{Headers, WindowCore as Windowed, WindowOut, WindowPlan};
 
 create_exception!(
     refold_native,
@@ -263,6 +268,106 @@ impl TopNCore {
     }
 }
 
+/// A windowed grouped view's (tumble or hop) reducer and renderer in one: the
+/// interface of `GroupedCore` a shard uses, each refusal with a fifth item, its headers
+/// (a `late` event's window and the watermark).
+#[pyclass(module = "refold_native")]
+struct WindowCore {
+    core: Windowed,
+}
+
+#[pymethods]
+impl WindowCore {
+    /// `size`, `slide` (a tumble: = size) and `lateness` (None: windows never close) in
+    /// milliseconds; `time` the event-time column.
+    #[new]
+    #[pyo3(signature = (key_columns, columns, view_form, delta, time, size, slide, lateness))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        key_columns: Vec<String>,
+        columns: Vec<(String, String, String)>,
+        view_form: Option<String>,
+        delta: bool,
+        time: String,
+        size: i64,
+        slide: i64,
+        lateness: Option<i64>,
+    ) -> PyResult<Self> {
+        if key_columns.is_empty() {
+            return Err(PyValueError::new_err("a grouped view needs at least one key column"));
+        }
+        if size <= 0 || slide <= 0 || slide > size || lateness.is_some_and(|l| l < 0) {
+            return Err(PyValueError::new_err("a window needs 0 < slide <= size and a lateness of at least 0"));
+        }
+        let window = WindowPlan { time, size, slide, lateness };
+        Ok(WindowCore { core: Windowed::new(py, key_columns, columns, view_form, delta, window)? })
+    }
+
+    /// `WindowedReducer.restore(records)`: the watermark's record and every view record.
+    fn restore(&mut self, py: Python<'_>, records: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.core.restore(py, records).map_err(restore_error)
+    }
+
+    /// The view key JSON of every event of the units (the shard holds all windows).
+    fn touched<'py>(&mut self, py: Python<'py>, units: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
+        let keys = self.core.touched(units).map_err(raise)?;
+        PyList::new(py, keys.iter().map(|k| PyBytes::new(py, k)))
+    }
+
+    /// As `GroupedCore.read` (core/read.rs).
+    #[pyo3(signature = (parts, check = None))]
+    fn read<'py>(
+        &mut self,
+        py: Python<'py>,
+        parts: &Bound<'py, PyAny>,
+        check: Option<Vec<String>>,
+    ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        let Some(read) = self.core.read(parts, check.as_deref()).map_err(raise)? else { return Ok(None) };
+        let touched = PyList::new(py, read.touched.iter().map(|k| PyBytes::new(py, k)))?;
+        let pending = PyList::new(py, read.pending())?;
+        Ok(Some(PyTuple::new(py, [touched.into_any(), pending.into_any(), PyBool::new(py, read.verified).to_owned().into_any()])?))
+    }
+
+    /// As `GroupedCore.apply_read`, each rejection with its headers.
+    fn apply_read<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let out = collector_paused(|| self.core.apply_read(py));
+        let (WindowOut { out, headers }, records) = out.map_err(raise)?;
+        let rejected = rejections(py, out.rejected, records)?;
+        batch_tuple(py, with_headers(py, rejected, headers)?, out.view, out.delta, out.state)
+    }
+
+    /// As `GroupedCore.apply_batch`, each rejection with its headers.
+    fn apply_batch<'py>(&mut self, py: Python<'py>, units: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyTuple>> {
+        let out = collector_paused(|| self.core.apply_batch(py, units));
+        let WindowOut { out, headers } = out.map_err(raise)?;
+        let rejected = unit_rejections(py, out.rejected)?;
+        batch_tuple(py, with_headers(py, rejected, headers)?, out.view, out.delta, out.state)
+    }
+
+    /// `WindowedReducer.view()`: the current view rows by (*key, window_start, window_end).
+    fn view<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.core.view(py)
+    }
+
+    fn __len__(&self) -> usize {
+        self.core.len()
+    }
+}
+
+/// Each refusal tuple with its headers, a tuple of (name, value) tuples, appended.
+fn with_headers<'py>(py: Python<'py>, rejected: Vec<Bound<'py, PyAny>>, headers: Vec<Headers>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    rejected
+        .into_iter()
+        .zip(headers)
+        .map(|(r, h)| {
+            let mut items: Vec<Bound<'py, PyAny>> = r.cast::<PyTuple>()?.iter().collect();
+            items.push(PyTuple::new(py, h.into_iter().map(|pair| pair.into_pyobject(py).map(|t| t.into_any())).collect::<PyResult<Vec<_>>>()?)?.into_any());
+            PyTuple::new(py, items).map(|t| t.into_any())
+        })
+        .collect()
+}
+
 /// `f()` with Python's cyclic collector paused, then as it was: a batch's records are
 /// tuples of bytes, ints and None, which make no cycles, and the collector would walk
 /// the heap again and again while a large batch of them is made.
@@ -340,6 +445,7 @@ fn refold_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("Unsupported", m.py().get_type::<Unsupported>())?;
     m.add_class::<GroupedCore>()?;
     m.add_class::<TopNCore>()?;
+    m.add_class::<WindowCore>()?;
     m.add_function(wrap_pyfunction!(_dumps, m)?)?;
     m.add_function(wrap_pyfunction!(_loads, m)?)?;
     Ok(())

@@ -48,7 +48,7 @@ pub struct BatchOut<'py> {
 
 /// A unit's view records before they are ordered: (adds, message key, value or None,
 /// the cause of the record it retracts).
-pub(super) type UnitRecords<'py> = Vec<(bool, Bound<'py, PyAny>, Option<Bound<'py, PyAny>>, Option<super::Cause>)>;
+pub(crate) type UnitRecords<'py> = Vec<(bool, Bound<'py, PyAny>, Option<Bound<'py, PyAny>>, Option<super::Cause>)>;
 
 pub(crate) fn blake2b16(data: &[u8]) -> Fp {
     let mut hasher = Blake2b::<U16>::new();
@@ -251,6 +251,11 @@ pub(crate) fn live_fingerprint(scratch: &mut Vec<u8>, row: &[(Box<str>, Value)],
 }
 
 impl Core {
+    /// The input event the next unit's records come of (`apply_units` sets it per unit).
+    pub(crate) fn set_cause(&mut self, cause: super::Cause) {
+        self.batch.cause = cause;
+    }
+
     // checks ------------------------------------------------------------------------
 
     /// `checked_key(row, key_columns, "key", multiset_columns, index)`.
@@ -294,7 +299,7 @@ impl Core {
     // apply ---------------------------------------------------------------------------
 
     /// `GroupedReducer.apply(unit)` and the unit's part of `Renderer.view`.
-    fn apply_unit<'py>(&mut self, py: Python<'py>, events: &[Ev], records: &mut UnitRecords<'py>) -> Result<i64, Fail> {
+    pub(crate) fn apply_unit<'py>(&mut self, py: Python<'py>, events: &[Ev], records: &mut UnitRecords<'py>) -> Result<i64, Fail> {
         let ts;
         if events.len() == 1 {
             // _apply_event

@@ -83,7 +83,7 @@ impl Form {
 }
 
 pub struct Plan {
-    pub(super) keys: KeyColumns,
+    pub(crate) keys: KeyColumns,
     pub(super) aggs: Vec<Agg>,
     pub(super) sum_names: Vec<String>,
     pub(super) sum_detail: Vec<String>,

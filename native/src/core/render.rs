@@ -119,7 +119,7 @@ impl Core {
     /// JSON is never a proper prefix of another's, so records order by their key's JSON
     /// first; within a key, its rows (`[key,"<hex>"`, by fingerprint) come before its
     /// summary (`[key]`), as `,` sorts before `]`.
-    pub(super) fn take_deltas<'py>(&mut self, py: Python<'py>, out: &mut BatchOut<'py>) -> Result<(), Fail> {
+    pub(crate) fn take_deltas<'py>(&mut self, py: Python<'py>, out: &mut BatchOut<'py>) -> Result<(), Fail> {
         let plan = &self.plan;
         let Batch { keys: touched, sums, nonnull, mut values, mut contribs, mut rows, causes, .. } = std::mem::take(&mut self.batch);
         let n = touched.len();

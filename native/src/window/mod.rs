@@ -1,0 +1,414 @@
+//! Windowed grouped views (refold.reduce.windowed `WindowedReducer`, tumble and hop):
+//! the grouped core (`crate::core`) wrapped over rows with `window_start` and
+//! `window_end` added, keyed by the view key and the window, as the Python reducer
+//! wraps `GroupedReducer`; the shard's watermark, closing windows, and the `late` and
+//! `bad event time` refusals, byte for byte as Python makes them.
+//!
+//! Per unit, in Python's order: the view's own key checks for every event, then every
+//! event's time (`time`), then per event the late check and its windows (integer
+//! window arithmetic, the bounds written once per window); the wrapped core applies
+//! the expanded unit; the windows it now holds are queued to close by their end; the
+//! watermark moves on and closes what ends at or before it (the key is forgotten, its
+//! `P.state` records become tombstones at the batch's end).
+
+mod time;
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+use rustc_hash::FxHashSet;
+
+use crate::core::{
+    read_units, refused_records, reject, touched_or_none, units_of, BatchOut, Core, Ev, Fail, Form, Fp, KeyColumns,
+    Plan, ReadOut, Rejected, RestoreFail, UnitRecords,
+};
+use crate::json::{write_int, write_str};
+use crate::statecodec::{self, KEY_SUMMARY};
+use crate::value::{Unsup, Value};
+
+pub use self::time::{parse_iso, time_text};
+use self::time::{event_time_of, EventTime};
+
+/// The `P.state` record of a windowed view's shard's largest applied event time.
+const WATERMARK_KEY: &[u8] = b"[\"wm\"]";
+const START: &str = "window_start";
+const END: &str = "window_end";
+pub const BAD_TIME: &str = "bad event time";
+pub const LATE: &str = "late";
+
+/// A late event's headers: (name, value) pairs.
+pub type Headers = Vec<(&'static str, String)>;
+
+/// What a window's spec says (`WindowSpec`): its time column, size and slide (a tumble:
+/// slide = size), lateness (None: windows never close).
+pub struct WindowPlan {
+    pub time: String,
+    pub size: i64,
+    pub slide: i64,
+    pub lateness: Option<i64>,
+}
+
+pub struct WindowCore {
+    inner: Core,
+    /// the view's own key checks (`checks.view_key`: the key without the window)
+    checks: KeyColumns,
+    form: Option<Form>,
+    window: WindowPlan,
+    time_shown: String,
+    /// the largest event time applied (the watermark + lateness)
+    max_time: Option<i64>,
+    max_changed: bool,
+    /// windows that may close: (end, key JSON), least first
+    closing: BinaryHeap<Reverse<(i64, Box<[u8]>)>>,
+    open: FxHashSet<Box<[u8]>>,
+    /// the batch's closed windows: key JSON and its live rows' fingerprints
+    closed: Vec<(Box<[u8]>, Vec<Fp>)>,
+    /// the headers of the last `late` refusal
+    headers: Option<Headers>,
+    prepared: Option<Vec<Vec<Ev>>>,
+    converted: Option<(Py<PyAny>, Vec<Vec<Ev>>)>,
+}
+
+/// One batch out: `BatchOut` and, per refusal, its headers.
+pub struct WindowOut<'py> {
+    pub out: BatchOut<'py>,
+    pub headers: Vec<Headers>,
+}
+
+fn bound(ms: i64, text: bool) -> Option<Value> {
+    if text {
+        time_text(ms).map(|s| Value::Str(s.into()))
+    } else {
+        Some(Value::Int(ms))
+    }
+}
+
+fn shown(ms: i64, text: bool) -> Result<String, Unsup> {
+    if text {
+        time_text(ms).ok_or_else(|| Unsup::new("a late event's window outside years 1-9999"))
+    } else {
+        Ok(ms.to_string())
+    }
+}
+
+/// `row[name] = value` as a dict assignment: in place when present, else at the end.
+fn set(row: &mut Vec<(Box<str>, Value)>, name: &str, value: Value) {
+    match row.iter_mut().find(|(k, _)| &**k == name) {
+        Some(entry) => entry.1 = value,
+        None => row.push((name.into(), value)),
+    }
+}
+
+/// The end of a window from its key's JSON (the key's last value).
+fn end_of(kj: &[u8]) -> Result<i64, Unsup> {
+    let not = || Unsup::new("a windowed view's state key without a window end");
+    let Ok(Value::List(parts)) = crate::json::parse(kj) else { return Err(not()) };
+    match parts.last() {
+        Some(Value::Int(n)) => Ok(*n),
+        Some(Value::Str(s)) => parse_iso(s)?.ok_or_else(not),
+        _ => Err(not()),
+    }
+}
+
+impl WindowCore {
+    pub fn new(py: Python<'_>, key_columns: Vec<String>, columns: Vec<(String, String, String)>, view_form: Option<String>,
+               delta: bool, window: WindowPlan) -> PyResult<WindowCore> {
+        let form = Form::parse(view_form.as_deref())?;
+        let checks = Plan::new(py, key_columns.clone(), columns.clone(), None, false)?.keys;
+        let mut keyed = key_columns;
+        keyed.extend([START.to_owned(), END.to_owned()]);
+        let inner = Core::new(Plan::new(py, keyed, columns, view_form, delta)?);
+        let time_shown = PyString::new(py, &window.time).repr()?.to_str()?.to_owned();
+        Ok(WindowCore {
+            inner,
+            checks,
+            form,
+            window,
+            time_shown,
+            max_time: None,
+            max_changed: false,
+            closing: BinaryHeap::new(),
+            open: FxHashSet::default(),
+            closed: Vec::new(),
+            headers: None,
+            prepared: None,
+            converted: None,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.len()
+    }
+
+    pub fn view<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.inner.view(py)
+    }
+
+    fn watermark(&self) -> Option<i128> {
+        Some(i128::from(self.max_time?) - i128::from(self.window.lateness?))
+    }
+
+    /// `WindowedReducer.apply(unit)` (tumble, hop); its records into `records`.
+    fn apply_unit<'py>(&mut self, py: Python<'py>, events: &[Ev], records: &mut UnitRecords<'py>) -> Result<i64, Fail> {
+        let mut keys: Vec<Vec<u8>> = Vec::with_capacity(events.len());
+        for (index, event) in events.iter().enumerate() {
+            keys.push(self.checks.checked_key(&event.row, index)?); // the view's own checks come first
+        }
+        let mut times: Vec<(i64, bool)> = Vec::with_capacity(events.len());
+        for (index, event) in events.iter().enumerate() {
+            match event_time_of(&event.row, &self.window.time, &self.time_shown)? {
+                EventTime::At(t, text) => times.push((t, text)),
+                EventTime::Bad(detail) => return Err(reject(BAD_TIME, index, Some(detail))),
+            }
+        }
+        let wm = self.watermark();
+        let (size, slide) = (i128::from(self.window.size), i128::from(self.window.slide));
+        let mut expanded: Vec<Ev> = Vec::with_capacity(events.len() * (self.window.size / self.window.slide).max(1) as usize);
+        let mut origin: Vec<usize> = Vec::with_capacity(expanded.capacity());
+        let mut windows: Vec<(i64, Box<[u8]>)> = Vec::with_capacity(expanded.capacity());
+        let too_far = || Unsup::new("an event time whose windows pass 64 bits");
+        for (index, (event, &(t, text))) in events.iter().zip(&times).enumerate() {
+            let t = i128::from(t);
+            let first = (t - size).div_euclid(slide) * slide + slide; // the earliest window holding t
+            if let Some(wm) = wm {
+                if first + size <= wm {
+                    let wm = i64::try_from(wm).map_err(|_| too_far())?;
+                    let (s, e) = (i64::try_from(first).map_err(|_| too_far())?, i64::try_from(first + size).map_err(|_| too_far())?);
+                    let (s, e, w) = (shown(s, text)?, shown(e, text)?, shown(wm, text)?);
+                    let detail = format!("window [{s}, {e}) closed: watermark {w}");
+                    self.headers = Some(vec![("refold.window_start", s), ("refold.window_end", e), ("refold.watermark", w)]);
+                    return Err(reject(LATE, index, Some(detail)));
+                }
+            }
+            let key = &keys[index];
+            let mut start = first;
+            while start <= t {
+                let s = i64::try_from(start).map_err(|_| too_far())?;
+                let e = i64::try_from(start + size).map_err(|_| too_far())?;
+                let (Some(sv), Some(ev)) = (bound(s, text), bound(e, text)) else {
+                    return Err(reject(BAD_TIME, index, Some("its window falls outside years 1-9999".into())));
+                };
+                // the window's key JSON: the view key's, then its bounds
+                let mut kj = Vec::with_capacity(key.len() + 48);
+                kj.extend_from_slice(&key[..key.len() - 1]);
+                for v in [&sv, &ev] {
+                    kj.push(b',');
+                    match v {
+                        Value::Int(n) => write_int(&mut kj, *n),
+                        Value::Str(x) => write_str(&mut kj, x),
+                        _ => unreachable!("a bound is an int or text"),
+                    }
+                }
+                kj.push(b']');
+                windows.push((e, kj.into_boxed_slice()));
+                let mut row = event.row.clone();
+                set(&mut row, START, sv);
+                set(&mut row, END, ev);
+                expanded.push(Ev { op: event.op, row, tag: event.tag, record: event.record });
+                origin.push(index);
+                start += slide;
+            }
+        }
+        let ts = match self.inner.apply_unit(py, &expanded, records) {
+            Ok(ts) => ts,
+            Err(Fail::Reject(r)) => return Err(Fail::Reject(Rejected { index: origin[r.index], ..r })),
+            Err(other) => return Err(other),
+        };
+        if self.window.lateness.is_some() {
+            for (end, kj) in windows {
+                if self.inner.holds(&kj) && !self.open.contains(&kj) {
+                    self.open.insert(kj.clone());
+                    self.closing.push(Reverse((end, kj)));
+                }
+            }
+        }
+        self.advance(times.iter().map(|t| t.0).max().expect("a unit has events"));
+        Ok(ts)
+    }
+
+    /// `_advance`: the watermark moves on; windows ending at or before it close.
+    fn advance(&mut self, latest: i64) {
+        if self.max_time.is_none_or(|max| latest > max) {
+            self.max_time = Some(latest);
+            self.max_changed = true;
+        }
+        let Some(wm) = self.watermark() else { return };
+        while let Some(Reverse((end, _))) = self.closing.peek() {
+            if i128::from(*end) > wm {
+                break;
+            }
+            let Reverse((_, kj)) = self.closing.pop().expect("peeked");
+            self.open.remove(&kj);
+            if let Some(fps) = self.inner.forget_key(&kj) {
+                self.closed.push((kj, fps));
+            }
+        }
+    }
+
+    /// One batch's units, as `Core::apply_units`, with each refusal's headers.
+    pub fn apply_units<'py>(&mut self, py: Python<'py>, units: &[Vec<Ev>]) -> Result<WindowOut<'py>, Fail> {
+        let mut out = BatchOut {
+            rejected: Vec::new(),
+            view: Vec::with_capacity(if self.form.is_some() { units.len() * 2 } else { 0 }),
+            delta: Vec::new(),
+            state: Vec::new(),
+        };
+        let mut headers = Vec::new();
+        let mut records: UnitRecords<'py> = Vec::with_capacity(4);
+        let retract = self.form == Some(Form::Retract);
+        for (unit_index, events) in units.iter().enumerate() {
+            if events.is_empty() {
+                return Err(Fail::Unsup(Unsup::new("an empty unit")));
+            }
+            records.clear();
+            let cause = (events[0].tag.1, events[0].tag.2);
+            self.inner.set_cause(cause);
+            match self.apply_unit(py, events, &mut records) {
+                Ok(ts) => {
+                    if records.is_empty() {
+                        continue;
+                    }
+                    let Ok(ts) = ts.into_pyobject(py);
+                    let ts = ts.into_any();
+                    let header = if self.inner.provenance { Some(crate::core::cause_header(py, cause)?) } else { None };
+                    let mut push = |key: &Bound<'py, PyAny>, value: &Option<Bound<'py, PyAny>>, retracts: Option<crate::core::Cause>| -> PyResult<()> {
+                        let value = value.clone().unwrap_or_else(|| py.None().into_bound(py));
+                        let headers = match &header {
+                            Some(header) => crate::core::headers(py, header, retracts)?,
+                            None => py.None().into_bound(py),
+                        };
+                        out.view.push(PyTuple::new(py, [key.clone(), value, ts.clone(), headers])?.into_any());
+                        Ok(())
+                    };
+                    if retract && records.len() > 1 {
+                        for (_, key, value, retracts) in records.iter().filter(|r| !r.0).chain(records.iter().filter(|r| r.0)) {
+                            push(key, value, *retracts)?;
+                        }
+                    } else {
+                        for (_, key, value, retracts) in &records {
+                            push(key, value, *retracts)?;
+                        }
+                    }
+                }
+                Err(Fail::Reject(rejected)) => {
+                    headers.push(if rejected.reason == LATE { self.headers.take().unwrap_or_default() } else { Vec::new() });
+                    out.rejected.push((unit_index, rejected));
+                }
+                Err(other) => return Err(other),
+            }
+        }
+        self.inner.take_deltas(py, &mut out)?;
+        self.state_changes(py, &mut out)?;
+        Ok(WindowOut { out, headers })
+    }
+
+    /// `take_state_changes`: the wrapped core's records, the closed windows' tombstones
+    /// and the watermark's record, in record-key order.
+    fn state_changes<'py>(&mut self, py: Python<'py>, out: &mut BatchOut<'py>) -> PyResult<()> {
+        let mut extra: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
+        for (kj, fps) in std::mem::take(&mut self.closed) {
+            for fp in &fps {
+                let mut key = Vec::new();
+                statecodec::row_key(&mut key, &kj, fp);
+                extra.push((key, None));
+            }
+            let mut key = Vec::new();
+            statecodec::summary_key(&mut key, &kj);
+            extra.push((key, None));
+        }
+        if self.max_changed {
+            if let Some(max) = self.max_time {
+                let mut value = Vec::new();
+                statecodec::state_value(&mut value, KEY_SUMMARY, WATERMARK_KEY, max, None, &[]);
+                extra.push((WATERMARK_KEY.to_vec(), Some(value)));
+            }
+            self.max_changed = false;
+        }
+        if extra.is_empty() {
+            return Ok(());
+        }
+        let mut all: Vec<(Vec<u8>, Bound<'py, PyAny>)> = Vec::with_capacity(out.state.len() + extra.len());
+        for record in out.state.drain(..) {
+            let key: Vec<u8> = record.get_item(0)?.cast::<PyBytes>()?.as_bytes().to_vec();
+            all.push((key, record));
+        }
+        for (key, value) in extra {
+            let value = match value {
+                Some(v) => PyBytes::new(py, &v).into_any(),
+                None => py.None().into_bound(py),
+            };
+            let record = PyTuple::new(py, [PyBytes::new(py, &key).into_any(), value])?.into_any();
+            all.push((key, record));
+        }
+        all.sort_by(|a, b| a.0.cmp(&b.0)); // stable: of a record key both wrote, the core's first
+        all.dedup_by(|later, first| later.0 == first.0);
+        out.state.extend(all.into_iter().map(|(_, record)| record));
+        Ok(())
+    }
+
+    /// `apply_units` over Python units (read into `Ev`s by `touched` just before, when it
+    /// was given the same list).
+    pub fn apply_batch<'py>(&mut self, py: Python<'py>, units: &Bound<'py, PyAny>) -> Result<WindowOut<'py>, Fail> {
+        let units = match self.converted.take() {
+            Some((list, converted)) if list.bind(py).is(units) => converted,
+            _ => units_of(units)?,
+        };
+        self.apply_units(py, &units)
+    }
+
+    /// `state_key` (the view key) of every event, each once.
+    pub fn touched(&mut self, units: &Bound<'_, PyAny>) -> Result<Vec<Vec<u8>>, Fail> {
+        let converted = units_of(units)?;
+        let keys = self.checks.touched_of(&converted)?;
+        self.converted = Some((units.clone().unbind(), converted));
+        Ok(keys)
+    }
+
+    /// `read_units` of a clean `jsonl` batch, the units kept for `apply_read`.
+    pub fn read(&mut self, parts: &Bound<'_, PyAny>, check: Option<&[String]>) -> Result<Option<ReadOut>, Fail> {
+        self.prepared = None;
+        let Some((units, mut out)) = read_units(parts, check)? else { return Ok(None) };
+        let Some(touched) = touched_or_none(self.checks.touched_of(&units))? else { return Ok(None) };
+        out.touched = touched;
+        self.prepared = Some(units);
+        Ok(Some(out))
+    }
+
+    /// `apply_units` over what `read` kept; each refusal names its unit's records.
+    pub fn apply_read<'py>(&mut self, py: Python<'py>) -> Result<(WindowOut<'py>, Vec<Vec<u32>>), Fail> {
+        let units = self.prepared.take().unwrap_or_default();
+        let out = self.apply_units(py, &units)?;
+        let records = refused_records(&units, &out.out.rejected);
+        Ok((out, records))
+    }
+
+    /// `WindowedReducer.restore`: the watermark's record and every view record.
+    pub fn restore(&mut self, py: Python<'_>, records: &Bound<'_, PyAny>) -> Result<(), RestoreFail> {
+        let rest = PyList::empty(py);
+        for item in records.try_iter().map_err(Fail::Py)? {
+            let item = item.map_err(Fail::Py)?;
+            let key = item.get_item(0).map_err(Fail::Py)?;
+            if key.cast::<PyBytes>().is_ok_and(|k| k.as_bytes() == WATERMARK_KEY) {
+                let value = item.get_item(1).map_err(Fail::Py)?;
+                let value = value.cast::<PyBytes>().map_err(|_| Fail::Unsup(Unsup::new("a watermark record that is not bytes")))?;
+                self.max_time = Some(statecodec::decode_state(value.as_bytes())?.count);
+            } else {
+                rest.append(item).map_err(Fail::Py)?;
+            }
+        }
+        self.inner.restore(py, rest.as_any())?;
+        if self.window.lateness.is_some() {
+            let keys: Vec<Box<[u8]>> = self.inner.key_jsons().map(Box::from).collect();
+            for kj in keys {
+                if !self.open.contains(&kj) {
+                    let end = end_of(&kj)?;
+                    self.open.insert(kj.clone());
+                    self.closing.push(Reverse((end, kj)));
+                }
+            }
+        }
+        Ok(())
+    }
+}

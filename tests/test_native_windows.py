@@ -1,0 +1,184 @@
+"""The native core's windowed grouped views (`refold_native.WindowCore`, native/src/window)
+against the Python path they replace (`WindowedReducer` + `Renderer`), byte for byte:
+view, delta and state records and refusals (`late` and `bad event time` with their detail
+and headers) over random windowed changelogs (tests/window_changelogs.py: out-of-order
+and late times, ISO text, bad times, late corrections), tumble and hop with and without
+a lateness, every view form, random batch cuts, and restarts where each core restores
+from the `P.state` records the other one wrote."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+import pytest
+
+# imported, not skipped when missing: `make setup` builds it (native/)
+import refold_native
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from refold_native import Unsupported
+from window_changelogs import INTS, NUMBERS, WINDOWS, Unit, batched, window_changelogs
+
+from refold.config import Pipeline, parse_pipeline
+from refold.errors import ConfigError
+from refold.model.reasons import Reason
+from refold.reduce import Rejected, SourceEvent
+from refold.reduce.windowed import WindowedReducer
+from refold.runtime.native import native_core, why_not
+from refold.runtime.render import Renderer
+
+COLUMNS: dict[str, Any] = {
+    "total": {"sum": "v"}, "n": {"count": "*"}, "nv": {"count": "v"}, "mean": {"avg": "v"},
+    "low": {"min": "v"}, "high": {"max": "v"}, "first_v": {"first": "v"}, "last_v": {"last": "v"},
+    "lww": {"last_write_wins": "v"}, "values": {"set": "v"},
+}
+
+
+def windowed_pipeline(kind: str, lateness: str | None, form: str | None, delta: bool, emit: str = "per_event",
+                      top_n: bool = False) -> Pipeline:
+    window: dict[str, Any] = {"time": "ts", **WINDOWS[kind]}
+    if lateness is not None:
+        window["lateness"] = lateness
+    outputs: dict[str, Any] = {}
+    if form is not None:
+        outputs["view"] = {"topic": "v", "form": form, "emit": emit}
+    if delta or form is None:
+        outputs["delta"] = {"topic": "d"}
+    view: dict[str, Any] = {"key": ["k"], "columns": COLUMNS, "window": window}
+    if top_n:
+        view = {"top_n": {"n": 2, "order_by": {"v": "desc"}, "partition_by": ["k"]}, "window": window}
+    return parse_pipeline({"pipeline": "windows", "source": {"topic": "t"}, "view": view, "outputs": outputs,
+                           "spark": {"core": "native"}})
+
+
+class PythonPath:
+    """`ShardProcessor._reduce` of a windowed view and the records of a batch, in Python."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+        self.reducer = WindowedReducer(pipeline.view)
+        self.renderer = Renderer(pipeline)
+
+    def apply_batch(self, units: Sequence[Sequence[tuple[SourceEvent, Any]]]) -> tuple[list, list, list, list]:
+        rejected, changes = [], []
+        for unit_index, unit in enumerate(units):
+            try:
+                changes.append((self.reducer.apply([event for event, _ in unit]), unit[0][0].tag[0]))
+            except Rejected as exc:
+                shown = exc.reason in (Reason.LATE, Reason.BAD_TIME)
+                rejected.append((unit_index, exc.index, str(exc.reason), exc.detail if shown else None,
+                                 tuple(exc.headers)))
+        view = self.renderer.view(changes)
+        deltas = self.renderer.deltas(self.reducer.take_deltas())
+        state = self.reducer.take_state_changes()
+        return rejected, view, deltas if self.pipeline.outputs.delta is not None else [], state
+
+
+def _units(batch: Sequence[Unit]) -> list[list[tuple[SourceEvent, Any]]]:
+    # the engine's reader refuses a lone -C or +C before any reducer sees it
+    return [[(event, None) for event in unit] for unit in batch
+            if not (len(unit) == 1 and unit[0].op.name in ("CORRECT_FROM", "CORRECT_TO"))]
+
+
+def _native_rejected(rejected: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The core's refusals as the Python path's: the detail shown only for a windowed
+    view's own reasons (as `refusal_shown` does)."""
+    out = []
+    for unit, index, reason, detail, headers in rejected:
+        shown = reason in (Reason.LATE, Reason.BAD_TIME)
+        out.append((unit, index, reason, detail if shown else None, tuple(headers)))
+    return out
+
+
+def _view(view: dict[Any, Any]) -> dict[bytes, bytes]:
+    return {orjson.dumps(list(k)): orjson.dumps(v) for k, v in view.items()}
+
+
+def run_both(pipeline: Pipeline, batches: list[list[Unit]], restarts: list[bool], values_may_float: bool) -> str:
+    """Every batch through both cores; equal records. At a restart each side is new,
+    restored from the state records the OTHER side wrote so far."""
+    python = PythonPath(pipeline)
+    core = native_core(pipeline)
+    assert core is not None
+    py_state: dict[bytes, bytes | None] = {}
+    core_state: dict[bytes, bytes | None] = {}
+    outcome = "ok"
+    for batch, restart in zip(batches, restarts, strict=True):
+        units = _units(batch)
+        try:
+            core.touched(units)
+            got = core.apply_batch(units)
+        except Unsupported:
+            floats = any(type(e.row.get("v")) is float for unit in units for e, _ in unit)
+            assert values_may_float and floats, "Unsupported without a float in a summed column"
+            return "unsupported"
+        want = python.apply_batch(units)
+        assert _native_rejected(got[0]) == want[0], "rejected"
+        assert got[1] == want[1], "view records"
+        assert got[2] == want[2], "delta records"
+        assert got[3] == want[3], "state records"
+        assert _view(core.view()) == _view(python.reducer.view())
+        if want[0]:
+            outcome = "rejected"
+        py_state.update(want[3])
+        core_state.update(got[3])
+        if restart:
+            python = PythonPath(pipeline)
+            python.reducer.restore(sorted((k, v) for k, v in core_state.items() if v is not None))
+            core = native_core(pipeline)
+            assert core is not None
+            core.restore(sorted((k, v) for k, v in py_state.items() if v is not None))
+            assert _view(core.view()) == _view(python.reducer.view())
+    return outcome
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_tumble_and_hop_are_byte_for_byte_the_python_path(data: st.DataObject) -> None:
+    kind = data.draw(st.sampled_from(["tumble", "hop", "hop-uneven"]))
+    lateness = data.draw(st.sampled_from([None, "0ms", "5ms", "20ms"]))
+    form = data.draw(st.sampled_from(["changelog", "retract", "upsert", None]))
+    delta = data.draw(st.booleans())
+    floats = data.draw(st.integers(0, 4)) == 0
+    units = data.draw(window_changelogs(values=NUMBERS if floats else INTS, invalid=data.draw(st.booleans())))
+    batches = data.draw(batched(units))
+    restarts = data.draw(st.lists(st.booleans(), min_size=len(batches), max_size=len(batches)))
+    event(run_both(windowed_pipeline(kind, lateness, form, delta), batches, restarts, floats))
+
+
+def test_late_events_beyond_the_horizon_are_dead_lettered_as_python_does() -> None:
+    from refold.model.changelog import Op
+    rows = [({"k": "a", "ts": 100, "v": 1}, (1, 0, 0)), ({"k": "a", "ts": 200, "v": 2}, (2, 0, 1)),
+            ({"k": "a", "ts": 105, "v": 3}, (3, 0, 2)),  # its window [100, 110) closed at watermark 195
+            ({"k": "a", "ts": "1970-01-01T00:00:00.105Z", "v": 3}, (4, 0, 3)),  # the same, as text
+            ({"k": "a", "ts": "yesterday", "v": 4}, (5, 0, 4)), ({"k": "a", "v": 4}, (6, 0, 5))]
+    batch = [[SourceEvent(Op.APPEND, row, tag)] for row, tag in rows]
+    pipeline = windowed_pipeline("tumble", "5ms", "changelog", True)
+    assert run_both(pipeline, [batch], [False], False) == "rejected"
+    core = native_core(pipeline)
+    assert core is not None
+    rejected = core.apply_batch(_units(batch))[0]
+    assert [(r[2], r[3]) for r in rejected] == [
+        ("late", "window [100, 110) closed: watermark 195"),
+        ("late", "window [1970-01-01T00:00:00.100Z, 1970-01-01T00:00:00.110Z) closed: "
+                 "watermark 1970-01-01T00:00:00.195Z"),
+        ("bad event time", "'ts' is not ISO-8601 text"), ("bad event time", "'ts' is missing")]
+    assert rejected[0][4] == (("refold.window_start", "100"), ("refold.window_end", "110"),
+                              ("refold.watermark", "195"))
+
+
+def test_the_native_core_takes_tumble_and_hop_and_says_why_not_the_rest() -> None:
+    assert why_not(windowed_pipeline("tumble", "5ms", "changelog", True)) is None
+    assert why_not(windowed_pipeline("hop", None, "retract", False)) is None
+    assert isinstance(native_core(windowed_pipeline("hop", None, None, True)), refold_native.WindowCore)
+    for pipeline, said in [
+        (windowed_pipeline("session", None, "changelog", False), "session windows"),
+        (windowed_pipeline("tumble", "5ms", "changelog", False, emit="final"), "emit: final"),
+        (windowed_pipeline("tumble", None, "changelog", False, top_n=True), "windowed Top-N"),
+    ]:
+        reason = why_not(pipeline)
+        assert reason is not None and said in reason
+        with pytest.raises(ConfigError, match=said):
+            native_core(pipeline)
