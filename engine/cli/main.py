@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from refold import environment
@@ -197,22 +197,24 @@ def cmd_consume(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stop_on_sigterm() -> None:
+def _stop_on_sigterm(request_stop: Callable[[], None]) -> None:
     """SIGTERM (`docker stop`, a service manager) stops the run as Ctrl-C does: the batch
     in flight commits or aborts whole, then the run ends with status 0. A second SIGTERM
-    while it stops is ignored (the sender's SIGKILL is the way to stop at once)."""
+    while it stops is ignored (the sender's SIGKILL is the way to stop at once). The
+    handler only asks (`request_stop`): an exception raised into whatever the driver is
+    doing could land inside a call to Spark's JVM and break its connection."""
     import signal
 
     def on_term(_signum: int, _frame: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         logging.getLogger("refold").info("SIGTERM: stopping after the current batch")
-        raise KeyboardInterrupt
+        request_stop()
 
     signal.signal(signal.SIGTERM, on_term)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from refold.spark.job import run_pipeline
+    from refold.spark.job import request_stop, run_pipeline
 
     # a container, a service manager, CI: structured log lines; a person: a line per batch
     log_format = args.log_format or ("text" if sys.stderr.isatty() else "json")
@@ -220,7 +222,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from refold.ops.monitor import json_logging
 
         json_logging()
-    _stop_on_sigterm()
+    _stop_on_sigterm(request_stop)
     pipeline = _pipeline(args)
     run_pipeline(
         pipeline, bootstrap=args.bootstrap_servers, until_idle=args.until_idle, metrics_port=args.metrics_port,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
@@ -251,9 +252,22 @@ def _source(spark: Any, pipeline: Pipeline, settings: dict[str, Any], java_setti
     return reader.load().selectExpr("partition", "offset", "key", "value", "unix_millis(timestamp) AS ts")
 
 
+_STOP = threading.Event()  # set by `request_stop`: the run ends after the batch in flight
+
+
+def request_stop() -> None:
+    """Ask the running pipeline to stop after the batch in flight (`refold run`'s SIGTERM
+    handler; safe in a signal handler: it only sets a flag `_wait` reads)."""
+    _STOP.set()
+
+
 def _wait(query: Any, progress: Progress, until_idle: float | None) -> None:
-    """Until the query ends, a batch fails, or the engine was idle for `until_idle` seconds."""
+    """Until the query ends, a batch fails, the engine was idle for `until_idle` seconds, or
+    a stop was requested."""
     while True:
+        if _STOP.is_set():
+            log.info("stop requested; stopping after the current batch")
+            break
         try:
             ended = query.awaitTermination(0.25)  # one JVM call a quarter second while batches come
         except Exception:  # the query died: its cause is in progress.failure or query.exception()
