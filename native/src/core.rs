@@ -46,7 +46,7 @@ use self::plan::Src;
 pub use self::restore::RestoreFail;
 // what the Top-N core (crate::topn) shares with this one: events in, key checks and
 // row identity, the reader of a clean batch, the output form, the refusals
-pub(crate) use self::apply::{fingerprint, live_fingerprint, units_of, BatchOut, KeyColumns, UnitRecords};
+pub(crate) use self::apply::{fingerprint, live_fingerprint, units_of, BatchOut, KeyColumns, UnitRecords, push_view_records};
 pub(crate) use self::plan::Form;
 pub(crate) use self::read::{read_units, refused_records, touched_or_none, ReadOut};
 pub(crate) use self::routed::routed_units;

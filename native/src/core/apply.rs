@@ -50,6 +50,42 @@ pub struct BatchOut<'py> {
 /// the cause of the record it retracts).
 pub(crate) type UnitRecords<'py> = Vec<(bool, Bound<'py, PyAny>, Option<Bound<'py, PyAny>>, Option<super::Cause>)>;
 
+/// A unit's view records into `view` as (key, value, ts, headers), the retractions first in
+/// the retract form (`_retractions_first`); `headers` names the unit's cause when
+/// `provenance` is on, else None.
+pub(crate) fn push_view_records<'py>(
+    py: Python<'py>,
+    view: &mut Vec<Bound<'py, PyAny>>,
+    records: &UnitRecords<'py>,
+    ts: i64,
+    cause: super::Cause,
+    provenance: bool,
+    retract: bool,
+) -> PyResult<()> {
+    let Ok(ts) = ts.into_pyobject(py);
+    let ts = ts.into_any();
+    let header = if provenance { Some(super::cause_header(py, cause)?) } else { None };
+    let mut push = |key: &Bound<'py, PyAny>, value: &Option<Bound<'py, PyAny>>, retracts: Option<super::Cause>| -> PyResult<()> {
+        let value = value.clone().unwrap_or_else(|| py.None().into_bound(py));
+        let headers = match &header {
+            Some(header) => super::headers(py, header, retracts)?,
+            None => py.None().into_bound(py),
+        };
+        view.push(PyTuple::new(py, [key.clone(), value, ts.clone(), headers])?.into_any());
+        Ok(())
+    };
+    if retract && records.len() > 1 {
+        for (_, key, value, retracts) in records.iter().filter(|r| !r.0).chain(records.iter().filter(|r| r.0)) {
+            push(key, value, *retracts)?;
+        }
+    } else {
+        for (_, key, value, retracts) in records {
+            push(key, value, *retracts)?;
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn blake2b16(data: &[u8]) -> Fp {
     let mut hasher = Blake2b::<U16>::new();
     hasher.update(data);
@@ -390,28 +426,7 @@ impl Core {
                     if records.is_empty() {
                         continue;
                     }
-                    let Ok(ts) = ts.into_pyobject(py);
-                    let ts = ts.into_any();
-                    let header = if self.provenance { Some(super::cause_header(py, cause)?) } else { None };
-                    let mut push = |key: &Bound<'py, PyAny>, value: &Option<Bound<'py, PyAny>>, retracts: Option<super::Cause>| -> PyResult<()> {
-                        let value = value.clone().unwrap_or_else(|| py.None().into_bound(py));
-                        let headers = match &header {
-                            Some(header) => super::headers(py, header, retracts)?,
-                            None => py.None().into_bound(py),
-                        };
-                        out.view.push(PyTuple::new(py, [key.clone(), value, ts.clone(), headers])?.into_any());
-                        Ok(())
-                    };
-                    if retract && records.len() > 1 {
-                        // _retractions_first
-                        for (_, key, value, retracts) in records.iter().filter(|r| !r.0).chain(records.iter().filter(|r| r.0)) {
-                            push(key, value, *retracts)?;
-                        }
-                    } else {
-                        for (_, key, value, retracts) in &records {
-                            push(key, value, *retracts)?;
-                        }
-                    }
+                    push_view_records(py, &mut out.view, &records, ts, cause, self.provenance, retract)?;
                 }
                 Err(Fail::Reject(rejected)) => out.rejected.push((unit_index, rejected)),
                 Err(other) => return Err(other),

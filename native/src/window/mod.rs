@@ -22,7 +22,7 @@ use rustc_hash::FxHashSet;
 
 use crate::core::{
     read_units, refused_records, reject, touched_or_none, units_of, BatchOut, Core, Ev, Fail, Form, Fp, KeyColumns,
-    Plan, ReadOut, Rejected, RestoreFail, UnitRecords,
+    push_view_records, Plan, ReadOut, Rejected, RestoreFail, UnitRecords,
 };
 use crate::json::{write_int, write_str};
 use crate::statecodec::{self, KEY_SUMMARY};
@@ -270,27 +270,7 @@ impl WindowCore {
                     if records.is_empty() {
                         continue;
                     }
-                    let Ok(ts) = ts.into_pyobject(py);
-                    let ts = ts.into_any();
-                    let header = if self.inner.provenance { Some(crate::core::cause_header(py, cause)?) } else { None };
-                    let mut push = |key: &Bound<'py, PyAny>, value: &Option<Bound<'py, PyAny>>, retracts: Option<crate::core::Cause>| -> PyResult<()> {
-                        let value = value.clone().unwrap_or_else(|| py.None().into_bound(py));
-                        let headers = match &header {
-                            Some(header) => crate::core::headers(py, header, retracts)?,
-                            None => py.None().into_bound(py),
-                        };
-                        out.view.push(PyTuple::new(py, [key.clone(), value, ts.clone(), headers])?.into_any());
-                        Ok(())
-                    };
-                    if retract && records.len() > 1 {
-                        for (_, key, value, retracts) in records.iter().filter(|r| !r.0).chain(records.iter().filter(|r| r.0)) {
-                            push(key, value, *retracts)?;
-                        }
-                    } else {
-                        for (_, key, value, retracts) in &records {
-                            push(key, value, *retracts)?;
-                        }
-                    }
+                    push_view_records(py, &mut out.view, &records, ts, cause, self.inner.provenance, retract)?;
                 }
                 Err(Fail::Reject(rejected)) => {
                     headers.push(if rejected.reason == LATE { self.headers.take().unwrap_or_default() } else { Vec::new() });
