@@ -16,7 +16,11 @@ from refold.cli.produce import produce
 from refold.config import Pipeline
 from refold.dev.testing import Workload, generate
 from refold.ops.verify import verify
+from refold.recovery.records import Checkpoint
 from refold.recovery.restore import load_checkpoint
+from refold.runtime.batch import Outgoing
+from refold.runtime.processor import BatchProcessor
+from refold.runtime.shard import ShardProcessor
 
 COLUMNS = {"total": {"sum": "score"}, "best": {"max": "score"}, "n": {"count": "*"}, "latest": {"last": "score"}}
 
@@ -62,3 +66,19 @@ def assert_exact(pipeline: Pipeline, bootstrap: str, events: int) -> None:
     assert report.events == events
     checkpoint = load_checkpoint(pipeline, settings)
     assert checkpoint is not None and checkpoint.records_in == events
+
+
+class Recording(ShardProcessor):
+    """Commits as the engine does, and keeps what each batch sent."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.sent: list[tuple[int, Outgoing]] = []
+        super().__init__(*args, **kwargs)
+
+    def _commit(self, out: Outgoing, checkpoint: Checkpoint) -> None:
+        super()._commit(out, checkpoint)
+        self.sent.append((checkpoint.batch, out))
+
+
+class RecordingProcessor(BatchProcessor):
+    shard_type = Recording

@@ -14,16 +14,15 @@ from typing import Any
 
 import orjson
 import pytest
+from engine_runs import Recording, RecordingProcessor
 
 from refold.config import Pipeline, parse_pipeline
 from refold.errors import ConfigError
 from refold.kafka.io import ensure_topics
-from refold.recovery.records import Checkpoint
-from refold.runtime.batch import InputRecord, Outgoing
+from refold.runtime.batch import InputRecord
 from refold.runtime.exchange import view_pipeline
 from refold.runtime.native import core_of, native_core, why_not
 from refold.runtime.processor import BatchProcessor
-from refold.runtime.shard import ShardProcessor
 from refold.spark.job import engine_topics
 
 pytestmark = pytest.mark.kafka
@@ -38,22 +37,6 @@ VIEW = {
     },
     "where": "team <> 'grey'",
 }
-
-
-class Recording(ShardProcessor):
-    """Commits as the engine does, and keeps what each batch sent."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.sent: list[tuple[int, Outgoing]] = []
-        super().__init__(*args, **kwargs)
-
-    def _commit(self, out: Outgoing, checkpoint: Checkpoint) -> None:
-        super()._commit(out, checkpoint)
-        self.sent.append((checkpoint.batch, out))
-
-
-class RecordingProcessor(BatchProcessor):
-    shard_type = Recording
 
 
 def _pipeline(settings: dict[str, Any], source: str, core: str, view: dict[str, Any] = VIEW,

@@ -12,18 +12,17 @@ from typing import Any
 
 import orjson
 import pytest
+from engine_runs import Recording, RecordingProcessor
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from refold.config import Pipeline, parse_pipeline
 from refold.kafka.io import ensure_topics, read_to_end
 from refold.model.changelog import Op
-from refold.recovery.records import Checkpoint
 from refold.reduce import SourceEvent
 from refold.reference_causes import headers_of, in_form, reference_causes
-from refold.runtime.batch import InputRecord, Outgoing
+from refold.runtime.batch import InputRecord
 from refold.runtime.processor import BatchProcessor
-from refold.runtime.shard import ShardProcessor
 from refold.spark.job import engine_topics
 
 pytestmark = pytest.mark.kafka
@@ -31,22 +30,6 @@ pytestmark = pytest.mark.kafka
 PARTITIONS = 2
 GROUPED = {"key": ["g"], "columns": {"total": {"sum": "score"}, "best": {"max": "score"}, "n": {"count": "*"}}}
 TOP_N = {"top_n": {"n": 2, "order_by": {"score": "desc"}, "partition_by": ["g"]}}
-
-
-class Recording(ShardProcessor):
-    """Commits as the engine does, and keeps what each batch sent."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.sent: list[tuple[int, Outgoing]] = []
-        super().__init__(*args, **kwargs)
-
-    def _commit(self, out: Outgoing, checkpoint: Checkpoint) -> None:
-        super()._commit(out, checkpoint)
-        self.sent.append((checkpoint.batch, out))
-
-
-class RecordingProcessor(BatchProcessor):
-    shard_type = Recording
 
 
 def _pipeline(settings_: dict[str, Any], source: str, view: dict[str, Any], form: str, core: str,
