@@ -15,3 +15,8 @@ def test_no_leader_kill_no_recovery_figures() -> None:
     assert ChaosResult(leader_recoveries=[None]).recovery_text() == (
         " leader_kill_to_commit[median=- max=- n=0 none_within_180s=1]"
     )
+
+
+def test_the_line_ends_with_kafkas_find_hanging_check() -> None:
+    assert ChaosResult(hanging=(3, 0)).line().endswith(" find_hanging[brokers=3 found=0]")
+    assert "find_hanging" not in ChaosResult().line()

@@ -77,7 +77,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from refold.dev import kafkacluster, localkafka, localspark, sparkprocs
+from refold.dev import kafkacluster, localkafka, localspark, netpartition, sparkprocs
 from refold.dev.chaosengine import FAULTS, ChaosResult, Engine, exit_kind
 from refold.dev.chaoskafka import KAFKA_FAULTS, inject_kafka, wait_in_sync
 from refold.dev.chaospipelines import (
@@ -89,10 +89,12 @@ from refold.dev.chaospipelines import (
     window_workload,
     write_pipelines,
 )
+from refold.dev.hanging import find_hanging
 from refold.dev.testing import Workload, generate
 from refold.dev.windowload import generate_windowed
 from refold.errors import UserError
 from refold.kafka.io import (
+    admin_client,
     consumer_config,
     open_transactions,
     partitions_of,
@@ -346,7 +348,7 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
             kind = plan[index] if index < len(plan) else None
             # a leader's kill gets the second half of its chunk written after the kill, so
             # that the engine has input waiting while the cluster elects a new leader
-            held = part[half_of(part):] if kind is not None and kind.startswith("leader_kill_") else []
+            held = part[half_of(part):] if kind is not None and kind.startswith(("leader_kill_", "partition")) else []
             part = part[:len(part) - len(held)]
 
             def write(rows: Sequence[bytes]) -> None:
@@ -390,6 +392,10 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
         if on_cluster and not wait_in_sync(home):
             result.anomalies.append("the Kafka cluster is not in sync 180s after the last fault")
         _finish_and_verify(engines, result, settings, say, upserts, len(window_rows))
+        brokers = sorted(admin_client(settings).list_topics(timeout=30).brokers)
+        hanging = find_hanging(bootstrap, brokers)
+        result.hanging = (len(brokers), len(hanging))
+        result.anomalies += [f"find-hanging: {line}" for line in hanging]
     finally:
         for engine in engines:
             engine.kill()
@@ -397,10 +403,21 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
             localspark.stop(cluster.home.parent)
         if on_cluster:
             kafkacluster.stop(home=home)
+            netpartition.remove_cgroups()
         elif own_broker:
             localkafka.stop(home=home)
     result.seconds = time.monotonic() - started
     return result
+
+
+def _cluster_kinds() -> tuple[str, ...]:
+    """The cluster's fault kinds this machine can inject (a partition needs root,
+    cgroup v2 and iptables: without them it is left out, with a line saying why)."""
+    why = netpartition.unavailable()
+    if why is None:
+        return KAFKA_FAULTS
+    print(f"chaos: no partition faults here: {why}", file=sys.stderr, flush=True)
+    return tuple(kind for kind in KAFKA_FAULTS if kind != "partition")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -430,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
                       lakehouse=tuple(d for d in args.lakehouse.split(",") if d),
                       kafka_brokers=args.kafka_brokers,
                       pipelines=tuple(p for p in args.pipelines.split(",") if p),
-                      other_kinds=KAFKA_FAULTS if args.kafka_brokers > 1 else defaults.other_kinds)
+                      other_kinds=_cluster_kinds() if args.kafka_brokers > 1 else defaults.other_kinds)
     work = args.work or Path(tempfile.mkdtemp(prefix="refold-chaos-"))
     work.mkdir(parents=True, exist_ok=True)
     from refold.environment import jars_home
@@ -456,7 +473,9 @@ def main(argv: list[str] | None = None) -> int:
                                          "engine_exits": dict(result.engine_exits),
                                          "table_rows": result.table_rows,
                                          "anomalies": result.anomalies, "seconds": result.seconds,
-                                         "leader_kill_to_commit_s": result.leader_recoveries}, indent=2))
+                                         "leader_kill_to_commit_s": result.leader_recoveries,
+                                         "find_hanging": {"brokers": result.hanging[0],
+                                                          "found": result.hanging[1]}}, indent=2))
     return 1 if result.anomalies else 0
 
 

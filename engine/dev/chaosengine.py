@@ -36,6 +36,7 @@ class ChaosResult:
     # seconds from each kill -9 of a partition leader (a cluster fault) to the target
     # engine's next committed batch; None where it made none within 180 s
     leader_recoveries: list[float | None] = field(default_factory=list)
+    hanging: tuple[int, int] = (0, 0)  # Kafka's find-hanging after the run: brokers asked, transactions found
 
     def line(self) -> str:
         kinds = FAULTS + tuple(kind for kind in self.faults if kind not in FAULTS)  # the Kafka cluster's too
@@ -46,6 +47,7 @@ class ChaosResult:
             f"engine_starts={self.engine_starts} stalls={self.stalls} exits[{exits}] view_records={self.view_records:,} "
             f"delta_records={self.delta_records:,} table_rows={self.table_rows:,} anomalies={len(self.anomalies)} wall={self.seconds:.0f}s"
             + self.recovery_text()
+            + (f" find_hanging[brokers={self.hanging[0]} found={self.hanging[1]}]" if self.hanging[0] else "")
         )
 
     def recovery_text(self) -> str:

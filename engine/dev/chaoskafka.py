@@ -26,7 +26,16 @@ faults together take two of the three replicas:
                      again empty: its replicas are fetched again from the others;
 - `rolling_restart`  each of the three brokers stopped (SIGTERM, kill -9 after 30 s)
                      and started again in turn, the next one once every partition
-                     is in sync.
+                     is in sync;
+- `partition`        a random broker cut off from the other brokers and from every
+                     client for 15-25 s (past the brokers' 9 s session timeout: the
+                     controllers fence it and its partitions get new leaders), then
+                     healed (`refold.dev.netpartition`: iptables rules on the loopback,
+                     the node in a cgroup of its own; a node running outside one is
+                     first restarted cleanly into it). The second half of the fault's
+                     chunk of input is written while it is cut off. Only where the
+                     machine allows it (root, cgroup v2, iptables): elsewhere the
+                     harness leaves the kind out and says why.
 """
 
 from __future__ import annotations
@@ -41,13 +50,13 @@ from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
-from refold.dev import kafkacluster, kafkahealth
+from refold.dev import kafkacluster, kafkahealth, netpartition
 from refold.dev.chaosengine import Engine
 from refold.kafka.io import partitions_of
 from refold.kafka.transactions import transaction_state_partition
 
 KAFKA_FAULTS = ("leader_kill_source", "leader_kill_view", "leader_kill_state", "leader_kill_checkpoints",
-                "coordinator_kill", "controller_kill", "broker_data_lost", "rolling_restart")
+                "coordinator_kill", "controller_kill", "broker_data_lost", "rolling_restart", "partition")
 
 # What a broker keeps when its data directory is lost (see the module's docstring).
 _KEPT = frozenset({"__cluster_metadata-0", "meta.properties", "bootstrap.checkpoint"})
@@ -140,6 +149,8 @@ def inject_kafka(kind: str, target: Engine, rng: random.Random, home: Path, sett
             kafkacluster.start_node(node.node_id, home=home, die_with_parent=True)
             if not wait_in_sync(home):
                 say(f"  rolling_restart: partitions not in sync 180s after node {node.node_id} came back")
+    elif kind == "partition":
+        _partition(home, rng, say, after_kill)
     else:
         raise ValueError(kind)
     if not wait_in_sync(home):
@@ -189,3 +200,38 @@ def _bounce(node: int, home: Path, rng: random.Random, say: Any, what: str,
     time.sleep(rng.uniform(2.0, 6.0))
     kafkacluster.start_node(node, home=home, die_with_parent=True)
     return True
+
+
+def _partition(home: Path, rng: random.Random, say: Any, during: Callable[[], None] | None) -> None:
+    """A random node cut off for 15-25 s, then healed (see the module's docstring)."""
+    info = kafkacluster.configured(home)
+    assert info is not None
+    node = rng.choice(info.nodes)
+    cgroup = netpartition.node_cgroup(f"{home.parent.name}-node-{node.node_id}")
+    if not _runs_in(node.node_id, home, cgroup):
+        kafkacluster.stop_node(node.node_id, home=home)
+        kafkacluster.start_node(node.node_id, home=home, die_with_parent=True, cgroup=cgroup)
+        if not wait_in_sync(home):
+            say(f"  partition: partitions not in sync 180s after node {node.node_id} came back in its cgroup")
+        time.sleep(rng.uniform(0.0, 1.5))
+    held = rng.uniform(15.0, 25.0)
+    with netpartition.Cut(cgroup, [node.port, node.controller_port]):
+        say(f"  node {node.node_id} cut off for {held:.0f}s")
+        if during is not None:
+            during()
+        time.sleep(held)
+
+
+def _runs_in(node_id: int, home: Path, cgroup: Path) -> bool:
+    """Whether the node's JVM runs in `cgroup`."""
+    info = kafkacluster.status(home)
+    pid = info.node(node_id).pid if info is not None else None
+    if not pid:
+        return False
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return False
+    root = netpartition.cgroup2_root()
+    want = "0::/" + str(cgroup.relative_to(root)) if root is not None else None
+    return want in lines

@@ -179,10 +179,12 @@ def start(
 
 
 def start_node(
-    node_id: int, timeout: float = 90.0, *, home: Path | None = None, die_with_parent: bool = False
+    node_id: int, timeout: float = 90.0, *, home: Path | None = None, die_with_parent: bool = False,
+    cgroup: Path | None = None,
 ) -> NodeInfo:
     """Start one node of the cluster again (after `kill_node`) on its ports and data,
-    and wait until it answers. Harmless when it runs."""
+    and wait until it answers. Harmless when it runs. `cgroup`: a cgroup v2 directory
+    to start it in (`refold.dev.netpartition`)."""
     base = cluster_home(home)
     with _locked(base):
         found = status(home)
@@ -191,7 +193,8 @@ def start_node(
         node = found.node(node_id)
         if node.alive:
             return node
-        info = _launch(base, found.nodes, timeout, quiet=True, die_with_parent=die_with_parent, only={node_id})
+        info = _launch(base, found.nodes, timeout, quiet=True, die_with_parent=die_with_parent, only={node_id},
+                       cgroup=cgroup)
         return info.node(node_id)
 
 
@@ -332,6 +335,7 @@ def _launch(
     quiet: bool,
     die_with_parent: bool,
     only: Iterable[int] | None = None,
+    cgroup: Path | None = None,
 ) -> ClusterInfo:
     java = require_java()
     classpath = kafka_classpath()
@@ -367,6 +371,7 @@ def _launch(
                 pid_file=_pid_file(node.home),
                 cwd=node.home,
                 die_with_parent=die_with_parent,
+                cgroup=cgroup,
             )
         _say(quiet, f"starting a Kafka cluster of {len(nodes)} on {','.join(n.bootstrap for n in nodes)} …")
         _await_cluster(nodes, procs, started + timeout, timeout)

@@ -172,6 +172,28 @@ def listening(host: str, port: int) -> bool:
     return True
 
 
+def _join_cgroup(procs: Path) -> Callable[[], None]:
+    """A preexec_fn that moves the child into the cgroup whose `cgroup.procs` is `procs`."""
+    target = os.fsencode(procs)
+
+    def join() -> None:
+        fd = os.open(target, os.O_WRONLY)
+        try:
+            os.write(fd, str(os.getpid()).encode())
+        finally:
+            os.close(fd)
+
+    return join
+
+
+def _each(steps: list[Callable[[], None]]) -> Callable[[], None]:
+    def run() -> None:
+        for step in steps:
+            step()
+
+    return run
+
+
 def parent_death_signal(parent: int, sig: signal.Signals = signal.SIGTERM) -> Callable[[], None]:
     """A preexec_fn that makes the child get `sig` when `parent` dies (Linux only)."""
     import ctypes
@@ -199,11 +221,17 @@ def spawn(
     cwd: Path,
     env: Mapping[str, str] | None = None,
     die_with_parent: bool = False,
+    cgroup: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start `command` in a process group of its own (stop and kill reach all of it),
     its stdout and stderr appended to `log_file` after a line saying that `what`
     starts, and write its pid to `pid_file`. `env`: None passes ours on.
-    `die_with_parent` (Linux): it gets SIGTERM when the calling thread's process dies."""
+    `die_with_parent` (Linux): it gets SIGTERM when the calling thread's process dies.
+    `cgroup`: a cgroup v2 directory it starts in (before it makes a socket, so that
+    its sockets carry it: `refold.dev.netpartition`)."""
+    steps = [parent_death_signal(os.getpid())] if die_with_parent else []
+    if cgroup is not None:
+        steps.append(_join_cgroup(cgroup / "cgroup.procs"))
     with log_file.open("ab") as log:
         log.write(f"--- refold: starting {what} at {time.ctime()}\n".encode())
         log.flush()
@@ -215,7 +243,7 @@ def spawn(
             cwd=cwd,  # where a crashing JVM writes its hs_err file
             env=dict(env) if env is not None else None,
             start_new_session=True,  # its own process group
-            preexec_fn=parent_death_signal(os.getpid()) if die_with_parent else None,
+            preexec_fn=_each(steps) if steps else None,
         )
     pid_file.write_text(f"{proc.pid}\n")
     return proc

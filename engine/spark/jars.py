@@ -1,8 +1,10 @@
 """JVM dependencies, resolved with Maven from Maven Central into `.refold/jars/<name>/`.
 
-Four pinned sets, each described by a pom beside this module (`jvm/<name>.pom.xml`):
+Five pinned sets, each described by a pom beside this module (`jvm/<name>.pom.xml`):
 
 - `kafka-broker`: a local Apache Kafka broker (`refold.dev.localkafka`);
+- `kafka-tools`: Kafka's command-line tools, for the chaos harness's `find-hanging`
+  check after a run (`refold.dev.hanging`);
 - `spark-connectors`: Spark's Kafka source and sink, passed to Spark as `spark.jars`;
 - `flink-connectors`: Flink's Kafka SQL connector, for the Flink contender of `make bench`;
 - `lakehouse-readers`: delta-spark and Iceberg's Spark runtime (with SQLite's JDBC driver),
@@ -42,6 +44,7 @@ from refold.errors import PrerequisiteError
 POMS = Path(__file__).resolve().parent / "jvm"
 SETS = (
     "kafka-broker",
+    "kafka-tools",  # the chaos harness's `find-hanging` check only
     "spark-connectors",
     "flink-connectors",  # `make bench` only
     "lakehouse-readers",  # tests and readers of the Delta/Iceberg tables only, not the engine's Spark session
@@ -99,6 +102,11 @@ def spark_jars() -> list[Path]:
             file=sys.stderr,
         )
     return [jar for jar in jars if jar not in clashing]
+
+
+def kafka_tools_classpath() -> str:
+    """The class path of Kafka's command-line tools (`org.apache.kafka.tools.*`)."""
+    return os.pathsep.join(str(jar) for jar in resolve("kafka-tools"))
 
 
 def kafka_classpath() -> str:
