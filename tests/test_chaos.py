@@ -1,6 +1,8 @@
-"""The small chaos run of `make test`: faults of several kinds, then EosTestDriver-style checks.
+"""The small chaos run (`make test-slow`): faults of several kinds, then EosTestDriver-style checks.
 
-`make chaos` runs the same harness (`refold.dev.chaos` (engine/dev/chaos.py)) with a million events and
+It repeats, through the harness, what faster tests of `make test` prove one by one: a
+kill -9 inside the commit (`test_crash`'s kill at each point) and a broker's loss
+(`test_kafka_cluster`'s leader and coordinator kills). `make chaos` runs the same harness (`refold.dev.chaos` (engine/dev/chaos.py)) with a million events and
 over a hundred faults; this one keeps to two — kill -9 inside the Kafka commit and
 a hard broker restart (which once left the engine stuck in librdkafka) — so that
 CI stays quick. It owns its broker. A lost local state directory, the harness's
@@ -18,7 +20,7 @@ import pytest
 
 from refold.dev.chaos import ChaosConfig, run_chaos
 
-pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
 
 
 def test_small_chaos_run_finds_no_anomaly(tmp_path: Path) -> None:

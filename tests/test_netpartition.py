@@ -98,5 +98,5 @@ def test_find_hanging_reads_kafkas_table() -> None:
 
 def test_find_hanging_on_the_test_broker_finds_nothing_and_no_answer_is_a_failure(kafka_broker: Any) -> None:
     assert find_hanging(kafka_broker.bootstrap, [1]) == []
-    problems = find_hanging(f"127.0.0.1:{_free_port()}", [1], timeout=20)
+    problems = find_hanging(f"127.0.0.1:{_free_port()}", [1], timeout=8)
     assert len(problems) == 1 and problems[0].startswith("find-hanging on broker 1")
