@@ -56,7 +56,7 @@ from refold.config import ColumnSpec, Pipeline, ViewSpec
 from refold.connectors.runtime import Executor, Materializations
 from refold.errors import OperationalError
 from refold.kafka.io import admin_client, read_to_end
-from refold.kafka.transactions import TransactionalWriter
+from refold.kafka.transactions import TransactionalWriter, TransactionFailed
 from refold.model.changelog import Op
 from refold.model.reasons import Reason
 from refold.plan import (
@@ -263,6 +263,9 @@ def merge_keys(units: Sequence[Unit]) -> dict[int, list[Any]]:
 # The driver's close ---------------------------------------------------------------------
 
 
+CLOSE_ATTEMPTS = 3  # tries of one batch's close before the run fails
+
+
 class Closer:
     """The driver's close records (`P-<writer>-close`): one to every `P.repartition`
     partition per Spark batch, after every stage-1 task of the batch committed."""
@@ -283,13 +286,26 @@ class Closer:
         self.closed += 1
         value = close_value(run, self.closed)
         writer = self.writer
-        writer.begin()
-        if tops:
-            writer.send(tops_topic(self.pipeline), None, value, partition=0)
-        for shard in range(0 if tops else stage2_shards(self.pipeline)):
-            writer.send(self.pipeline.repartition_topic, None, value, partition=shard)
-        writer.commit()
-        return value
+        for attempt in range(1, CLOSE_ATTEMPTS + 1):
+            try:
+                writer.begin()
+                if tops:
+                    writer.send(tops_topic(self.pipeline), None, value, partition=0)
+                for shard in range(0 if tops else stage2_shards(self.pipeline)):
+                    writer.send(self.pipeline.repartition_topic, None, value, partition=shard)
+                writer.commit()
+                return value
+            except TransactionFailed as exc:
+                # A broker's loss can fail the close (a lost leader, a fatal sequence error
+                # after a rolling restart). Writing it again is harmless even when the failed
+                # commit landed after all: a close record only ends a segment, and an empty
+                # segment merges to nothing.
+                if attempt == CLOSE_ATTEMPTS:
+                    raise
+                log.warning("pipeline %r: closing the batch failed (attempt %d): %s; re-initialising",
+                            self.pipeline.pipeline, attempt, exc)
+                writer.initialise()
+        raise AssertionError("unreachable")
 
     def shutdown(self) -> None:
         self.writer.close()
