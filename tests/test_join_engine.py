@@ -1,0 +1,232 @@
+"""Join pipelines in the engine (docs/SEMANTICS.md, Joins): a join's shards against
+`refold.reference_joins` record by record on the real broker (random changelogs of both
+sides, random batch cuts, restarts), merged and co-partitioned; a grouped view over the
+join against the reference grouped view over the reference join; the plan's `join` stage."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_join import COLUMNS, Unit, changelogs
+from test_join import as_units as numbered
+
+from refold.config import Pipeline, ViewSpec, parse_pipeline
+from refold.errors import UserError
+from refold.kafka.io import TopicSpec, ensure_topics, read_to_end
+from refold.model.reasons import Reason
+from refold.plan import RIGHT_PARTITIONS, plan_of
+from refold.plan.draw import mermaid, tree
+from refold.recovery.records import decode_dead_letter
+from refold.recovery.restore import load_checkpoints
+from refold.reference import reference_changelog
+from refold.reference_joins import reference_join
+from refold.runtime.batch import InputRecord
+from refold.runtime.processor import BatchProcessor
+from refold.spark.job import engine_topics
+
+GROUPED = {"key": ["region"], "columns": {"revenue": {"sum": "amount"}, "orders": {"count": "id"}}}
+
+
+def join_pipeline(name: str, bootstrap: str, kind: str, *, key: list[str] | None = None, grouped: bool = False,
+                  keyed: bool = False, **more: Any) -> Pipeline:
+    """orders ⋈ customers on orders.cust = customers.cid; `keyed`: each source keyed by its
+    join column (co-partitioned, when the partition counts agree)."""
+    join: dict[str, Any] = {"left": "orders", "right": "customers", "on": [["cust", "cid"]], "type": kind,
+                            "columns": COLUMNS, **({"key": key} if key else {})}
+    sources = {"orders": {"topic": f"{name}.orders", **({"key": ["cust"]} if keyed else {})},
+               "customers": {"topic": f"{name}.customers", **({"key": ["cid"]} if keyed else {})}}
+    return parse_pipeline({"pipeline": name, "kafka": {"bootstrap.servers": bootstrap}, "sources": sources,
+                           "view": {"join": join, **(GROUPED if grouped else {})},
+                           "outputs": {"view": {"topic": f"{name}.view"}}, **more})
+
+
+def wire(units: Sequence[Unit], partitions: int) -> tuple[list[InputRecord], list[tuple[int, int, int]]]:
+    """The units as the two topics' records, in the order they were made (the timestamp
+    counts it up, so the engine merges both sources back into this order); each unit's
+    first record as (side, partition, offset). A row goes to partition `cust`/`cid` mod
+    `partitions` (0 for a null), keyed as `refold produce --key` keys it."""
+    offsets: dict[int, int] = {}
+    records: list[InputRecord] = []
+    firsts = []
+    for side, events in units:
+        column = ("cust", "cid")[side]
+        first = events[0].row.get(column)  # (a -C and its +C in one partition: the first's)
+        partition = (first % partitions if isinstance(first, int) else 0) + side * RIGHT_PARTITIONS
+        for index, event in enumerate(events):
+            offset = offsets.get(partition, 0)
+            offsets[partition] = offset + 1
+            if index == 0:
+                firsts.append((side, partition % RIGHT_PARTITIONS, offset))
+            key = orjson.dumps({column: first})  # (a pair's halves share their message key)
+            records.append(InputRecord(partition, offset, key, orjson.dumps({"op": event.op.code, **event.row}),
+                                       len(records)))
+    return records, firsts
+
+
+def make_topics(pipeline: Pipeline, partitions: int) -> None:
+    settings_ = {"bootstrap.servers": pipeline.kafka_settings()["bootstrap.servers"]}
+    ensure_topics(settings_, [TopicSpec(s.topic, partitions) for s in pipeline.sources.values()]
+                  + engine_topics(pipeline, partitions))
+
+
+def run_batches(pipeline: Pipeline, records: list[InputRecord], cuts: list[int], restarts: list[bool]) -> None:
+    settings_ = {"bootstrap.servers": pipeline.kafka_settings()["bootstrap.servers"]}
+    processor = BatchProcessor(pipeline, settings_)
+    try:
+        bounds = [0, *sorted(set(cuts)), len(records)]
+        for number, (start, end) in enumerate(zip(bounds, bounds[1:], strict=False)):
+            processor.process(records[start:end])
+            if restarts[number % len(restarts)]:
+                processor.close()
+                processor = BatchProcessor(pipeline, settings_)
+        processor.process(records)  # a replay of everything: it writes nothing
+    finally:
+        processor.close()
+
+
+def written(pipeline: Pipeline) -> list[bytes]:
+    settings_ = {"bootstrap.servers": pipeline.kafka_settings()["bootstrap.servers"]}
+    assert pipeline.outputs.view is not None
+    return [m.value() for m in read_to_end(settings_, pipeline.outputs.view.topic)]
+
+
+def by_partition(pipeline: Pipeline, topic: str) -> dict[int, list[Any]]:
+    settings_ = {"bootstrap.servers": pipeline.kafka_settings()["bootstrap.servers"]}
+    out: dict[int, list[Any]] = {}
+    for message in read_to_end(settings_, topic):
+        out.setdefault(message.partition(), []).append(message)
+    return out
+
+
+def changelog(changes: Sequence[Any]) -> list[bytes]:
+    return [orjson.dumps({"op": c.op.code, **c.row}) for c in changes]
+
+
+# the merged join, record by record -----------------------------------------------------------
+
+@pytest.mark.kafka
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.data_too_large])
+@given(units=changelogs(), kind=st.sampled_from(["inner", "left", "full"]), data=st.data())
+def test_a_merged_join_writes_what_the_reference_join_writes(bootstrap_servers: str, units: list[Unit], kind: str,
+                                                             data: st.DataObject) -> None:
+    """Both sources over two partitions each, joined in one shard: the view topic is the
+    reference join's changelog, record by record, whatever the batch cuts and restarts;
+    each record names its unit's first event (`<topic>:<partition>:<offset>`); each
+    refused unit is a dead letter naming its own topic, partition and offset."""
+    key = data.draw(st.sampled_from([None, ["id"]]))
+    pipeline = join_pipeline(f"je{uuid.uuid4().hex[:8]}", bootstrap_servers, kind, key=key)
+    make_topics(pipeline, 2)
+    records, firsts = wire(units, 2)
+    cuts = data.draw(st.lists(st.integers(0, len(records)), max_size=5))
+    run_batches(pipeline, records, cuts, data.draw(st.lists(st.booleans(), min_size=1, max_size=4)))
+    spec = pipeline.view.join
+    assert spec is not None
+    expected = reference_join(spec, units)
+    assert written(pipeline) == changelog(expected.changes)
+    # provenance: each unit's records name its first event
+    topics = (f"{pipeline.pipeline}.orders", f"{pipeline.pipeline}.customers")
+    causes = []
+    for index in range(len(units)):
+        made = len(reference_join(spec, units[: index + 1]).changes) - len(reference_join(spec, units[:index]).changes)
+        side, partition, offset = firsts[index]
+        causes += [f"{topics[side]}:{partition}:{offset}".encode()] * made
+    view = [m for part in by_partition(pipeline, f"{pipeline.pipeline}.view").values() for m in part]
+    assert [dict(m.headers() or [])["refold.cause"] for m in view] == causes
+    letters = sorted((d.topic, d.partition, d.offset, d.reason) for d in
+                     (decode_dead_letter(m.value()) for m in read_to_end({"bootstrap.servers": bootstrap_servers},
+                                                                         pipeline.dlq_topic)))
+    assert letters == sorted((topics[firsts[i][0]], firsts[i][1], firsts[i][2], reason)
+                             for i, reason in expected.rejected)
+    assert all(reason == Reason.NOT_LIVE for _, reason in expected.rejected)
+    checkpoint = load_checkpoints(pipeline, {"bootstrap.servers": bootstrap_servers})[0]
+    assert checkpoint.records_in == len(records)  # every record once, the replay none
+    assert set(checkpoint.offsets) <= {0, 1, RIGHT_PARTITIONS, RIGHT_PARTITIONS + 1}
+
+
+@pytest.mark.kafka
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.data_too_large])
+@given(units=changelogs(), kind=st.sampled_from(["inner", "left", "full"]), data=st.data())
+def test_a_grouped_view_over_a_merged_join_is_the_reference_over_the_reference_join(
+        bootstrap_servers: str, units: list[Unit], kind: str, data: st.DataObject) -> None:
+    """Revenue per region over the join, in the join's shard: the view topic is the
+    reference grouped view over the reference join's records; a joined row with a null
+    region is a dead letter (`null key`) of the source record that made it."""
+    pipeline = join_pipeline(f"jg{uuid.uuid4().hex[:8]}", bootstrap_servers, kind, key=["id"], grouped=True)
+    make_topics(pipeline, 2)
+    records, _ = wire(units, 2)
+    cuts = data.draw(st.lists(st.integers(0, len(records)), max_size=5))
+    run_batches(pipeline, records, cuts, data.draw(st.lists(st.booleans(), min_size=1, max_size=4)))
+    spec = pipeline.view.join
+    assert spec is not None
+    joined = reference_join(spec, units)
+    view = ViewSpec.model_validate(GROUPED)
+    expected = reference_changelog(view, numbered(joined.changes))
+    assert written(pipeline) == changelog(expected.changes)
+    letters = [decode_dead_letter(m.value()) for m in read_to_end({"bootstrap.servers": bootstrap_servers},
+                                                                  pipeline.dlq_topic)]
+    null_keys = [letter for letter in letters if letter.reason == Reason.NULL_KEY]
+    assert len(null_keys) == len([r for r in expected.rejected if r[1] == Reason.NULL_KEY])
+
+
+# co-partitioned: shard p joins partition p of both ----------------------------------------
+
+@pytest.mark.kafka
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                                                HealthCheck.data_too_large])
+@given(units=changelogs(), kind=st.sampled_from(["inner", "left", "full"]), data=st.data())
+def test_a_co_partitioned_join_writes_the_reference_join_key_by_key(bootstrap_servers: str, units: list[Unit], kind: str,
+                                                                    data: st.DataObject) -> None:
+    """Both sources keyed by their join column over three partitions each: three shards,
+    each joining partition p of both; each shard's view partition is the reference
+    join's changelog of that partition's join keys (nulls in partition 0), in order."""
+    if any(len(events) == 2 and events[0].row.get(("cust", "cid")[side]) != events[1].row.get(("cust", "cid")[side])
+           for side, events in units):
+        return  # (a correction that moves a row to another join key is keyed by the new one: not co-partitioned)
+    pipeline = join_pipeline(f"jc{uuid.uuid4().hex[:8]}", bootstrap_servers, kind, key=["id"], keyed=True)
+    assert plan_of(pipeline, 3).layout == "co-partitioned"
+    make_topics(pipeline, 3)
+    records, _ = wire(units, 3)
+    cuts = data.draw(st.lists(st.integers(0, len(records)), max_size=4))
+    run_batches(pipeline, records, cuts, [False, True])
+    spec = pipeline.view.join
+    assert spec is not None
+    parts = by_partition(pipeline, f"{pipeline.pipeline}.view")
+    for p in range(3):
+        mine = [(side, events) for side, events in units
+                if ((events[0].row.get(("cust", "cid")[side]) or 0) % 3) == p]
+        assert [m.value() for m in parts.get(p, [])] == changelog(reference_join(spec, mine).changes)
+
+
+def test_a_join_plan_has_a_join_stage() -> None:
+    merged = join_pipeline("jp", "127.0.0.1:1", "left", grouped=True, key=["id"])
+    plan = plan_of(merged, 4)
+    assert plan.layout == "merged" and [s.name for s in plan.stages] == ["join"]
+    assert plan.first.steps == ("decode", "validate", "join", "reduce")
+    assert plan.first.inputs == ("jp.orders", "jp.customers") and plan.first.shards == 1
+    assert [s.name for s in plan.sources] == ["orders", "customers"]
+    drawn = tree(plan)
+    assert "1. join: decode → validate → join → reduce (1 shard, merging every input partition)" in drawn
+    assert "orders: jp.orders" in drawn and "customers: jp.customers" in drawn
+    assert "jp.customers" in mermaid(plan) and "1. join" in mermaid(plan)
+    paired = plan_of(join_pipeline("jq", "127.0.0.1:1", "inner", keyed=True), 4)
+    assert paired.layout == "co-partitioned" and paired.first.shards == 4 and paired.first.by_partition
+    # a grouped view whose key does not hold the left join column re-groups: merged
+    assert plan_of(join_pipeline("jr", "127.0.0.1:1", "inner", keyed=True, grouped=True), 4).layout == "merged"
+    assert plan_of(join_pipeline("js", "127.0.0.1:1", "inner", keyed=True, shards="merged"), 4).layout == "merged"
+
+
+def test_a_join_in_shards_is_refused_in_one_line() -> None:
+    pipeline = join_pipeline("jx", "127.0.0.1:1", "inner", shards=3)
+    refusal = pipeline.run_refusal()
+    assert refusal is not None and refusal.startswith("shards: 3: a join runs co-partitioned")
+    assert "shards: merged" in refusal and "\n" not in refusal
+    with pytest.raises(UserError, match=r"^shards: 3"):
+        BatchProcessor(pipeline, {"bootstrap.servers": "127.0.0.1:1"})
