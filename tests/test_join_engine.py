@@ -5,10 +5,12 @@ join against the reference grouped view over the reference join; the plan's `joi
 
 from __future__ import annotations
 
+import random
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
+import duckdb
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,6 +18,7 @@ from hypothesis import strategies as st
 from test_join import COLUMNS, Unit, changelogs
 from test_join import as_units as numbered
 
+from refold.cli.produce import produce
 from refold.config import Pipeline, ViewSpec, parse_pipeline
 from refold.errors import UserError
 from refold.kafka.io import TopicSpec, ensure_topics, read_to_end
@@ -28,22 +31,31 @@ from refold.reference import reference_changelog
 from refold.reference_joins import reference_join
 from refold.runtime.batch import InputRecord
 from refold.runtime.processor import BatchProcessor
-from refold.spark.job import engine_topics
+from refold.spark.job import engine_topics, run_pipeline
 
 GROUPED = {"key": ["region"], "columns": {"revenue": {"sum": "amount"}, "orders": {"count": "id"}}}
 
 
 def join_pipeline(name: str, bootstrap: str, kind: str, *, key: list[str] | None = None, grouped: bool = False,
                   keyed: bool = False, **more: Any) -> Pipeline:
-    """orders ⋈ customers on orders.cust = customers.cid; `keyed`: each source keyed by its
-    join column (co-partitioned, when the partition counts agree)."""
-    join: dict[str, Any] = {"left": "orders", "right": "customers", "on": [["cust", "cid"]], "type": kind,
-                            "columns": COLUMNS, **({"key": key} if key else {})}
+    """orders ⋈ customers on orders.cust = customers.cid; `keyed`: on orders.cust =
+    customers.cust, each source keyed by its join column (co-partitioned, when the
+    partition counts agree: equal values are equal message keys)."""
+    right = "cust" if keyed else "cid"
+    columns = {**COLUMNS, "cid": f"customers.{right}"}
+    join: dict[str, Any] = {"left": "orders", "right": "customers", "on": [["cust", right]], "type": kind,
+                            "columns": columns, **({"key": key} if key else {})}
     sources = {"orders": {"topic": f"{name}.orders", **({"key": ["cust"]} if keyed else {})},
-               "customers": {"topic": f"{name}.customers", **({"key": ["cid"]} if keyed else {})}}
+               "customers": {"topic": f"{name}.customers", **({"key": ["cust"]} if keyed else {})}}
     return parse_pipeline({"pipeline": name, "kafka": {"bootstrap.servers": bootstrap}, "sources": sources,
                            "view": {"join": join, **(GROUPED if grouped else {})},
                            "outputs": {"view": {"topic": f"{name}.view"}}, **more})
+
+
+def renamed(units: Sequence[Unit]) -> list[Unit]:
+    """The units with the customers' join column named `cust` (as the orders' is)."""
+    return [(side, [e._replace(row={("cust" if k == "cid" else k): v for k, v in e.row.items()}) for e in events]
+             if side else events) for side, events in units]
 
 
 def wire(units: Sequence[Unit], partitions: int) -> tuple[list[InputRecord], list[tuple[int, int, int]]]:
@@ -55,7 +67,7 @@ def wire(units: Sequence[Unit], partitions: int) -> tuple[list[InputRecord], lis
     records: list[InputRecord] = []
     firsts = []
     for side, events in units:
-        column = ("cust", "cid")[side]
+        column = ("cust", "cid" if "cid" in events[0].row or "cust" not in events[0].row else "cust")[side]
         first = events[0].row.get(column)  # (a -C and its +C in one partition: the first's)
         partition = (first % partitions if isinstance(first, int) else 0) + side * RIGHT_PARTITIONS
         for index, event in enumerate(events):
@@ -190,6 +202,7 @@ def test_a_co_partitioned_join_writes_the_reference_join_key_by_key(bootstrap_se
     if any(len(events) == 2 and events[0].row.get(("cust", "cid")[side]) != events[1].row.get(("cust", "cid")[side])
            for side, events in units):
         return  # (a correction that moves a row to another join key is keyed by the new one: not co-partitioned)
+    units = renamed(units)
     pipeline = join_pipeline(f"jc{uuid.uuid4().hex[:8]}", bootstrap_servers, kind, key=["id"], keyed=True)
     assert plan_of(pipeline, 3).layout == "co-partitioned"
     make_topics(pipeline, 3)
@@ -200,8 +213,7 @@ def test_a_co_partitioned_join_writes_the_reference_join_key_by_key(bootstrap_se
     assert spec is not None
     parts = by_partition(pipeline, f"{pipeline.pipeline}.view")
     for p in range(3):
-        mine = [(side, events) for side, events in units
-                if ((events[0].row.get(("cust", "cid")[side]) or 0) % 3) == p]
+        mine = [(side, events) for side, events in units if ((events[0].row.get("cust") or 0) % 3) == p]
         assert [m.value() for m in parts.get(p, [])] == changelog(reference_join(spec, mine).changes)
 
 
@@ -230,3 +242,98 @@ def test_a_join_in_shards_is_refused_in_one_line() -> None:
     assert "shards: merged" in refusal and "\n" not in refusal
     with pytest.raises(UserError, match=r"^shards: 3"):
         BatchProcessor(pipeline, {"bootstrap.servers": "127.0.0.1:1"})
+
+
+# through Spark ---------------------------------------------------------------------------
+
+def _orders_and_customers(seed: int, move: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]],
+                                               list[dict[str, Any]]]:
+    """Seeded changelogs of orders and customers (appends, retractions, corrections that
+    move an order to another customer unless not `move`, and a customer to another region)
+    and their live rows."""
+    rng = random.Random(seed)
+    orders: list[dict[str, Any]] = []
+    customers: list[dict[str, Any]] = []
+    live_orders: dict[int, dict[str, Any]] = {}
+    live_customers: dict[int, dict[str, Any]] = {}
+    for cid in range(8):
+        row = {"cid": cid, "region": rng.choice(["eu", "us", "asia"])}
+        customers.append({"op": "+A", **row})
+        live_customers[cid] = row
+    for oid in range(300):
+        row = {"id": oid, "cust": rng.randrange(10), "amount": rng.randrange(1, 50)}
+        orders.append({"op": "+A", **row})
+        live_orders[oid] = row
+        if rng.random() < 0.2:
+            old = live_orders.pop(rng.choice(sorted(live_orders)))
+            if rng.random() < 0.5:
+                orders.append({"op": "-R", **old})
+            else:
+                new = {**old, "cust": rng.randrange(10) if move else old["cust"], "amount": rng.randrange(1, 50)}
+                orders += [{"op": "-C", **old}, {"op": "+C", **new}]
+                live_orders[new["id"]] = new
+        if rng.random() < 0.05:
+            cid = rng.randrange(8)
+            old = live_customers[cid]
+            new = {**old, "region": rng.choice(["eu", "us", "asia"])}
+            customers += [{"op": "-C", **old}, {"op": "+C", **new}]
+            live_customers[cid] = new
+    return orders, customers, list(live_orders.values()), list(live_customers.values())
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+@pytest.mark.parametrize("keyed", [False, True], ids=["merged", "co-partitioned"])
+def test_a_join_runs_in_spark_and_ends_with_duckdbs_table(bootstrap_servers: str, spark: Any, topic: Any,
+                                                          tmp_path: Any, keyed: bool) -> None:
+    """Revenue per region of orders joined with customers, in SQL, run by `refold run`
+    (local[2]) to its end: the view topic's final table is DuckDB's for the same query
+    over both sides' live rows."""
+    orders, customers, live_orders, live_customers = _orders_and_customers(7, move=not keyed)
+    settings_ = {"bootstrap.servers": bootstrap_servers}
+    order_topic, customer_topic = topic(partitions=2), topic(partitions=2)
+    # messages keyed by the join column (`refold produce --key`), a pair's halves alike
+    produce(settings_, order_topic, [orjson.dumps(r) for r in orders], ["id"] if not keyed else ["cust"],
+            progress=False, per_transaction=50)
+    if keyed:  # the customers' join column named as the orders' (equal values, equal message keys)
+        customers = [{("cust" if k == "cid" else k): v for k, v in r.items()} for r in customers]
+        live_customers = [{"cid": r["cid"], "region": r["region"]} for r in live_customers]
+    right = "cust" if keyed else "cid"
+    produce(settings_, customer_topic, [orjson.dumps(r) for r in customers], [right], progress=False)
+    name = f"js{uuid.uuid4().hex[:8]}"
+    sql = ("SELECT c.region, SUM(o.amount) AS revenue, COUNT(o.id) AS orders FROM orders o "
+           "JOIN customers c ON o.cust = c.cid GROUP BY c.region")
+    pipeline = parse_pipeline({
+        "pipeline": name, "kafka": settings_,
+        "sources": {"orders": {"topic": order_topic, "key": ["id"] if not keyed else ["cust"]},
+                    "customers": {"topic": customer_topic, "key": [right]}},
+        "view": {"sql": sql} if not keyed else {"sql": sql.replace("c.region", "o.cust, c.region")
+                                                .replace("c.cid", "c.cust")},
+        "outputs": {"view": {"topic": f"{name}.view"}},
+        "trigger": "200ms", "max_batch_events": 120,
+        "spark": {"master": "local[2]", "checkpoint_dir": str(tmp_path / "spark")},
+    })
+    assert plan_of(pipeline, 2).layout == ("co-partitioned" if keyed else "merged")
+    run_pipeline(pipeline, bootstrap_servers, until_idle=3.0, spark=spark, quiet=True)
+    table: dict[bytes, dict[str, Any]] = {}
+    for message in read_to_end(settings_, f"{name}.view"):
+        record = orjson.loads(message.value())
+        op = record.pop("op")
+        if op in ("+A", "+C"):
+            table[message.key()] = record
+        elif op == "-R":
+            table.pop(message.key(), None)
+    db = duckdb.connect()
+    db.execute("CREATE TABLE orders (id INTEGER, cust INTEGER, amount INTEGER)")
+    db.execute("CREATE TABLE customers (cid INTEGER, region VARCHAR)")
+    db.executemany("INSERT INTO orders VALUES (?, ?, ?)", [(r["id"], r["cust"], r["amount"]) for r in live_orders])
+    db.executemany("INSERT INTO customers VALUES (?, ?)", [(r["cid"], r["region"]) for r in live_customers])
+    query = pipeline.view.sql
+    assert query is not None
+    cursor = db.execute(query.replace("c.cust", "c.cid"))
+    names = [d[0] for d in cursor.description]
+    expected = sorted(orjson.dumps(dict(zip(names, row, strict=True)), option=orjson.OPT_SORT_KEYS)
+                      for row in cursor.fetchall())
+    assert sorted(orjson.dumps(row, option=orjson.OPT_SORT_KEYS) for row in table.values()) == expected
+    checkpoints = load_checkpoints(pipeline, settings_)
+    assert sum(c.records_in for c in checkpoints.values()) == len(orders) + len(customers)

@@ -69,16 +69,18 @@ def co_partitioned(pipeline: Pipeline) -> bool:
 
 def join_co_partitioned(pipeline: Pipeline) -> bool:
     """Whether a join runs a shard per partition pair (shard p joins partition p of both
-    sources): each source is keyed by exactly its join columns (`sources.<name>.key`),
-    `shards` is not `merged`, and a grouped view over the join, if any, has in its key
-    an output column of each of the left side's join columns (the sources' partition
-    counts must be equal: checked at start)."""
+    sources): both sources are keyed by exactly their join columns (`sources.<name>.key`),
+    of the same names on both sides in the same order (so equal join values are equal
+    message keys, which the producers' partitioner puts in the same partition), `shards`
+    is not `merged`, and a grouped view over the join, if any, has in its key an output
+    column of each of the left side's join columns (the sources' partition counts must be
+    equal: checked at start)."""
     join = pipeline.view.join
-    if join is None or pipeline.shards == "merged":
+    if join is None or pipeline.shards == "merged" or join.sides_on[0] != join.sides_on[1]:
         return False
     for name, columns in zip((join.left, join.right), join.sides_on, strict=True):
         source = pipeline.sources.get(name)
-        if source is None or not source.key or set(source.key) != set(columns):
+        if source is None or tuple(source.key) != columns:
             return False
     if pipeline.view.key:
         left = {column for name, side, column in join.outputs if side == 0 and name in pipeline.view.key}
