@@ -5,6 +5,7 @@ join against the reference grouped view over the reference join; the plan's `joi
 
 from __future__ import annotations
 
+import itertools
 import random
 import uuid
 from collections.abc import Sequence
@@ -92,7 +93,7 @@ def run_batches(pipeline: Pipeline, records: list[InputRecord], cuts: list[int],
     processor = BatchProcessor(pipeline, settings_)
     try:
         bounds = [0, *sorted(set(cuts)), len(records)]
-        for number, (start, end) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        for number, (start, end) in enumerate(itertools.pairwise(bounds)):
             processor.process(records[start:end])
             if restarts[number % len(restarts)]:
                 processor.close()

@@ -359,7 +359,7 @@ def _join_plan(pipeline: Pipeline, partitions: int | None) -> Plan:
     assert join is not None
     paired = join_co_partitioned(pipeline)
     sources = []
-    for name, columns in zip((join.left, join.right), join.sides_on, strict=True):
+    for name in (join.left, join.right):
         spec = pipeline.sources[name]
         sources.append(Source(name, spec.topic, spec.format, spec.form, tuple(spec.key),
                               partitions if name == join.left or paired else None))

@@ -60,7 +60,7 @@ def side_pipelines(pipeline: Pipeline) -> tuple[Pipeline, Pipeline]:
     """The pipeline as each side's reader sees it: its `source` that side's."""
     join = pipeline.view.join
     assert join is not None
-    return tuple(pipeline.model_copy(update={"source": pipeline.sources[name]})  # type: ignore[return-value]
+    return tuple(pipeline.model_copy(update={"source": pipeline.sources[name]})
                  for name in (join.left, join.right))
 
 
@@ -191,7 +191,7 @@ class JoinShardProcessor(ShardProcessor):
     def __init__(self, pipeline: Pipeline, settings: dict[str, Any], shard: int = 0, *args: Any,
                  start: bool = True, **kwargs: Any) -> None:
         super().__init__(pipeline, settings, shard, *args, start=False, **kwargs)
-        self.reader = JoinUnitReader(pipeline, pipeline.strict, join_co_partitioned(pipeline))  # type: ignore[assignment]
+        self.reader = JoinUnitReader(pipeline, pipeline.strict, join_co_partitioned(pipeline))
         self.renderer = JoinRenderer(pipeline)
         self.tables = None
         if start:
@@ -209,7 +209,7 @@ class JoinShardProcessor(ShardProcessor):
 
     def _consumed(self, offsets: Mapping[int, int]) -> dict[str, dict[int, int]]:
         """The consumed offsets of both topics, for the transaction."""
-        topics = self.renderer.topics  # type: ignore[attr-defined]
+        topics = self.renderer.topics
         consumed: dict[str, dict[int, int]] = {topic: {} for topic in topics}
         for partition, offset in offsets.items():
             consumed[topics[side_of(partition)]][source_partition(partition)] = offset
@@ -247,7 +247,7 @@ class JoinShardProcessor(ShardProcessor):
             try:
                 made = join.apply(side, [event for event, _ in unit])
             except Rejected as rejected:
-                self.reader.letters[side].rejected(out, unit, rejected)  # type: ignore[attr-defined]
+                self.reader.letters[side].rejected(out, unit, rejected)
                 continue
             changes = JoinChanges(made)
             changes.cause = cause_of(unit[0][0].tag)
@@ -265,7 +265,7 @@ class JoinShardProcessor(ShardProcessor):
                     out_changes.append((grouped.apply(sub), unit[0][0].tag[0]))
                 except Rejected as rejected:
                     side = side_of(unit[0][1].partition)
-                    self.reader.letters[side].add(out, unit[0][1], rejected.reason,  # type: ignore[attr-defined]
+                    self.reader.letters[side].add(out, unit[0][1], rejected.reason,
                                                   "a joined row the view over the join refuses")
         return out_changes
 

@@ -52,9 +52,9 @@ import pyarrow.compute as pc
 from refold.config import Pipeline
 from refold.errors import OperationalError, RecordError, RefoldError, UserError
 from refold.kafka.transactions import FencedError
+from refold.plan import RIGHT_PARTITIONS
 from refold.runtime.batch import InputRecord
 from refold.runtime.exchange import ApplyProcessor, RouteProcessor, read_closed
-from refold.plan import RIGHT_PARTITIONS
 from refold.runtime.hooks import Hooks
 from refold.runtime.joins import JoinShardProcessor
 from refold.runtime.shard import BatchStats, ShardProcessor
