@@ -19,6 +19,7 @@ from typing import Any
 import duckdb
 import orjson
 import pytest
+from confluent_kafka import Producer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_join import COLUMNS, Unit, changelogs
@@ -29,6 +30,7 @@ from refold.config import Pipeline, ViewSpec, parse_pipeline
 from refold.errors import UserError
 from refold.kafka.io import TopicSpec, ensure_topics, read_to_end
 from refold.model.reasons import Reason
+from refold.ops.status import print_status
 from refold.plan import RIGHT_PARTITIONS, plan_of
 from refold.plan.draw import mermaid, tree
 from refold.recovery.records import decode_dead_letter
@@ -390,3 +392,26 @@ def _crash_units() -> list[Unit]:
     units.append((1, [SourceEvent(Op.CORRECT_FROM, {"cid": 1, "region": "us"}, (0, 0, 0)),
                       SourceEvent(Op.CORRECT_TO, {"cid": 1, "region": "asia"}, (0, 0, 0))]))
     return units
+
+
+@pytest.mark.kafka
+def test_refold_status_shows_both_sources_of_a_join(bootstrap_servers: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`refold status` of a join: the shard's offsets of both sources (the right's as
+    `R<p>`) and a lag table per source."""
+    pipeline = join_pipeline(f"jt{uuid.uuid4().hex[:8]}", bootstrap_servers, "inner")
+    make_topics(pipeline, 2)
+    records, _ = wire(_crash_units(), 2)
+    settings_ = {"bootstrap.servers": bootstrap_servers}
+    producer = Producer(settings_)  # the records in the topics at the offsets `wire` gave them, for the lag
+    topics = [source.topic for source in pipeline.sources.values()]
+    for record in records:
+        producer.produce(topics[record.partition >= RIGHT_PARTITIONS], record.value, record.key,
+                         partition=record.partition % RIGHT_PARTITIONS)
+    assert producer.flush(30) == 0
+    del producer
+    run_batches(pipeline, records, [9], [False])
+    assert print_status(pipeline)
+    shown = capsys.readouterr().out
+    assert f"source {pipeline.pipeline}.orders (L) joined with {pipeline.pipeline}.customers (R)" in shown
+    assert "R0:" in shown and "R1:" in shown
+    assert f"  {pipeline.pipeline}.customers (R)" in shown and shown.count("total lag 0") == 2
