@@ -175,7 +175,7 @@ def run_pipeline(
             .start()
         )
         log.info("pipeline %s running: %s → view/delta, %d shard(s) as Spark tasks (Spark checkpoint %s)",
-                 pipeline.pipeline, topic, len(start.shards), checkpoint_dir)
+                 pipeline.pipeline, topic if right is None else f"{topic} ⋈ {right[0]}", len(start.shards), checkpoint_dir)
         _wait(query, progress, until_idle)
     except KeyboardInterrupt:
         log.info("interrupted; stopping after the current batch")
