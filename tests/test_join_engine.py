@@ -31,6 +31,7 @@ from refold.errors import UserError
 from refold.kafka.io import TopicSpec, ensure_topics, read_to_end
 from refold.model.reasons import Reason
 from refold.ops.status import print_status
+from refold.ops.verify import verify
 from refold.plan import RIGHT_PARTITIONS, plan_of
 from refold.plan.draw import mermaid, tree
 from refold.recovery.records import decode_dead_letter
@@ -345,6 +346,8 @@ def test_a_join_runs_in_spark_and_ends_with_duckdbs_table(bootstrap_servers: str
     assert sorted(orjson.dumps(row, option=orjson.OPT_SORT_KEYS) for row in table.values()) == expected
     checkpoints = load_checkpoints(pipeline, settings_)
     assert sum(c.records_in for c in checkpoints.values()) == len(orders) + len(customers)
+    report = verify(pipeline, settings_)  # `refold verify`: the folded view is the reference's
+    assert report.anomalies == [] and report.events == len(orders) + len(customers)
 
 
 # kill -9 mid-commit, then a new run: every record once ---------------------------------------
@@ -377,6 +380,29 @@ def test_a_join_killed_mid_commit_writes_each_record_once(bootstrap_servers: str
     spec = pipeline.view.join
     assert spec is not None
     assert written(pipeline) == changelog(reference_join(spec, units).changes)
+
+
+@pytest.mark.kafka
+def test_verify_finds_a_join_view_that_is_not_the_reference(bootstrap_servers: str) -> None:
+    """`verify` of a join folds its view and compares it with the reference join's table:
+    a record too many is an anomaly."""
+    pipeline = join_pipeline(f"jv{uuid.uuid4().hex[:8]}", bootstrap_servers, "full")
+    make_topics(pipeline, 2)
+    records, _ = wire(_crash_units(), 2)
+    settings_ = {"bootstrap.servers": bootstrap_servers}
+    producer = Producer(settings_)
+    topics = [source.topic for source in pipeline.sources.values()]
+    for record in records:
+        producer.produce(topics[record.partition >= RIGHT_PARTITIONS], record.value, record.key,
+                         partition=record.partition % RIGHT_PARTITIONS)
+    assert producer.flush(30) == 0
+    run_batches(pipeline, records, [5], [False])
+    report = verify(pipeline, settings_)
+    assert report.anomalies == [] and report.events == len(records)
+    producer.produce(f"{pipeline.pipeline}.view", b'{"op":"+A","id":99}', b"{}")
+    assert producer.flush(30) == 0
+    del producer
+    assert verify(pipeline, settings_).anomalies == ['view: extra {"id":99} (1 copies)']
 
 
 def _crash_units() -> list[Unit]:
