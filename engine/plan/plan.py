@@ -186,7 +186,7 @@ class Topic:
 
 @dataclass(frozen=True, slots=True)
 class Source:
-    """One of the pipeline's sources (one today: named "source"; `sources:` names several)."""
+    """One of the pipeline's sources: "source", or a join's two, named as in `sources:`."""
 
     name: str
     topic: str
