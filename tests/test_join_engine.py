@@ -26,9 +26,11 @@ from test_join import COLUMNS, Unit, changelogs
 from test_join import as_units as numbered
 
 from refold.cli.produce import produce
+from refold.codecs.avro import AvroCodec
 from refold.config import Pipeline, ViewSpec, parse_pipeline
 from refold.errors import UserError
 from refold.kafka.io import TopicSpec, ensure_topics, read_to_end
+from refold.model.changelog import ChangelogEvent, Op
 from refold.model.reasons import Reason
 from refold.ops.status import print_status
 from refold.ops.verify import verify
@@ -407,7 +409,6 @@ def test_verify_finds_a_join_view_that_is_not_the_reference(bootstrap_servers: s
 
 def _crash_units() -> list[Unit]:
     """Orders and customers that join, move and leave, over a few batches."""
-    from refold.model.changelog import Op
     from refold.reduce import SourceEvent
 
     units: list[Unit] = []
@@ -441,3 +442,41 @@ def test_refold_status_shows_both_sources_of_a_join(bootstrap_servers: str, caps
     assert f"source {pipeline.pipeline}.orders (L) joined with {pipeline.pipeline}.customers (R)" in shown
     assert "R0:" in shown and "R1:" in shown
     assert f"  {pipeline.pipeline}.customers (R)" in shown and shown.count("total lag 0") == 2
+
+
+@pytest.mark.kafka
+def test_each_side_is_read_with_its_own_source_settings(bootstrap_servers: str, tmp_path: Any) -> None:
+    """Orders in JSON, customers in Avro (their own `schema`): the view is the reference
+    join's; a customers record that does not decode is a dead letter naming the customers
+    topic, its partition and offset, and so does its `refold.cause`."""
+    schema = tmp_path / "customer.avsc"
+    schema.write_text(orjson.dumps({"type": "record", "name": "Customer", "fields": [
+        {"name": "op", "type": "int"}, {"name": "cid", "type": ["null", "long"]},
+        {"name": "region", "type": ["null", "string"]}]}).decode())
+    name = f"ja{uuid.uuid4().hex[:8]}"
+    base = join_pipeline(name, bootstrap_servers, "left", key=["id"])
+    sources = {"orders": {"topic": f"{name}.orders"},
+               "customers": {"topic": f"{name}.customers", "format": "avro", "schema": str(schema)}}
+    pipeline = parse_pipeline({**base.model_dump(by_alias=True, exclude={"source"}, exclude_none=True),
+                               "sources": sources})
+    make_topics(pipeline, 2)
+    units = _crash_units()
+    records, _ = wire(units, 2)
+    codec = AvroCodec(str(schema))
+    avro = []
+    for record in records:
+        if record.partition >= RIGHT_PARTITIONS:
+            event = orjson.loads(record.value)
+            op = Op.parse(event.pop("op"))
+            record = record._replace(value=codec.encode(ChangelogEvent(op, event, None)))
+        avro.append(record)
+    bad = InputRecord(RIGHT_PARTITIONS + 1, max(r.offset for r in avro if r.partition == RIGHT_PARTITIONS + 1) + 1,
+                      b"{}", b"\x07not avro", len(avro))
+    run_batches(pipeline, [*avro, bad], [6], [True])
+    spec = pipeline.view.join
+    assert spec is not None
+    assert written(pipeline) == changelog(reference_join(spec, units).changes)
+    (letter,) = read_to_end({"bootstrap.servers": bootstrap_servers}, pipeline.dlq_topic)
+    dead = decode_dead_letter(letter.value())
+    assert (dead.topic, dead.partition, dead.offset) == (f"{name}.customers", 1, bad.offset)
+    assert dict(letter.headers() or [])["refold.cause"] == f"{name}.customers:1:{bad.offset}".encode()
