@@ -27,7 +27,7 @@ from test_join import as_units as numbered
 
 from refold.cli.produce import produce
 from refold.codecs.avro import AvroCodec
-from refold.config import Pipeline, ViewSpec, parse_pipeline
+from refold.config import Pipeline, ViewSpec, load_pipeline, parse_pipeline
 from refold.errors import UserError
 from refold.kafka.io import TopicSpec, ensure_topics, read_to_end
 from refold.model.changelog import ChangelogEvent, Op
@@ -480,3 +480,12 @@ def test_each_side_is_read_with_its_own_source_settings(bootstrap_servers: str, 
     dead = decode_dead_letter(letter.value())
     assert (dead.topic, dead.partition, dead.offset) == (f"{name}.customers", 1, bad.offset)
     assert dict(letter.headers() or [])["refold.cause"] == f"{name}.customers:1:{bad.offset}".encode()
+
+
+def test_the_example_join_pipeline_runs_as_a_join() -> None:
+    """examples/revenue.yaml: orders joined with customers, revenue summed by region."""
+    pipeline = load_pipeline("examples/revenue.yaml")
+    assert pipeline.run_refusal() is None
+    plan = plan_of(pipeline, 3)
+    assert plan.layout == "merged" and plan.first.name == "join" and plan.first.inputs == ("orders", "customers")
+    assert pipeline.view.key == ["region"]
