@@ -295,6 +295,9 @@ class Pipeline(_Model):
                     "use shards: merged (or leave shards out)")
         if self.outputs.materialize:
             return "outputs.materialize: not supported for joins (view.join) yet"
+        if not self.view.key and self.outputs.view is not None and self.outputs.view.emit == "per_batch":
+            return ("outputs.view.emit: per_batch nets a batch's records per key, and a join's rows are a multiset "
+                    "(keys may repeat): not supported for a join without a grouped view over it")
         if not self.view.key and self.outputs.delta is not None:
             return "outputs.delta: a join's rows are not reduced: delta updates need a grouped view over the join (key, columns)"
         ordered = [name for name, spec in self.view.columns.items() if spec.agg in ("first", "last", "last_write_wins")]

@@ -253,6 +253,9 @@ def test_a_join_in_shards_is_refused_in_one_line() -> None:
     assert "shards: merged" in refusal and "\n" not in refusal
     with pytest.raises(UserError, match=r"^shards: 3"):
         BatchProcessor(pipeline, {"bootstrap.servers": "127.0.0.1:1"})
+    netted = parse_pipeline({**pipeline.model_dump(by_alias=True, exclude={"source", "shards"}, exclude_none=True),
+                             "outputs": {"view": {"topic": "v", "emit": "per_batch"}}})
+    assert (netted.run_refusal() or "").startswith("outputs.view.emit: per_batch nets a batch's records per key")
 
 
 # through Spark ---------------------------------------------------------------------------
