@@ -48,6 +48,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from refold.config import Pipeline
 from refold.kafka.io import consumer_config, partitions_of
+from refold.plan import RIGHT_PARTITIONS
 from refold.runtime.processor import BatchStats
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,10 @@ class Monitor:
         self.pipeline = pipeline
         self.settings = settings
         self.topic = pipeline.source.topic
+        # the topics the lag counts, each with what its partitions are numbered from in the
+        # offsets (a join's right source's partition p is RIGHT_PARTITIONS + p)
+        self.sources = [(self.topic, 0)] + ([(pipeline.sources[pipeline.view.join.right].topic, RIGHT_PARTITIONS)]
+                                            if pipeline.view.join is not None else [])
         self.metrics = Metrics(pipeline.pipeline)
         self.port = metrics_port if metrics_port is not None else (pipeline.metrics.port if pipeline.metrics else None)
         self.quiet = quiet
@@ -187,7 +192,7 @@ class Monitor:
     def _tick(self, processor: _Offsets) -> None:
         consumer = Consumer(consumer_config(self.settings))
         try:
-            partitions = partitions_of(self.settings, self.topic)
+            partitions = {topic: partitions_of(self.settings, topic) for topic, _ in self.sources}
             measured = 0.0
             while True:
                 stopping = self._stop.is_set()
@@ -204,19 +209,20 @@ class Monitor:
         finally:
             consumer.close()
 
-    def _measure_lag(self, consumer: Consumer, partitions: list[int], committed: dict[int, int]) -> None:
+    def _measure_lag(self, consumer: Consumer, partitions: dict[str, list[int]], committed: dict[int, int]) -> None:
         total = 0
-        for partition in partitions:
-            try:
-                _low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, partition), timeout=5)
-            except KafkaException:
-                return
-            lag = max(high - committed.get(partition, 0), 0)
-            self.metrics.lag.labels(self.pipeline.pipeline, self.topic, str(partition)).set(lag)
-            total += lag
+        for topic, shift in self.sources:
+            for partition in partitions[topic]:
+                try:
+                    _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=5)
+                except KafkaException:
+                    return
+                lag = max(high - committed.get(shift + partition, 0), 0)
+                self.metrics.lag.labels(self.pipeline.pipeline, topic, str(partition)).set(lag)
+                total += lag
         self.lag = total
 
-    def _lag_after(self, consumer: Consumer | None, partitions: list[int], committed: dict[int, int],
+    def _lag_after(self, consumer: Consumer | None, partitions: dict[str, list[int]], committed: dict[int, int],
                    exact_limit: int = 0) -> int | None:
         """The source records still to read past `committed`, counted while within
         `exact_limit` offsets, else the offset distance (None when the broker does not say)."""
@@ -224,24 +230,28 @@ class Monitor:
 
         if consumer is None:
             return None
+        total = 0
         try:
-            ends = {}
-            for partition in partitions:
-                _low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, partition), timeout=5)
-                ends[partition] = high
-            rows = records_lag(self.settings, self.topic, committed, ends, exact_limit=exact_limit, timeout=2.0)
+            for topic, shift in self.sources:
+                ends = {}
+                for partition in partitions.get(topic, []):
+                    _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=5)
+                    ends[partition] = high
+                mine = {p - shift: o for p, o in committed.items() if (p >= RIGHT_PARTITIONS) == bool(shift)}
+                rows = records_lag(self.settings, topic, mine, ends, exact_limit=exact_limit, timeout=2.0)
+                total += sum(row.lag for row in rows)
         except Exception as exc:  # a lag the broker could not tell: the line says "?"
             log.debug("lag after the batch: %s", exc)
             return None
-        return sum(row.lag for row in rows)
+        return total
 
-    def _write_lines(self, consumer: Consumer | None, partitions: list[int] | None = None) -> None:
+    def _write_lines(self, consumer: Consumer | None, partitions: dict[str, list[int]] | None = None) -> None:
         while self._lines:
             stats, offsets, rate = self._lines.popleft()
             # the newest batch's lag counted; older lines still waiting (batches faster than
             # the count) get the offset distance, so the lines keep up with the batches
             exact_limit = _EXACT_LAG_LIMIT if not self._lines else 0
-            lag = self._lag_after(consumer, partitions or [], offsets, exact_limit)
+            lag = self._lag_after(consumer, partitions or {}, offsets, exact_limit)
             with contextlib.suppress(OSError, ValueError):  # a closed stream
                 print(self._line(stats, lag, rate), file=self.stream, flush=True)
 

@@ -193,6 +193,10 @@ def verify(pipeline: Pipeline, settings: Mapping[str, Any], *, exact_order: bool
     exactly the reference's (a windowed view's `late` ones included).
     """
     report = Report()
+    if pipeline.view.join is not None:  # the folded view against the reference join's table
+        from refold.ops.verifyjoin import verify_join
+
+        return verify_join(pipeline, settings, report)
     spec = pipeline.outputs.view
     changelog = spec is not None and spec.form in ("changelog", "retract")
     # the pipeline's layout as the engine settled it (`shards`, the view's partitioning)
