@@ -68,13 +68,29 @@ def parse_input(text: str) -> tuple[str, int, int]:
 
 
 class Fetcher:
-    """Single records of the source topic by (partition, offset), read_committed."""
+    """Single records of the source topic by (partition, offset), read_committed; those
+    `prefetch` named first come from one pass (traceread.fetch_offsets)."""
 
     def __init__(self, settings: dict[str, Any], topic: str) -> None:
         self.topic = topic
-        self.consumer = Consumer(consumer_config(settings, **{"enable.partition.eof": True}))
+        self.settings = settings
+        self.consumer = Consumer(consumer_config(settings, **traceread.SMALL_FETCHES))
+        self.consumer.list_topics(topic, timeout=30)  # its leaders first (a first poll that looks them up waits long)
+        self.fetched: dict[tuple[int, int], Message] = {}
+
+    def prefetch(self, headers: list[bytes]) -> None:
+        """The records these cause headers name, read in one pass per partition."""
+        wanted: dict[int, set[int]] = {}
+        for header in headers:
+            partition, offset = parse_cause(header)
+            wanted.setdefault(partition, set()).add(offset)
+        for partition, offsets in sorted(wanted.items()):
+            for msg in traceread.fetch_offsets(self.settings, self.topic, partition, sorted(offsets), consumer=self.consumer):
+                self.fetched[(partition, msg.offset())] = msg
 
     def fetch(self, partition: int, offset: int, timeout: float = 30.0) -> Message | None:
+        if (partition, offset) in self.fetched:
+            return self.fetched[(partition, offset)]
         self.consumer.assign([TopicPartition(self.topic, partition, offset)])
         while True:
             msg = self.consumer.poll(timeout)
@@ -218,6 +234,7 @@ def trace_key(pipeline: Pipeline, settings: dict[str, Any], key: dict[str, Any],
                 msgs += traceread.fetch_offsets(settings, topic, partition, inside)
         found = [msg for msg in msgs if msg.key() == wanted]
         found.sort(key=lambda msg: (msg.partition(), msg.offset()))
+        fetcher.prefetch([value for msg in found for name, value in _headers(msg).items() if name in (CAUSE, RETRACTS)])
         return [_record("view", msg, fetcher) for msg in found]
     finally:
         fetcher.close()

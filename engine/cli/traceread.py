@@ -26,6 +26,10 @@ from refold.runtime.traceindex import Entry, key_hash, parse
 log = logging.getLogger(__name__)
 
 GAP = 200  # offsets a fetch reads on rather than seeking again
+# a consumer that reads single records: no prefetching past what it asked for, and no
+# wait for its queue to drain before the next fetch (fetch.queue.backoff.ms is 1 s by default)
+SMALL_FETCHES = {"enable.partition.eof": True, "fetch.wait.max.ms": 10, "queued.min.messages": 1,
+                 "max.partition.fetch.bytes": 65536, "fetch.queue.backoff.ms": 0, "fetch.error.backoff.ms": 10}
 
 
 @dataclass
@@ -99,12 +103,13 @@ def input_ranges(settings: dict[str, Any], pipeline: Pipeline, partition: int,
 
 
 def fetch_offsets(settings: dict[str, Any], topic: str, partition: int, offsets: list[int],
-                  timeout: float = 30.0) -> list[Message]:
+                  timeout: float = 30.0, consumer: Consumer | None = None) -> list[Message]:
     """The committed records of `topic[partition]` at `offsets` (sorted), read_committed:
-    a seek to each run of nearby offsets, small fetches."""
-    consumer = Consumer(consumer_config(settings, **{
-        "enable.partition.eof": True, "fetch.wait.max.ms": 10, "queued.min.messages": 1,
-        "max.partition.fetch.bytes": 65536}))
+    a seek to each run of nearby offsets, small fetches (with `consumer`, one made with
+    `SMALL_FETCHES`, left open)."""
+    own = consumer is None
+    if consumer is None:
+        consumer = Consumer(consumer_config(settings, **SMALL_FETCHES))
     found: list[Message] = []
     try:
         i = 0
@@ -125,7 +130,8 @@ def fetch_offsets(settings: dict[str, Any], topic: str, partition: int, offsets:
                 if i < len(offsets) and offsets[i] - at > GAP:
                     break
     finally:
-        consumer.close()
+        if own:
+            consumer.close()
     return found
 
 

@@ -1,7 +1,7 @@
 """The trace index `P.trace`: where each view key's records are, written with them.
 
 Kafka has no lookup by key, so every shard batch that writes view records also writes,
-in the same transaction, one record to `P.trace` (partition = the shard's view
+in the same transaction, one record (one per `ENTRY_RECORDS` view records) to `P.trace` (partition = the shard's view
 partition, key `<writer>/<shard>`): the view partition's offsets the batch wrote, the
 64-bit hashes of the view keys it touched (sorted) with each key's records' positions
 in the batch, and the source offsets the batch consumed. `refold trace --key` reads
@@ -49,6 +49,7 @@ from refold.plan import checkpoint_key, tops_topic, trace_topic, view_partitioni
 from refold.recovery.records import Checkpoint
 
 VERSION = 1
+ENTRY_RECORDS = 40_000  # view records per index record at most: 16 bytes each at worst, 640 kB
 _HEAD = struct.Struct("<B3xiqIIIq4x")
 _SOURCE = struct.Struct("<i4xqq")
 
@@ -183,8 +184,9 @@ class IndexWriter:
                     start = min(start, held.offset)
                 if to > start:
                     sources.append((partition, start, to))
-        value = build_entry(view, self.shard, first, after.batch, sources)
-        writer.send(self.topic, self.key, value, partition=self.shard)
+        for at in range(0, len(view), ENTRY_RECORDS):  # (a record stays far below the broker's 1 MB default)
+            value = build_entry(view[at:at + ENTRY_RECORDS], self.shard, first + at, after.batch, sources)
+            writer.send(self.topic, self.key, value, partition=self.shard)
         self._end = int(high)
 
     def close(self) -> None:
