@@ -7,28 +7,35 @@ changed, from the cause headers (docs/provenance.md).
 - `--input TOPIC:PARTITION:OFFSET`: every view, delta and dead-letter record whose
   `refold.cause` is that event.
 
-How it searches: a scan of the view topic's partitions, bounded by `--since`/`--until`
-(offsets, per partition), reading message keys and headers; `--input` of a
-co-partitioned view with view partitioning `shard` scans one partition only (shard =
-source partition). Each cause is one fetch from the source topic.
+How it searches: through the trace index `P.trace` (refold.runtime.traceindex, read by
+refold.cli.traceread) when the pipeline has one — `--key` fetches only the view records
+the index names, `--input` reads only the view records of the batches that consumed the
+event — and by a scan of the view topic's partitions for what the index does not cover
+(a pipeline with no index, or a partition's records from before it), bounded by
+`--since`/`--until` (offsets, per partition), reading message keys and headers. The
+delta and dead-letter topics are scanned. Each cause is one fetch from the source topic.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 import orjson
 from confluent_kafka import Consumer, Message, TopicPartition
 
+from refold.cli import traceread
 from refold.config import Pipeline
 from refold.errors import UserError
 from refold.kafka.io import consumer_config, partitions_of, read_to_end
 from refold.model import jsonbytes
+from refold.plan import trace_topic
 from refold.recovery.records import view_partitioning
 from refold.runtime.render import CAUSE, RETRACTS, parse_cause
 from refold.runtime.shards import exchanged
+
+Note = Callable[[str], None]
 
 
 def output_key_names(pipeline: Pipeline) -> list[str]:
@@ -61,13 +68,29 @@ def parse_input(text: str) -> tuple[str, int, int]:
 
 
 class Fetcher:
-    """Single records of the source topic by (partition, offset), read_committed."""
+    """Single records of the source topic by (partition, offset), read_committed; those
+    `prefetch` named first come from one pass (traceread.fetch_offsets)."""
 
     def __init__(self, settings: dict[str, Any], topic: str) -> None:
         self.topic = topic
-        self.consumer = Consumer(consumer_config(settings, **{"enable.partition.eof": True}))
+        self.settings = settings
+        self.consumer = Consumer(consumer_config(settings, **traceread.SMALL_FETCHES))
+        self.consumer.list_topics(topic, timeout=30)  # its leaders first (a first poll that looks them up waits long)
+        self.fetched: dict[tuple[int, int], Message] = {}
+
+    def prefetch(self, headers: list[bytes]) -> None:
+        """The records these cause headers name, read in one pass per partition."""
+        wanted: dict[int, set[int]] = {}
+        for header in headers:
+            partition, offset = parse_cause(header)
+            wanted.setdefault(partition, set()).add(offset)
+        for partition, offsets in sorted(wanted.items()):
+            for msg in traceread.fetch_offsets(self.settings, self.topic, partition, sorted(offsets), consumer=self.consumer):
+                self.fetched[(partition, msg.offset())] = msg
 
     def fetch(self, partition: int, offset: int, timeout: float = 30.0) -> Message | None:
+        if (partition, offset) in self.fetched:
+            return self.fetched[(partition, offset)]
         self.consumer.assign([TopicPartition(self.topic, partition, offset)])
         while True:
             msg = self.consumer.poll(timeout)
@@ -165,23 +188,76 @@ def _print(record: dict[str, Any], as_json: bool, out: TextIO) -> None:
     out.write(line + "\n")
 
 
+def _in_bounds(offset: int, since: int | None, until: int | None) -> bool:
+    return (since is None or offset >= since) and (until is None or offset < until)
+
+
+def _scan_unindexed(settings: dict[str, Any], topic: str, coverage: traceread.Coverage, since: int | None,
+                    until: int | None, note: Note, only: list[int] | None = None) -> Iterator[Message]:
+    """The records of `topic`'s partitions the index does not cover, within the bounds."""
+    for partition, indexed_from in coverage.unindexed(partitions_of(settings, topic)).items():
+        if only is not None and partition not in only:
+            continue
+        start = since or 0
+        end = indexed_from if indexed_from >= 0 else None
+        if until is not None:
+            end = until if end is None else min(end, until)
+        if end is not None and end <= start:
+            continue
+        msgs = read_to_end(settings, topic, start={partition: start}, only=[partition])
+        for count, msg in enumerate(msgs):
+            if end is not None and msg.offset() >= end:
+                break
+            if count == 0:
+                note(f"{topic}[{partition}]: offsets {start}..{'' if end is None else end - 1} are not in the "
+                     f"trace index: scanning them")
+            yield msg
+
+
 def trace_key(pipeline: Pipeline, settings: dict[str, Any], key: dict[str, Any], *, since: int | None = None,
-              until: int | None = None) -> list[dict[str, Any]]:
+              until: int | None = None, note: Note = lambda _: None) -> list[dict[str, Any]]:
     """The key's view records, oldest first, each with its cause (and retracted cause)."""
     if pipeline.outputs.view is None:
         raise UserError("the pipeline has no view output to trace")
     wanted = view_message_key(pipeline, key)
+    topic = pipeline.outputs.view.topic
     fetcher = Fetcher(settings, pipeline.source.topic)
     try:
-        found = [msg for msg in _scan(settings, pipeline.outputs.view.topic, since, until) if msg.key() == wanted]
+        coverage = traceread.key_offsets(settings, pipeline, wanted)
+        if coverage is None:
+            note(f"no trace index ({trace_topic(pipeline)}): scanning {topic}")
+            msgs: list[Message] = list(_scan(settings, topic, since, until))
+        else:
+            msgs = list(_scan_unindexed(settings, topic, coverage, since, until, note))
+            for partition, offsets in sorted(coverage.wanted.items()):
+                inside = sorted(o for o in offsets if _in_bounds(o, since, until))
+                msgs += traceread.fetch_offsets(settings, topic, partition, inside)
+        found = [msg for msg in msgs if msg.key() == wanted]
         found.sort(key=lambda msg: (msg.partition(), msg.offset()))
+        fetcher.prefetch([value for msg in found for name, value in _headers(msg).items() if name in (CAUSE, RETRACTS)])
         return [_record("view", msg, fetcher) for msg in found]
     finally:
         fetcher.close()
 
 
+def _view_by_index(pipeline: Pipeline, settings: dict[str, Any], topic: str, partition: int, offset: int,
+                   since: int | None, until: int | None, only: list[int] | None, note: Note) -> list[Message] | None:
+    """`--input`'s view records through the index (None: no index to go by)."""
+    if exchanged(pipeline):
+        return None  # (its later stages' batches consume P.repartition: no source ranges)
+    found = traceread.input_ranges(settings, pipeline, partition, offset)
+    if found is None:
+        return None
+    coverage, ranges = found
+    msgs = list(_scan_unindexed(settings, topic, coverage, since, until, note, only))
+    for view_partition, first, end in ranges:
+        lo, hi = max(first, since or 0), end if until is None else min(end, until)
+        msgs += traceread.fetch_range(settings, topic, view_partition, lo, hi)
+    return msgs
+
+
 def trace_input(pipeline: Pipeline, settings: dict[str, Any], topic: str, partition: int, offset: int, *,
-                since: int | None = None, until: int | None = None) -> list[dict[str, Any]]:
+                since: int | None = None, until: int | None = None, note: Note = lambda _: None) -> list[dict[str, Any]]:
     """Every view, delta and dead-letter record that input event caused."""
     if topic != pipeline.source.topic:
         raise UserError(f"--input names topic {topic!r}; the pipeline's source is {pipeline.source.topic!r}")
@@ -197,8 +273,13 @@ def trace_input(pipeline: Pipeline, settings: dict[str, Any], topic: str, partit
         if kind == "view" and not exchanged(pipeline) and view_partitioning(pipeline) == "shard":
             only = [partition]  # shard = source partition: its view records are in its partition
         try:
-            msgs = list(_scan(settings, output, since if kind == "view" else None,
-                              until if kind == "view" else None, only))
+            indexed = None
+            if kind == "view":
+                indexed = _view_by_index(pipeline, settings, output, partition, offset, since, until, only, note)
+                if indexed is None:
+                    note(f"no trace index ({trace_topic(pipeline)}) to go by: scanning {output}")
+            msgs = indexed if indexed is not None else list(
+                _scan(settings, output, since if kind == "view" else None, until if kind == "view" else None, only))
         except Exception:  # a dead-letter topic that does not exist yet: nothing there
             if kind == "dead letter":
                 continue
@@ -208,8 +289,11 @@ def trace_input(pipeline: Pipeline, settings: dict[str, Any], topic: str, partit
 
 
 def run(pipeline: Pipeline, settings: dict[str, Any], *, key: str | None, input_: str | None, since: int | None,
-        until: int | None, as_json: bool, out: TextIO = sys.stdout) -> int:
+        until: int | None, as_json: bool, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """`refold trace`: prints the records; 0 when some were found, 1 when none."""
+    def note(text: str) -> None:
+        err.write(f"refold trace: {text}\n")
+
     if (key is None) == (input_ is None):
         raise UserError("name one of --key '{...}' and --input TOPIC:PARTITION:OFFSET")
     if key is not None:
@@ -219,11 +303,11 @@ def run(pipeline: Pipeline, settings: dict[str, Any], *, key: str | None, input_
             raise UserError(f"--key {key!r}: not JSON ({exc})") from None
         if not isinstance(parsed, dict):
             raise UserError(f"--key {key!r}: write a JSON object of the view's key columns")
-        records = trace_key(pipeline, settings, parsed, since=since, until=until)
+        records = trace_key(pipeline, settings, parsed, since=since, until=until, note=note)
     else:
         assert input_ is not None
         topic, partition, offset = parse_input(input_)
-        records = trace_input(pipeline, settings, topic, partition, offset, since=since, until=until)
+        records = trace_input(pipeline, settings, topic, partition, offset, since=since, until=until, note=note)
     for record in records:
         _print(record, as_json, out)
     return 0 if records else 1

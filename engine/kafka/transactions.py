@@ -272,6 +272,18 @@ class TransactionalWriter:
         except (KafkaException, SystemError) as exc:
             self._fail(exc)
 
+    def flush(self) -> None:
+        """Wait until every record sent so far in the open transaction is acknowledged
+        (by every in-sync replica: the producer is idempotent, acks=all); the transaction
+        stays open. Raises as `commit()` does when the cluster refused a record."""
+        producer = self._ready()
+        try:
+            producer.flush(_FLUSH_SECONDS)
+            if self._errors:
+                self._refused_deliveries()
+        except (KafkaException, SystemError) as exc:
+            self._fail(exc)
+
     def commit(self, consumed: Mapping[str, Mapping[int, int]] | None = None) -> None:
         """Commit the open transaction, with `consumed` (topic → partition → next offset)
         as the consumer group's offsets. Returns once committed; raises FencedError,

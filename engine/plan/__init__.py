@@ -22,6 +22,7 @@ from refold.plan.plan import (
     stage_writers,
     tops_state_topic,
     tops_topic,
+    trace_topic,
     view_key,
     view_partitioning,
     view_pipeline,
@@ -29,4 +30,4 @@ from refold.plan.plan import (
 
 __all__ = ["RIGHT_PARTITIONS", "Plan", "Source", "Stage", "Topic", "by_partition", "checkpoint_key", "close_id", "co_partitioned", "exchanged", "join_co_partitioned", "message_key",
            "plan_of", "rank_pipeline", "ranked_globally", "shard_writer", "stage2_shards", "stage_writers",
-           "tops_state_topic", "tops_topic", "view_key", "view_partitioning", "view_pipeline"]
+           "tops_state_topic", "tops_topic", "trace_topic", "view_key", "view_partitioning", "view_pipeline"]

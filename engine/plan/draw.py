@@ -6,7 +6,7 @@ from refold.plan.plan import Plan, Stage, Topic
 
 _ROLES = {"source": "source", "repartition": "routed units, a partition per stage-2 shard",
           "rows": "stage 1's live rows per message key", "tops": "the stage-2 shards' local tops",
-          "tops state": "stage 3's state", "view": "view", "delta": "delta", "dead letters": "dead letters",
+          "tops state": "stage 3's state", "view": "view", "trace": "trace index, partition = view partition", "delta": "delta", "dead letters": "dead letters",
           "state": "state, partition = shard", "checkpoints": "a record per stage writer and shard"}
 
 

@@ -141,6 +141,11 @@ def tops_topic(pipeline: Pipeline) -> str:
     return f"{pipeline.pipeline}.tops"
 
 
+def trace_topic(pipeline: Pipeline) -> str:
+    """The view's trace index (`refold.runtime.traceindex`), partitioned as the view."""
+    return f"{pipeline.pipeline}.trace"
+
+
 def tops_state_topic(pipeline: Pipeline) -> str:
     """A global Top-N's stage-3 state (compacted, one partition)."""
     return f"{pipeline.pipeline}.tops.state"
@@ -347,6 +352,8 @@ def plan_of(pipeline: Pipeline, partitions: int | None = None) -> Plan:
         else:
             count = by_shard if pipeline.view.is_top_n else max(made, by_shard)
         topics.append(Topic(view_out.topic, "view", count, compacted=view_out.form == "upsert"))
+        if pipeline.outputs.provenance and view_partitioning(pipeline) == "shard":  # (refold.runtime.traceindex)
+            topics.append(Topic(trace_topic(pipeline), "trace", count))
     if pipeline.outputs.delta is not None:
         topics.append(Topic(pipeline.outputs.delta.topic, "delta", made))
     return Plan(pipeline, layout, (source,), tuple(stages), tuple(topics),

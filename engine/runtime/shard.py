@@ -10,13 +10,11 @@ Start (`_start`): lock the store (a second attempt waits for the first), initial
 The reducer holds the keys the shard's batches touched (up to `spark.state_cache_keys`),
 loaded from the store before each batch. Every batch commits in one Kafka transaction of
 the shard: view, deltas, dead letters, `P.state` (partition = shard), the checkpoint
-(`P.checkpoints`, key `<writer>/<shard>`) and the consumed offsets; only then does the
-store take the same changes with the checkpoint's stamp, so it is never ahead of Kafka.
-Records the last checkpoint covers are dropped first (a replay writes nothing); a failed
-transaction runs the batch again (three times at most); a fence stops the shard.
+(`P.checkpoints`, key `<writer>/<shard>`), the consumed offsets and the trace index (`P.trace`,
+`refold.runtime.traceindex`); only then does the store take the same changes with the checkpoint's stamp, so it is never ahead of Kafka.
+Records the last checkpoint covers are dropped first (a replay writes nothing); a failed transaction runs the batch again (three times at most); a fence stops the shard.
 
-`suspend()` lets go of the store's lock between two Spark tasks; `resume()` takes it
-again and says whether the store still holds what this processor last committed.
+`suspend()` lets go of the store's lock between two Spark tasks; `resume()` takes it again and says whether the store still holds what this processor last committed.
 """
 
 from __future__ import annotations
@@ -65,6 +63,7 @@ from refold.runtime.native import (
 from refold.runtime.render import CAUSE, Renderer, UnitChanges
 from refold.runtime.shards import KeyCheck
 from refold.runtime.tables import LastRows, TableReader, is_table, reduce_table_rows, touched_by
+from refold.runtime.traceindex import IndexWriter
 from refold.state import Recovery, ShardId, ShardStore, Stamp, bring_to
 
 log = logging.getLogger(__name__)
@@ -141,6 +140,7 @@ class ShardProcessor:
         # outputs.materialize: Flow's protocol around each batch (refold.connectors.runtime),
         # fenced and checkpointed per shard (writer `<writer>-<shard>`)
         self.materializations = self._new_materializations(executor)
+        self.index = IndexWriter(pipeline, settings, shard)  # P.trace: where its view records are
         if start:
             try:
                 self._start()
@@ -252,6 +252,7 @@ class ShardProcessor:
                 self.materializations.close()
             self.writer.close()
         finally:
+            self.index.close()
             if self._watermarks is not None:
                 self._watermarks.close()
                 self._watermarks = None
@@ -494,6 +495,7 @@ class ShardProcessor:
             encode_checkpoint(checkpoint),
             partition=self.checkpoint_partition,
         )
+        self.index.write(writer, out.view, self.checkpoint, checkpoint)  # last: it flushes the rest first
         self.hooks.stall_in_transaction()
         self.hooks.crash_point("in_txn", checkpoint.batch)
         writer.commit(self._consumed(checkpoint.offsets))
