@@ -11,10 +11,13 @@
 //!
 //! - `window`: windowed grouped views, tumble and hop (refold.reduce.windowed)
 //!
+//! - `join`: equi-joins of two changelogs (refold.reduce.join), its class `JoinCore`
+//!
 //! This file is the Python interface: `GroupedCore`, `TopNCore`, `WindowCore` and
 //! `Unsupported`.
 
 mod core;
+mod join;
 mod json;
 mod statecodec;
 mod topn;
@@ -446,6 +449,8 @@ fn refold_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<GroupedCore>()?;
     m.add_class::<TopNCore>()?;
     m.add_class::<WindowCore>()?;
+    // the join (join/py.rs)
+    m.add_class::<join::py::JoinCore>()?;
     m.add_function(wrap_pyfunction!(_dumps, m)?)?;
     m.add_function(wrap_pyfunction!(_loads, m)?)?;
     Ok(())
