@@ -374,7 +374,7 @@ fn with_headers<'py>(py: Python<'py>, rejected: Vec<Bound<'py, PyAny>>, headers:
 /// `f()` with Python's cyclic collector paused, then as it was: a batch's records are
 /// tuples of bytes, ints and None, which make no cycles, and the collector would walk
 /// the heap again and again while a large batch of them is made.
-fn collector_paused<T>(f: impl FnOnce() -> T) -> T {
+pub(crate) fn collector_paused<T>(f: impl FnOnce() -> T) -> T {
     // SAFETY: called with the GIL held (from a method of a pyclass)
     let was_enabled = unsafe { pyo3::ffi::PyGC_Disable() };
     let out = f();

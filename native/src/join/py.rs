@@ -15,7 +15,7 @@ use super::{Event, Join, JoinPlan, Record};
 use crate::core::Fail;
 use crate::statecodec::DecodeError;
 use crate::value::{value_of, Row, Unsup, Value};
-use crate::Unsupported;
+use crate::{collector_paused, Unsupported};
 
 #[pyclass(module = "refold_native")]
 pub struct JoinCore {
@@ -23,6 +23,8 @@ pub struct JoinCore {
     /// `Op.APPEND`, `Op.RETRACT`, `Op.CORRECT_FROM`, `Op.CORRECT_TO`
     ops: Vec<Py<PyAny>>,
     view_change: Py<PyAny>,
+    /// `tuple.__new__`: makes a `ViewChange` without running its Python `__new__`
+    tuple_new: Py<PyAny>,
     rejected: Py<PyAny>,
     key_names: Py<PyTuple>,
 }
@@ -43,6 +45,7 @@ impl JoinCore {
             join: Join::new(plan),
             ops,
             view_change: types.getattr("ViewChange")?.unbind(),
+            tuple_new: py.get_type::<PyTuple>().getattr("__new__")?.unbind(),
             rejected: types.getattr("Rejected")?.unbind(),
             key_names,
         })
@@ -71,7 +74,7 @@ impl JoinCore {
     /// `Rejected` (nothing changed) when it retracts a row the side does not hold.
     fn apply<'py>(&mut self, py: Python<'py>, side: usize, unit: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
         match self.apply_unit(side, unit) {
-            Ok(records) => self.changes(py, records),
+            Ok(records) => collector_paused(|| self.changes(py, records)),
             Err(Fail::Reject(r)) => Err(PyErr::from_value(self.rejected.bind(py).call1((r.reason, r.index, r.detail))?)),
             Err(other) => Err(raise(other)),
         }
@@ -83,22 +86,7 @@ impl JoinCore {
     /// (`take_state_changes`). `Unsupported` leaves the units before the one it names
     /// applied: the caller goes on in Python from its store.
     fn apply_batch<'py>(&mut self, py: Python<'py>, units: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyTuple>> {
-        let mut rejected = Vec::new();
-        let mut changes = Vec::new();
-        for (number, item) in units.try_iter()?.enumerate() {
-            let item = item?;
-            let side: usize = item.get_item(0)?.extract()?;
-            match self.apply_unit(side, &item.get_item(1)?) {
-                Ok(records) => changes.push(self.changes(py, records)?.into_any()),
-                Err(Fail::Reject(r)) => {
-                    rejected.push((number, r.index, r.reason, r.detail).into_pyobject(py)?.into_any());
-                    changes.push(PyList::empty(py).into_any());
-                }
-                Err(other) => return Err(raise(other)),
-            }
-        }
-        let state = self.take_state_changes(py)?;
-        PyTuple::new(py, [PyList::new(py, rejected)?.into_any(), PyList::new(py, changes)?.into_any(), state.into_any()])
+        collector_paused(|| self.batch(py, units))
     }
 
     /// A join has no delta output (its rows are not reduced).
@@ -142,6 +130,26 @@ impl JoinCore {
 }
 
 impl JoinCore {
+    /// `apply_batch`'s work.
+    fn batch<'py>(&mut self, py: Python<'py>, units: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyTuple>> {
+        let mut rejected = Vec::new();
+        let mut changes = Vec::new();
+        for (number, item) in units.try_iter()?.enumerate() {
+            let item = item?;
+            let side: usize = item.get_item(0)?.extract()?;
+            match self.apply_unit(side, &item.get_item(1)?) {
+                Ok(records) => changes.push(self.changes(py, records)?.into_any()),
+                Err(Fail::Reject(r)) => {
+                    rejected.push((number, r.index, r.reason, r.detail).into_pyobject(py)?.into_any());
+                    changes.push(PyList::empty(py).into_any());
+                }
+                Err(other) => return Err(raise(other)),
+            }
+        }
+        let state = self.take_state_changes(py)?;
+        PyTuple::new(py, [PyList::new(py, rejected)?.into_any(), PyList::new(py, changes)?.into_any(), state.into_any()])
+    }
+
     fn apply_unit(&mut self, side: usize, unit: &Bound<'_, PyAny>) -> Result<Vec<Record>, Fail> {
         let side = check_side(side)?;
         let size = unit.len()?;
@@ -162,6 +170,7 @@ impl JoinCore {
     fn changes<'py>(&self, py: Python<'py>, records: Vec<Record>) -> PyResult<Bound<'py, PyList>> {
         let names = self.key_names.bind(py);
         let make = self.view_change.bind(py);
+        let new = self.tuple_new.bind(py);
         let mut out = Vec::with_capacity(records.len());
         let mut last: Option<(u8, Row, Bound<'py, PyAny>)> = None;
         for (op, row) in records {
@@ -177,7 +186,8 @@ impl JoinCore {
                 dict.set_item(&**name, value.to_py(py)?)?;
             }
             let key = PyTuple::new(py, self.join.plan.key.iter().map(|&k| row[k].1.to_py(py)).collect::<PyResult<Vec<_>>>()?)?;
-            let change = make.call1((self.ops[op as usize].bind(py), key, dict, names))?;
+            let fields = PyTuple::new(py, [self.ops[op as usize].bind(py).clone(), key.into_any(), dict.into_any(), names.clone().into_any()])?;
+            let change = new.call1((make, fields))?;
             out.push(change.clone());
             last = Some((op, row, change));
         }
