@@ -7,8 +7,9 @@ random earlier order retracted (`-R`) after every 20th (5%) and a random custome
 another region (`-C`/`+C`, so every joined row of its orders is corrected) after every
 100th order (10% of the customers at the defaults). The events are decoded rows in memory,
 in batches of `--batch` events; the reducer holds every join key (as `--store memory`):
-each batch is its units applied and its `P.state` records taken, nothing decoded, rendered
-or committed. So the figures are the reducers' own, beside the grouped reducers' over the
+each batch is its units applied and its `P.state` records taken, with Python's collector
+paused as a shard pauses it (`refold.runtime.collector`), nothing decoded, rendered or
+committed. So the figures are the reducers' own, beside the grouped reducers' over the
 same orders in the same run (sum and count of `amount` per `cust`: `GroupedReducer` with
 `take_state_changes`, `GroupedCore.apply_batch`, which also renders its view records as
 JSON) — not the shard path's figures of `--view grouped`, which decode and render too.
@@ -31,6 +32,7 @@ from refold.model.changelog import Op
 from refold.reduce import GroupedReducer, SourceEvent
 from refold.reduce.join import JoinReducer
 from refold.runtime.batch import InputRecord
+from refold.runtime.collector import collector_paused
 
 JOIN = JoinSpec(left="orders", right="customers", on=[("cust", "cid")], type="inner", key=["oid"],
                 columns={"oid": "orders.oid", "cust": "orders.cust", "amount": "orders.amount",
@@ -88,9 +90,10 @@ def run_units(reducer: Any, cut: list[list[JoinUnit]]) -> int:
     state records taken: `JoinReducer` or `JoinCore`, the drop-in."""
     records = 0
     for batch in cut:
-        for side, events in batch:
-            records += len(reducer.apply(side, events))
-        records += len(reducer.take_state_changes())
+        with collector_paused():
+            for side, events in batch:
+                records += len(reducer.apply(side, events))
+            records += len(reducer.take_state_changes())
     return records
 
 
@@ -104,8 +107,9 @@ def run_native_batch(cut: list[list[JoinUnit]]) -> int:
     core = native_join()
     records = 0
     for batch in cut:
-        _, changes, state = core.apply_batch(batch)
-        records += sum(map(len, changes)) + len(state)
+        with collector_paused():
+            _, changes, state = core.apply_batch(batch)
+            records += sum(map(len, changes)) + len(state)
     return records
 
 
@@ -119,10 +123,11 @@ def run_grouped_python(cut: list[list[JoinUnit]]) -> int:
     reducer = GroupedReducer(GROUPED)
     records = 0
     for batch in cut:
-        for side, events in batch:
-            if side == 0:
-                records += len(reducer.apply(events))
-        records += len(reducer.take_state_changes())
+        with collector_paused():
+            for side, events in batch:
+                if side == 0:
+                    records += len(reducer.apply(events))
+            records += len(reducer.take_state_changes())
     return records
 
 
@@ -133,8 +138,9 @@ def run_grouped_native(units: list[list[tuple[tuple[SourceEvent, InputRecord], .
                                      "changelog", False)
     records = 0
     for batch in units:
-        _, view, _, state = core.apply_batch(batch)
-        records += len(view) + len(state)
+        with collector_paused():
+            _, view, _, state = core.apply_batch(batch)
+            records += len(view) + len(state)
     return records
 
 

@@ -9,7 +9,7 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
 
 use super::{Event, Join, JoinPlan, Record};
 use crate::core::Fail;
@@ -23,8 +23,8 @@ pub struct JoinCore {
     /// `Op.APPEND`, `Op.RETRACT`, `Op.CORRECT_FROM`, `Op.CORRECT_TO`
     ops: Vec<Py<PyAny>>,
     view_change: Py<PyAny>,
-    /// `tuple.__new__`: makes a `ViewChange` without running its Python `__new__`
-    tuple_new: Py<PyAny>,
+    /// the output columns' names, in output order
+    out_names: Vec<Py<PyString>>,
     rejected: Py<PyAny>,
     key_names: Py<PyTuple>,
 }
@@ -37,15 +37,20 @@ impl JoinCore {
     #[new]
     fn new(py: Python<'_>, on: (Vec<String>, Vec<String>), outputs: Vec<(String, usize, String)>, key: Vec<String>, kind: String) -> PyResult<Self> {
         let key_names = PyTuple::new(py, &key)?.unbind();
+        let outputs_names: Vec<String> = outputs.iter().map(|(name, _, _)| name.clone()).collect();
         let plan = JoinPlan::new([on.0, on.1], outputs, key, &kind).map_err(PyValueError::new_err)?;
         let op = py.import("refold.model.changelog")?.getattr("Op")?;
         let ops = (0..4u8).map(|code| op.call1((code,)).map(Bound::unbind)).collect::<PyResult<Vec<_>>>()?;
         let types = py.import("refold.reduce.types")?;
+        let view_change = types.getattr("ViewChange")?;
+        if !view_change.cast::<PyType>()?.is_subclass_of::<PyTuple>()? || view_change.getattr("__slots__")?.len()? != 0 {
+            return Err(PyValueError::new_err("ViewChange is not a NamedTuple"));
+        }
         Ok(JoinCore {
             join: Join::new(plan),
             ops,
-            view_change: types.getattr("ViewChange")?.unbind(),
-            tuple_new: py.get_type::<PyTuple>().getattr("__new__")?.unbind(),
+            view_change: view_change.unbind(),
+            out_names: outputs_names.iter().map(|n| PyString::new(py, n).unbind()).collect(),
             rejected: types.getattr("Rejected")?.unbind(),
             key_names,
         })
@@ -170,7 +175,6 @@ impl JoinCore {
     fn changes<'py>(&self, py: Python<'py>, records: Vec<Record>) -> PyResult<Bound<'py, PyList>> {
         let names = self.key_names.bind(py);
         let make = self.view_change.bind(py);
-        let new = self.tuple_new.bind(py);
         let mut out = Vec::with_capacity(records.len());
         let mut last: Option<(u8, Row, Bound<'py, PyAny>)> = None;
         for (op, row) in records {
@@ -182,16 +186,38 @@ impl JoinCore {
                 }
             }
             let dict = PyDict::new(py);
-            for (name, value) in &row {
-                dict.set_item(&**name, value.to_py(py)?)?;
+            let mut values = Vec::with_capacity(row.len());
+            for ((_, value), name) in row.iter().zip(&self.out_names) {
+                let value = value.to_py(py)?;
+                dict.set_item(name.bind(py), &value)?;
+                values.push(value);
             }
-            let key = PyTuple::new(py, self.join.plan.key.iter().map(|&k| row[k].1.to_py(py)).collect::<PyResult<Vec<_>>>()?)?;
-            let fields = PyTuple::new(py, [self.ops[op as usize].bind(py).clone(), key.into_any(), dict.into_any(), names.clone().into_any()])?;
-            let change = new.call1((make, fields))?;
+            let key = PyTuple::new(py, self.join.plan.key.iter().map(|&k| &values[k]))?;
+            let fields = [self.ops[op as usize].bind(py).clone(), key.into_any(), dict.into_any(), names.clone().into_any()];
+            let change = view_change(py, make, fields)?;
             out.push(change.clone());
             last = Some((op, row, change));
         }
         PyList::new(py, out)
+    }
+}
+
+/// `ViewChange(op, key, row, key_names)`, made as `tuple.__new__(ViewChange, fields)`
+/// makes it (a `NamedTuple`'s own `__new__` is Python code), without a call.
+fn view_change<'py>(py: Python<'py>, class: &Bound<'py, PyAny>, fields: [Bound<'py, PyAny>; 4]) -> PyResult<Bound<'py, PyAny>> {
+    let class = class.cast::<PyType>()?;
+    // SAFETY: `ViewChange` is a tuple subclass without slots of its own (a NamedTuple):
+    // its allocator makes a tuple of 4 empty items (the collector tolerates them empty),
+    // each then set once with a reference it owns
+    unsafe {
+        let ptr = pyo3::ffi::PyType_GenericAlloc(class.as_type_ptr(), 4);
+        if ptr.is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        for (i, field) in fields.into_iter().enumerate() {
+            pyo3::ffi::PyTuple_SET_ITEM(ptr, i as pyo3::ffi::Py_ssize_t, field.into_ptr());
+        }
+        Ok(Bound::from_owned_ptr(py, ptr))
     }
 }
 
