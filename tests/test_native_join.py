@@ -12,7 +12,9 @@ touches, as a shard does, from the records the batches committed.
 from __future__ import annotations
 
 import itertools
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -20,11 +22,16 @@ import pytest
 import refold_native
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_join import Shard
+from test_join import changelogs as join_changelogs
+from test_join import records as join_records
+from test_join import spec_of as join_spec_of
 
 from refold.config import JoinSpec
 from refold.model.changelog import Op
 from refold.reduce import Rejected, SourceEvent, ViewChange
 from refold.reduce.join import JoinReducer, state_prefix
+from refold.reference_joins import reference_join
 from refold.runtime.native import join_reducer
 
 Unit = tuple[int, list[SourceEvent]]
@@ -211,3 +218,42 @@ def test_the_selector() -> None:
     assert isinstance(join_reducer(spec, "python"), JoinReducer)
     assert isinstance(join_reducer(spec, "auto"), refold_native.JoinCore)
     assert isinstance(join_reducer(spec, "native"), refold_native.JoinCore)
+
+
+class AlternatingShard(Shard):
+    """`test_join`'s shard (a real RocksDB store) whose reducer is the native core and
+    the Python one in turn: each new one loads what it touches from the other's records."""
+
+    def __init__(self, spec: JoinSpec, root: Path) -> None:
+        super().__init__(spec, root)
+        self.turns = 0
+        self.forget()
+
+    def forget(self) -> None:
+        self.turns += 1
+        self.reducer = native(self.spec) if self.turns % 2 else JoinReducer(self.spec)
+        self.held = set()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(units=join_changelogs(), kind=st.sampled_from(["inner", "left", "full"]), data=st.data())
+def test_a_store_written_by_one_continues_in_the_other(units: list[Unit], kind: str, data: st.DataObject) -> None:
+    """Through a shard's store, the reducers taking turns batch by batch give the
+    reference join's records and refusals."""
+    spec = join_spec_of(kind, ["id"])
+    cuts = sorted(set(data.draw(st.lists(st.integers(0, len(units)), min_size=1, max_size=6), label="cuts")))
+    expected = reference_join(spec, units)
+    changes: list[ViewChange] = []
+    refused: list[int] = []
+    with tempfile.TemporaryDirectory() as root:
+        shard = AlternatingShard(spec, Path(root))
+        try:
+            for start, end in itertools.pairwise([0, *cuts, len(units)]):
+                got, bad = shard.run(units[start:end])
+                changes.extend(got)
+                refused.extend(start + index for index in bad)
+                shard.forget()
+        finally:
+            shard.close()
+    assert refused == [index for index, _ in expected.rejected]
+    assert join_records(changes) == join_records(expected.changes)
