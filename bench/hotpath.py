@@ -30,6 +30,7 @@ when none is running.
     python -m bench.hotpath [--events 200000] [--keys 20000] [--batch 100000] [--repeat 2]
                             [--store rocksdb|memory] [--core python,native]
                             [--view grouped|top_n|tumble|hop|session] [--lateness 10m]
+    python -m bench.hotpath --view join [--orders 100000] [--customers 10000] [--batch 10000]
 
 `--core` runs each reduction core in turn (`spark.core`; default both, then their
 ratio): `python` the Python reducer, `native` the Rust core (`refold_native`).
@@ -39,6 +40,9 @@ over a time column `at` each row carries (its `+A`'s event time, kept by its `-R
 tumble 1m, hop 1m every 30s, session gap 30s, with `--lateness` (default none: no
 window closes). A core that does not run the view (the native core and sessions) is
 said so and left out.
+
+`--view join` runs the join's reducers alone, in memory, without a broker
+(`bench.hotpath_join`: its own options).
 """
 
 from __future__ import annotations
@@ -166,6 +170,13 @@ def windowed_spec(spec: Pipeline, kind: str, lateness: str | None) -> Pipeline:
 
 
 def main(argv: list[str] | None = None) -> int:
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--view")
+    chosen, rest = first.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if chosen.view == "join":  # the join's reducers (bench.hotpath_join), no broker
+        from bench.hotpath_join import main as join_main
+
+        return join_main(rest)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--keys", type=int, default=20_000)

@@ -23,6 +23,12 @@ A `WindowCore` runs a windowed grouped view with a tumble or hop window (emit
 `per_event`) as `WindowedReducer` does (tests/test_native_windows.py): its refusals
 carry a fifth item, their headers (a `late` event's window and the watermark). Session
 windows, a windowed Top-N and `emit: final` reduce in Python.
+
+A `JoinCore` is a drop-in for `JoinReducer` (`join_reducer` picks one by `spark.core`):
+the same methods, records, state records and refusals (tests/test_native_join.py), and
+`apply_batch` for a batch's units of both sides in one call. For a value outside what it
+holds it raises `Unsupported` before the unit changes anything; the shard then goes on
+with a `JoinReducer` from its store.
 """
 
 from __future__ import annotations
@@ -30,10 +36,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from refold.config import Pipeline
+from refold.config import JoinSpec, Pipeline
 from refold.errors import ConfigError
 from refold.model.reasons import Reason
 from refold.recovery.records import PendingRecord
+from refold.reduce.join import JoinReducer
 from refold.runtime.batch import (
     DeadLetters,
     InputRecord,
@@ -130,6 +137,19 @@ def native_core(pipeline: Pipeline) -> Any | None:
     return core
 
 
+def join_reducer(spec: JoinSpec, setting: str = "auto") -> Any:
+    """The join's reducer for `spark.core` = `setting`: the native `JoinCore` (`auto`,
+    `native`) or `JoinReducer` (`python`, or `auto` without a built core); ConfigError
+    for `native` without one."""
+    if setting == "python":
+        return JoinReducer(spec)
+    if refold_native is None:
+        if setting == "native":
+            raise ConfigError("native, but the native core (refold_native) is not built", where="spark.core")
+        return JoinReducer(spec)
+    return refold_native.JoinCore(spec.sides_on, spec.outputs, spec.output_key, spec.type)
+
+
 def reads_natively(pipeline: Pipeline) -> bool:
     """Whether the native core may read the pipeline's records itself (`read_batch`)."""
     return pipeline.source.format == "jsonl" and pipeline.view.where is None and not is_table(pipeline)
@@ -178,4 +198,4 @@ def read_batch(core: Any, reader: UnitReader, fresh: Sequence[InputRecord],
     return NativeRead(records, set(touched), pending_out)
 
 
-__all__ = ["NativeRead", "Unsupported", "core_of", "native_core", "read_batch", "reads_natively", "refusal_shown", "why_not"]
+__all__ = ["NativeRead", "Unsupported", "core_of", "join_reducer", "native_core", "read_batch", "reads_natively", "refusal_shown", "why_not"]

@@ -11,10 +11,13 @@
 //!
 //! - `window`: windowed grouped views, tumble and hop (refold.reduce.windowed)
 //!
+//! - `join`: equi-joins of two changelogs (refold.reduce.join), its class `JoinCore`
+//!
 //! This file is the Python interface: `GroupedCore`, `TopNCore`, `WindowCore` and
 //! `Unsupported`.
 
 mod core;
+mod join;
 mod json;
 mod statecodec;
 mod topn;
@@ -371,7 +374,7 @@ fn with_headers<'py>(py: Python<'py>, rejected: Vec<Bound<'py, PyAny>>, headers:
 /// `f()` with Python's cyclic collector paused, then as it was: a batch's records are
 /// tuples of bytes, ints and None, which make no cycles, and the collector would walk
 /// the heap again and again while a large batch of them is made.
-fn collector_paused<T>(f: impl FnOnce() -> T) -> T {
+pub(crate) fn collector_paused<T>(f: impl FnOnce() -> T) -> T {
     // SAFETY: called with the GIL held (from a method of a pyclass)
     let was_enabled = unsafe { pyo3::ffi::PyGC_Disable() };
     let out = f();
@@ -446,6 +449,8 @@ fn refold_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<GroupedCore>()?;
     m.add_class::<TopNCore>()?;
     m.add_class::<WindowCore>()?;
+    // the join (join/py.rs)
+    m.add_class::<join::py::JoinCore>()?;
     m.add_function(wrap_pyfunction!(_dumps, m)?)?;
     m.add_function(wrap_pyfunction!(_loads, m)?)?;
     Ok(())
