@@ -259,7 +259,11 @@ impl Core {
     /// Forget a key (a window that closed): the fingerprints of its live rows, whose
     /// records (and its summary's) the caller tombstones; None when it was not held.
     pub(crate) fn forget_key(&mut self, kj: &[u8]) -> Option<Vec<Fp>> {
-        self.keys.remove(kj).map(|state| state.rows.into_keys().collect())
+        let state = self.keys.remove(kj)?;
+        if state.slot != NO_SLOT {
+            self.batch.ended.insert(KeyBytes::from(kj), state.slot);
+        }
+        Some(state.rows.into_keys().collect())
     }
 
     /// `GroupedReducer.view()`: {key tuple: view row dict}.
