@@ -211,7 +211,7 @@ pub(crate) fn headers<'py>(
     let list = pyo3::types::PyList::new(py, [cause.clone()])?;
     if let Some(retracted) = retracts {
         let value = pyo3::types::PyBytes::new(py, &cause_bytes(retracted));
-        list.append(pyo3::types::PyTuple::new(py, [pyo3::types::PyString::new(py, "refold.retracts").into_any(), value.into_any()])?)?;
+        list.append(pyo3::types::PyTuple::new(py, [pyo3::intern!(py, "refold.retracts").clone().into_any(), value.into_any()])?)?;
     }
     Ok(list.into_any())
 }
@@ -219,7 +219,7 @@ pub(crate) fn headers<'py>(
 /// The `("refold.cause", value)` header of a cause, made once per unit.
 pub(crate) fn cause_header<'py>(py: Python<'py>, cause: Cause) -> PyResult<Bound<'py, PyAny>> {
     let value = pyo3::types::PyBytes::new(py, &cause_bytes(cause));
-    Ok(pyo3::types::PyTuple::new(py, [pyo3::types::PyString::new(py, "refold.cause").into_any(), value.into_any()])?.into_any())
+    Ok(pyo3::types::PyTuple::new(py, [pyo3::intern!(py, "refold.cause").clone().into_any(), value.into_any()])?.into_any())
 }
 
 fn fits_i64(n: i128) -> Result<i64, Unsup> {

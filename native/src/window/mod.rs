@@ -332,22 +332,39 @@ impl WindowCore {
         if extra.is_empty() {
             return Ok(());
         }
-        let mut all: Vec<(Vec<u8>, Bound<'py, PyAny>)> = Vec::with_capacity(out.state.len() + extra.len());
-        for record in out.state.drain(..) {
-            let key: Vec<u8> = record.get_item(0)?.cast::<PyBytes>()?.as_bytes().to_vec();
-            all.push((key, record));
-        }
-        for (key, value) in extra {
+        // the core's records are in record-key order already: the few others merged in,
+        // of a record key both wrote the core's kept
+        extra.sort_by(|a, b| a.0.cmp(&b.0));
+        let record = |key: &[u8], value: Option<Vec<u8>>| -> PyResult<Bound<'py, PyAny>> {
             let value = match value {
                 Some(v) => PyBytes::new(py, &v).into_any(),
                 None => py.None().into_bound(py),
             };
-            let record = PyTuple::new(py, [PyBytes::new(py, &key).into_any(), value])?.into_any();
-            all.push((key, record));
+            Ok(PyTuple::new(py, [PyBytes::new(py, key).into_any(), value])?.into_any())
+        };
+        let core = std::mem::take(&mut out.state);
+        out.state.reserve(core.len() + extra.len());
+        let mut extra = extra.into_iter().peekable();
+        for written in core {
+            {
+                let item = written.cast::<PyTuple>()?.get_borrowed_item(0)?;
+                let key = item.cast::<PyBytes>()?;
+                let key = key.as_bytes();
+                while let Some((k, _)) = extra.peek() {
+                    if k.as_slice() > key {
+                        break;
+                    }
+                    let (k, value) = extra.next().expect("peeked");
+                    if k.as_slice() < key {
+                        out.state.push(record(&k, value)?);
+                    }
+                }
+            }
+            out.state.push(written);
         }
-        all.sort_by(|a, b| a.0.cmp(&b.0)); // stable: of a record key both wrote, the core's first
-        all.dedup_by(|later, first| later.0 == first.0);
-        out.state.extend(all.into_iter().map(|(_, record)| record));
+        for (k, value) in extra {
+            out.state.push(record(&k, value)?);
+        }
         Ok(())
     }
 
