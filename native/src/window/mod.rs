@@ -11,6 +11,8 @@
 //! watermark moves on and closes what ends at or before it (the key is forgotten, its
 //! `P.state` records become tombstones at the batch's end).
 
+mod kinds;
+mod session;
 mod time;
 
 use std::cmp::Reverse;
@@ -28,6 +30,8 @@ use crate::json::{write_int, write_str};
 use crate::statecodec::{self, KEY_SUMMARY};
 use crate::value::{Unsup, Value};
 
+pub use self::kinds::Windowed;
+pub use self::session::SessionCore;
 pub use self::time::{parse_iso, time_text};
 use self::time::{event_time_of, EventTime};
 
