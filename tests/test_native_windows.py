@@ -2,9 +2,9 @@
 against the Python path they replace (`WindowedReducer` + `Renderer`), byte for byte:
 view, delta and state records and refusals (`late` and `bad event time` with their detail
 and headers) over random windowed changelogs (tests/window_changelogs.py: out-of-order
-and late times, ISO text, bad times, late corrections), tumble and hop with and without
-a lateness, every view form, random batch cuts, and restarts where each core restores
-from the `P.state` records the other one wrote."""
+and late times, ISO text, bad times, late corrections), tumble, hop and session windows
+with and without a lateness, every view form, random batch cuts, and restarts where each
+core restores from the `P.state` records the other one wrote."""
 
 from __future__ import annotations
 
@@ -148,6 +148,38 @@ def test_tumble_and_hop_are_byte_for_byte_the_python_path(data: st.DataObject) -
     event(run_both(windowed_pipeline(kind, lateness, form, delta), batches, restarts, floats))
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_sessions_are_byte_for_byte_the_python_path(data: st.DataObject) -> None:
+    # merges (an event between two sessions), splits (a retraction of the row that
+    # joined them), corrections moving a row to another session, late events and the
+    # `late` dead letters past the lateness, sessions closing, random batch cuts
+    lateness = data.draw(st.sampled_from([None, "0ms", "5ms", "20ms"]))
+    form = data.draw(st.sampled_from(["changelog", "retract", "upsert"]))  # (a session view has no delta output)
+    floats = data.draw(st.integers(0, 4)) == 0
+    units = data.draw(window_changelogs(values=NUMBERS if floats else INTS, invalid=data.draw(st.booleans())))
+    batches = data.draw(batched(units))
+    restarts = data.draw(st.lists(st.booleans(), min_size=len(batches), max_size=len(batches)))
+    event(run_both(windowed_pipeline("session", lateness, form, False), batches, restarts, floats))
+
+
+def test_a_session_merges_and_splits_as_python_does() -> None:
+    from refold.model.changelog import Op
+    a = [({"k": "a", "ts": 100, "v": 1}, (1, 0, 0)), ({"k": "a", "ts": 118, "v": 2}, (2, 0, 1)),
+         ({"k": "a", "ts": 109, "v": 3}, (3, 0, 2))]  # two sessions (gap 10ms), then the row that joins them
+    batch = [[SourceEvent(Op.APPEND, row, tag)] for row, tag in a]
+    batch.append([SourceEvent(Op.RETRACT, {"k": "a", "ts": 109, "v": 3}, (4, 0, 3))])  # split again
+    pipeline = windowed_pipeline("session", None, "changelog", False)
+    assert run_both(pipeline, [batch], [False], False) == "ok"
+    core = native_core(pipeline)
+    assert core is not None
+    view = [orjson.loads(v) for _, v, _, _ in core.apply_batch(_units(batch))[1]]
+    assert [(r["op"], r["window_start"], r["window_end"], r["total"]) for r in view] == [
+        ("+A", 100, 110, 1), ("+A", 118, 128, 2),
+        ("-C", 100, 110, 1), ("+C", 100, 128, 6), ("-R", 118, 128, 2),
+        ("-C", 100, 128, 6), ("+C", 100, 110, 1), ("+A", 118, 128, 2)]
+
+
 def test_late_events_beyond_the_horizon_are_dead_lettered_as_python_does() -> None:
     from refold.model.changelog import Op
     rows = [({"k": "a", "ts": 100, "v": 1}, (1, 0, 0)), ({"k": "a", "ts": 200, "v": 2}, (2, 0, 1)),
@@ -169,12 +201,14 @@ def test_late_events_beyond_the_horizon_are_dead_lettered_as_python_does() -> No
                               ("refold.watermark", "195"))
 
 
-def test_the_native_core_takes_tumble_and_hop_and_says_why_not_the_rest() -> None:
+def test_the_native_core_takes_tumble_hop_and_session_and_says_why_not_the_rest() -> None:
     assert why_not(windowed_pipeline("tumble", "5ms", "changelog", True)) is None
     assert why_not(windowed_pipeline("hop", None, "retract", False)) is None
+    assert why_not(windowed_pipeline("session", "5ms", "upsert", False)) is None
     assert isinstance(native_core(windowed_pipeline("hop", None, None, True)), refold_native.WindowCore)
+    assert isinstance(native_core(windowed_pipeline("session", None, "changelog", False)), refold_native.WindowCore)
     for pipeline, said in [
-        (windowed_pipeline("session", None, "changelog", False), "session windows"),
+        (windowed_pipeline("session", "5ms", "changelog", False, emit="final"), "emit: final"),
         (windowed_pipeline("tumble", "5ms", "changelog", False, emit="final"), "emit: final"),
         (windowed_pipeline("tumble", None, "changelog", False, top_n=True), "windowed Top-N"),
     ]:

@@ -214,14 +214,18 @@ def test_state_records_restore_a_reducer_that_goes_on_as_the_first() -> None:
         assert second(later) == first(later)
 
 
-def test_session_windows_reduce_in_python_and_a_native_core_asked_for_is_refused() -> None:
-    pipeline = parse_pipeline({
+def test_session_windows_reduce_natively_and_with_emit_final_a_native_core_asked_for_is_refused() -> None:
+    raw: dict[str, Any] = {
         "pipeline": "w", "source": {"topic": "s"}, "spark": {"core": "native"},
-        "view": {"key": ["team"], "columns": {"n": {"count": "*"}}, "window": {"time": "ts", "session": {"gap": "1h"}}},
-        "outputs": {"view": {"topic": "w.view"}}})
-    assert "session windows" in (why_not(pipeline) or "")
-    with pytest.raises(ConfigError, match="session windows"):
-        native_core(pipeline)
+        "view": {"key": ["team"], "columns": {"n": {"count": "*"}},
+                 "window": {"time": "ts", "session": {"gap": "1h"}, "lateness": "1h"}},
+        "outputs": {"view": {"topic": "w.view"}}}
+    assert why_not(parse_pipeline(raw)) is None
+    assert native_core(parse_pipeline(raw)) is not None
+    raw["outputs"]["view"]["emit"] = "final"
+    assert "emit: final" in (why_not(parse_pipeline(raw)) or "")
+    with pytest.raises(ConfigError, match="emit: final"):
+        native_core(parse_pipeline(raw))
 
 
 @pytest.mark.parametrize(("extra", "setting"), [

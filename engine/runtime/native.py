@@ -19,10 +19,10 @@ For a `jsonl` changelog without `view.where` the core also reads the batch's rec
 Python object per event, when every record is clean; a batch with anything Python would
 dead-letter or read otherwise goes through `UnitReader` as before (core/read.rs).
 
-A `WindowCore` runs a windowed grouped view with a tumble or hop window (emit
+A `WindowCore` runs a windowed grouped view with a tumble, hop or session window (emit
 `per_event`) as `WindowedReducer` does (tests/test_native_windows.py): its refusals
-carry a fifth item, their headers (a `late` event's window and the watermark). Session
-windows, a windowed Top-N and `emit: final` reduce in Python.
+carry a fifth item, their headers (a `late` event's window and the watermark). A
+windowed Top-N and `emit: final` reduce in Python.
 
 A `JoinCore` is a drop-in for `JoinReducer` (`join_reducer` picks one by `spark.core`):
 the same methods, records, state records and refusals (tests/test_native_join.py), and
@@ -69,8 +69,6 @@ def why_not(pipeline: Pipeline) -> str | None:
     outputs = pipeline.outputs
     window = pipeline.view.window
     if window is not None:
-        if window.kind == "session":
-            return "session windows (view.window.session) reduce in Python"
         if pipeline.view.top_n is not None:
             return "a windowed Top-N reduces in Python"
         if outputs.view is not None and outputs.view.emit == "final":
@@ -121,6 +119,7 @@ def native_core(pipeline: Pipeline) -> Any | None:
             window.size_ms,
             window.slide_ms,
             window.lateness_ms,
+            window.gap_ms if window.kind == "session" else None,
         )
     if view.top_n is not None:
         top_n = view.top_n

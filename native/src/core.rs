@@ -211,7 +211,7 @@ pub(crate) fn headers<'py>(
     let list = pyo3::types::PyList::new(py, [cause.clone()])?;
     if let Some(retracted) = retracts {
         let value = pyo3::types::PyBytes::new(py, &cause_bytes(retracted));
-        list.append(pyo3::types::PyTuple::new(py, [pyo3::types::PyString::new(py, "refold.retracts").into_any(), value.into_any()])?)?;
+        list.append(pyo3::types::PyTuple::new(py, [pyo3::intern!(py, "refold.retracts").clone().into_any(), value.into_any()])?)?;
     }
     Ok(list.into_any())
 }
@@ -219,7 +219,7 @@ pub(crate) fn headers<'py>(
 /// The `("refold.cause", value)` header of a cause, made once per unit.
 pub(crate) fn cause_header<'py>(py: Python<'py>, cause: Cause) -> PyResult<Bound<'py, PyAny>> {
     let value = pyo3::types::PyBytes::new(py, &cause_bytes(cause));
-    Ok(pyo3::types::PyTuple::new(py, [pyo3::types::PyString::new(py, "refold.cause").into_any(), value.into_any()])?.into_any())
+    Ok(pyo3::types::PyTuple::new(py, [pyo3::intern!(py, "refold.cause").clone().into_any(), value.into_any()])?.into_any())
 }
 
 fn fits_i64(n: i128) -> Result<i64, Unsup> {
@@ -259,7 +259,11 @@ impl Core {
     /// Forget a key (a window that closed): the fingerprints of its live rows, whose
     /// records (and its summary's) the caller tombstones; None when it was not held.
     pub(crate) fn forget_key(&mut self, kj: &[u8]) -> Option<Vec<Fp>> {
-        self.keys.remove(kj).map(|state| state.rows.into_keys().collect())
+        let state = self.keys.remove(kj)?;
+        if state.slot != NO_SLOT {
+            self.batch.ended.insert(KeyBytes::from(kj), state.slot);
+        }
+        Some(state.rows.into_keys().collect())
     }
 
     /// `GroupedReducer.view()`: {key tuple: view row dict}.

@@ -62,13 +62,25 @@ fn int_digits(buf: &mut [u8], n: i128) -> &[u8] {
     let mut i = buf.len();
     let negative = n < 0;
     let mut m = n.unsigned_abs();
-    loop {
+    // 128-bit division is a library call: the digits past 64 bits first, then in u64
+    while m > u128::from(u64::MAX) {
         i -= 1;
         buf[i] = b'0' + (m % 10) as u8;
         m /= 10;
-        if m == 0 {
-            break;
-        }
+    }
+    let mut m = m as u64;
+    while m >= 100 {
+        let pair = (m % 100) as usize * 2;
+        m /= 100;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+    }
+    if m >= 10 {
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&DIGIT_PAIRS[m as usize * 2..m as usize * 2 + 2]);
+    } else {
+        i -= 1;
+        buf[i] = b'0' + m as u8;
     }
     if negative {
         i -= 1;
@@ -76,6 +88,13 @@ fn int_digits(buf: &mut [u8], n: i128) -> &[u8] {
     }
     &buf[i..]
 }
+
+/// "00" to "99", side by side.
+const DIGIT_PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+2021222324252627282930313233343536373839\
+4041424344454647484950515253545556575859\
+6061626364656667686970717273747576777879\
+8081828384858687888990919293949596979899";
 
 /// Append a finite float as orjson 3.13 writes it (the callers refuse NaN and infinities).
 pub fn write_float(out: &mut Vec<u8>, x: f64) {

@@ -31,7 +31,7 @@ use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyTuple};
 
 use crate::core::{Core, Fail, Plan, RestoreFail, Router};
 use crate::topn::{TopN, TopPlan};
-use crate::window::{Headers, WindowCore as Windowed, WindowOut, WindowPlan};
+use crate::window::{Headers, SessionCore, WindowCore as FixedCore, WindowOut, WindowPlan, Windowed};
 
 create_exception!(
     refold_native,
@@ -271,7 +271,7 @@ impl TopNCore {
     }
 }
 
-/// A windowed grouped view's (tumble or hop) reducer and renderer in one: the
+/// A windowed grouped view's (tumble, hop or session) reducer and renderer in one: the
 /// interface of `GroupedCore` a shard uses, each refusal with a fifth item, its headers
 /// (a `late` event's window and the watermark).
 #[pyclass(module = "refold_native")]
@@ -282,9 +282,10 @@ struct WindowCore {
 #[pymethods]
 impl WindowCore {
     /// `size`, `slide` (a tumble: = size) and `lateness` (None: windows never close) in
-    /// milliseconds; `time` the event-time column.
+    /// milliseconds; `time` the event-time column; a `gap` makes session windows (size
+    /// and slide unused).
     #[new]
-    #[pyo3(signature = (key_columns, columns, view_form, delta, time, size, slide, lateness))]
+    #[pyo3(signature = (key_columns, columns, view_form, delta, time, size, slide, lateness, gap = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -296,15 +297,26 @@ impl WindowCore {
         size: i64,
         slide: i64,
         lateness: Option<i64>,
+        gap: Option<i64>,
     ) -> PyResult<Self> {
         if key_columns.is_empty() {
             return Err(PyValueError::new_err("a grouped view needs at least one key column"));
         }
-        if size <= 0 || slide <= 0 || slide > size || lateness.is_some_and(|l| l < 0) {
-            return Err(PyValueError::new_err("a window needs 0 < slide <= size and a lateness of at least 0"));
+        if lateness.is_some_and(|l| l < 0) {
+            return Err(PyValueError::new_err("a window needs a lateness of at least 0"));
+        }
+        if let Some(gap) = gap {
+            if gap <= 0 {
+                return Err(PyValueError::new_err("a session window needs a gap above 0"));
+            }
+            let core = SessionCore::new(py, key_columns, columns, view_form, time, gap, lateness)?;
+            return Ok(WindowCore { core: Windowed::Session(core) });
+        }
+        if size <= 0 || slide <= 0 || slide > size {
+            return Err(PyValueError::new_err("a window needs 0 < slide <= size"));
         }
         let window = WindowPlan { time, size, slide, lateness };
-        Ok(WindowCore { core: Windowed::new(py, key_columns, columns, view_form, delta, window)? })
+        Ok(WindowCore { core: Windowed::Fixed(FixedCore::new(py, key_columns, columns, view_form, delta, window)?) })
     }
 
     /// `WindowedReducer.restore(records)`: the watermark's record and every view record.

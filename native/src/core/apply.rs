@@ -302,8 +302,11 @@ impl Core {
     /// `_checked(event, index)`: the event's key and row fingerprint (for a removal,
     /// `live_fingerprint` against the key's live rows), and its summed values.
     fn checked<'a>(&mut self, event: &'a Ev, index: usize) -> Result<Checked<'a>, Fail> {
-        let row = event.row.as_slice();
-        let adds = event.op == 0 || event.op == 3;
+        self.checked_row(event.row.as_slice(), event.op == 0 || event.op == 3, event.tag, index)
+    }
+
+    /// `_checked` of a row added (`adds`) or removed with its tag.
+    fn checked_row<'a>(&mut self, row: &'a [(Box<str>, Value)], adds: bool, tag: Tag, index: usize) -> Result<Checked<'a>, Fail> {
         let key = self.checked_key(row, index)?;
         let plan = &self.plan;
         let mut sums = Vec::with_capacity(plan.sum_names.len());
@@ -329,7 +332,36 @@ impl Core {
                 fp = live_fingerprint(&mut self.scratch, row, fp, |fp| state.rows.contains_key(fp));
             }
         }
-        Ok(Checked { adds, key, fp, row, tag: event.tag, sums, nonnull })
+        Ok(Checked { adds, key, fp, row, tag, sums, nonnull })
+    }
+
+    /// The view columns of one key's rows, each (row, tag) a copy, as a fresh
+    /// `GroupedReducer` makes them (a session's, crate::window::session): the core is
+    /// empty before and after. A row Python would refuse is Unsupported (it refuses it
+    /// after the session changed).
+    pub(crate) fn values_of<'a>(&mut self, copies: impl Iterator<Item = (&'a [(Box<str>, Value)], Tag)>) -> Result<Vec<Value>, Fail> {
+        let mut key: Option<Vec<u8>> = None;
+        let mut result = Ok(());
+        for (row, tag) in copies {
+            let added = self.checked_row(row, true, tag, 0).and_then(|c| {
+                self.add(&c)?;
+                key.get_or_insert(c.key);
+                Ok(())
+            });
+            if let Err(err) = added {
+                result = Err(err);
+                break;
+            }
+        }
+        let values = match (result, &key) {
+            (Ok(()), Some(key)) => Self::view_row(&self.plan, &self.keys[key.as_slice()]).map_err(Fail::Unsup),
+            (Ok(()), None) => Err(Fail::Unsup(Unsup::new("a session without rows"))),
+            (Err(Fail::Reject(r)), _) => Err(Fail::Unsup(Unsup(format!("a session row Python refuses ({})", r.reason)))),
+            (Err(err), _) => Err(err),
+        };
+        self.keys.clear();
+        self.batch.clear();
+        values
     }
 
     // apply ---------------------------------------------------------------------------

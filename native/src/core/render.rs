@@ -10,7 +10,7 @@ use pyo3::types::{PyBytes, PyTuple};
 use super::apply::{BatchOut, UnitRecords};
 use super::plan::{Agg, Form, Layout, Src};
 use super::state::{slot_starts, Batch};
-use super::{fits_i64, Core, Fail, NO_SLOT};
+use super::{fits_i64, Core, Fail, KeyBytes, NO_SLOT};
 use crate::json::{write_i128, write_int, write_str};
 use crate::statecodec::{self, Tag, KEY_SUMMARY, LIVE_ROW};
 use crate::value::{Scalar, Unsup, Value};
@@ -41,6 +41,9 @@ impl Core {
         let mut held = None;
         if entry.get().total == 0 {
             let state = entry.remove();
+            if state.slot != NO_SLOT {
+                batch.ended.insert(KeyBytes::from(key), state.slot);
+            }
             (old, old_cause) = (state.view, state.cause);
             new = None;
         } else {
@@ -121,7 +124,8 @@ impl Core {
     /// summary (`[key]`), as `,` sorts before `]`.
     pub(crate) fn take_deltas<'py>(&mut self, py: Python<'py>, out: &mut BatchOut<'py>) -> Result<(), Fail> {
         let plan = &self.plan;
-        let Batch { keys: touched, sums, nonnull, mut values, mut contribs, mut rows, causes, .. } = std::mem::take(&mut self.batch);
+        let mut batch = std::mem::take(&mut self.batch);
+        let Batch { keys: touched, sums, nonnull, values, contribs, rows, causes, .. } = &mut batch;
         let n = touched.len();
         rows.sort_unstable();
         rows.dedup();
@@ -257,6 +261,8 @@ impl Core {
             statecodec::summary_key(buf, kj);
             out.state.push(pair(py, bytes(py, buf), value)?);
         }
+        batch.clear();
+        self.batch = batch;
         Ok(())
     }
 }

@@ -62,8 +62,8 @@ impl KeyState {
 pub(super) struct Batch {
     /// the key's JSON and its `_Delta.total`, by slot
     pub(super) keys: Vec<(KeyBytes, i64)>,
-    /// the slots of keys, for a key that ended and came back within the batch
-    pub(super) slots: Map<KeyBytes, u32>,
+    /// the slots of the keys that ended within the batch, for one that comes back
+    pub(super) ended: Map<KeyBytes, u32>,
     /// `_Delta.sums` (slot * sum columns + column) and `_Delta.nonnull`
     pub(super) sums: Vec<i128>,
     pub(super) nonnull: Vec<i64>,
@@ -77,6 +77,20 @@ pub(super) struct Batch {
     pub(super) causes: Vec<Cause>,
     /// the cause of the unit being applied
     pub(super) cause: Cause,
+}
+
+impl Batch {
+    /// Empty for the next batch, its room kept.
+    pub(super) fn clear(&mut self) {
+        self.keys.clear();
+        self.ended.clear();
+        self.sums.clear();
+        self.nonnull.clear();
+        self.values.clear();
+        self.contribs.clear();
+        self.rows.clear();
+        self.causes.clear();
+    }
 }
 
 /// Where each slot's items are in a vector sorted by slot: `starts[slot]..starts[slot + 1]`.
@@ -157,14 +171,18 @@ impl Core {
         sign: i64,
     ) -> Result<(), Fail> {
         if state.slot == NO_SLOT {
-            let Batch { keys, slots, sums, nonnull, causes, .. } = &mut *batch;
-            state.slot = *slots.entry_ref(c.key.as_slice()).or_insert_with(|| {
-                keys.push((KeyBytes::from(c.key.as_slice()), 0));
-                causes.push((0, 0));
-                sums.resize(sums.len() + plan.sum_names.len(), 0);
-                nonnull.resize(nonnull.len() + plan.nonnull_names.len(), 0);
-                (keys.len() - 1) as u32
-            });
+            // a new slot, unless the key ended earlier in the batch and came back
+            state.slot = match batch.ended.get(c.key.as_slice()) {
+                Some(&slot) => slot,
+                None => {
+                    let Batch { keys, sums, nonnull, causes, .. } = &mut *batch;
+                    keys.push((KeyBytes::from(c.key.as_slice()), 0));
+                    causes.push((0, 0));
+                    sums.resize(sums.len() + plan.sum_names.len(), 0);
+                    nonnull.resize(nonnull.len() + plan.nonnull_names.len(), 0);
+                    (keys.len() - 1) as u32
+                }
+            };
         }
         let at = state.slot;
         batch.rows.push((at, c.fp));

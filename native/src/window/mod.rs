@@ -11,6 +11,8 @@
 //! watermark moves on and closes what ends at or before it (the key is forgotten, its
 //! `P.state` records become tombstones at the batch's end).
 
+mod kinds;
+mod session;
 mod time;
 
 use std::cmp::Reverse;
@@ -28,6 +30,8 @@ use crate::json::{write_int, write_str};
 use crate::statecodec::{self, KEY_SUMMARY};
 use crate::value::{Unsup, Value};
 
+pub use self::kinds::Windowed;
+pub use self::session::SessionCore;
 pub use self::time::{parse_iso, time_text};
 use self::time::{event_time_of, EventTime};
 
@@ -69,6 +73,12 @@ pub struct WindowCore {
     headers: Option<Headers>,
     prepared: Option<Vec<Vec<Ev>>>,
     converted: Option<(Py<PyAny>, Vec<Vec<Ev>>)>,
+    // a unit's scratch, kept for its capacity: its events' times, its events per
+    // window and the event each came of, the windows to close (end, key JSON)
+    times: Vec<(i64, bool)>,
+    expanded: Vec<Ev>,
+    origin: Vec<usize>,
+    windows: Vec<(i64, Box<[u8]>)>,
 }
 
 /// One batch out: `BatchOut` and, per refusal, its headers.
@@ -135,6 +145,10 @@ impl WindowCore {
             headers: None,
             prepared: None,
             converted: None,
+            times: Vec::new(),
+            expanded: Vec::new(),
+            origin: Vec::new(),
+            windows: Vec::new(),
         })
     }
 
@@ -150,13 +164,21 @@ impl WindowCore {
         Some(i128::from(self.max_time?) - i128::from(self.window.lateness?))
     }
 
-    /// `WindowedReducer.apply(unit)` (tumble, hop); its records into `records`.
-    fn apply_unit<'py>(&mut self, py: Python<'py>, events: &[Ev], records: &mut UnitRecords<'py>) -> Result<i64, Fail> {
-        let mut keys: Vec<Vec<u8>> = Vec::with_capacity(events.len());
+    /// `WindowedReducer.apply(unit)` (tumble, hop); its records into `records`. Each
+    /// event's row moves into its last window's (the others get a copy): the unit is
+    /// spent, applied or refused.
+    fn apply_unit<'py>(&mut self, py: Python<'py>, events: &mut [Ev], records: &mut UnitRecords<'py>) -> Result<i64, Fail> {
+        // the windows' keys are only wanted to close them
+        let closes = self.window.lateness.is_some();
+        let mut keys: Vec<Vec<u8>> = Vec::with_capacity(if closes { events.len() } else { 0 });
         for (index, event) in events.iter().enumerate() {
-            keys.push(self.checks.checked_key(&event.row, index)?); // the view's own checks come first
+            let key = self.checks.checked_key(&event.row, index)?; // the view's own checks come first
+            if closes {
+                keys.push(key);
+            }
         }
-        let mut times: Vec<(i64, bool)> = Vec::with_capacity(events.len());
+        let times = &mut self.times;
+        times.clear();
         for (index, event) in events.iter().enumerate() {
             match event_time_of(&event.row, &self.window.time, &self.time_shown)? {
                 EventTime::At(t, text) => times.push((t, text)),
@@ -165,11 +187,12 @@ impl WindowCore {
         }
         let wm = self.watermark();
         let (size, slide) = (i128::from(self.window.size), i128::from(self.window.slide));
-        let mut expanded: Vec<Ev> = Vec::with_capacity(events.len() * (self.window.size / self.window.slide).max(1) as usize);
-        let mut origin: Vec<usize> = Vec::with_capacity(expanded.capacity());
-        let mut windows: Vec<(i64, Box<[u8]>)> = Vec::with_capacity(expanded.capacity());
+        let (expanded, origin, windows) = (&mut self.expanded, &mut self.origin, &mut self.windows);
+        expanded.clear();
+        origin.clear();
+        windows.clear();
         let too_far = || Unsup::new("an event time whose windows pass 64 bits");
-        for (index, (event, &(t, text))) in events.iter().zip(&times).enumerate() {
+        for (index, (event, &(t, text))) in events.iter_mut().zip(self.times.iter()).enumerate() {
             let t = i128::from(t);
             let first = (t - size).div_euclid(slide) * slide + slide; // the earliest window holding t
             if let Some(wm) = wm {
@@ -182,28 +205,31 @@ impl WindowCore {
                     return Err(reject(LATE, index, Some(detail)));
                 }
             }
-            let key = &keys[index];
+            let last = t - (t - first).rem_euclid(slide); // the latest window's start
             let mut start = first;
-            while start <= t {
+            while start <= last {
                 let s = i64::try_from(start).map_err(|_| too_far())?;
                 let e = i64::try_from(start + size).map_err(|_| too_far())?;
                 let (Some(sv), Some(ev)) = (bound(s, text), bound(e, text)) else {
                     return Err(reject(BAD_TIME, index, Some("its window falls outside years 1-9999".into())));
                 };
-                // the window's key JSON: the view key's, then its bounds
-                let mut kj = Vec::with_capacity(key.len() + 48);
-                kj.extend_from_slice(&key[..key.len() - 1]);
-                for v in [&sv, &ev] {
-                    kj.push(b',');
-                    match v {
-                        Value::Int(n) => write_int(&mut kj, *n),
-                        Value::Str(x) => write_str(&mut kj, x),
-                        _ => unreachable!("a bound is an int or text"),
+                if closes {
+                    // the window's key JSON: the view key's, then its bounds
+                    let key = &keys[index];
+                    let mut kj = Vec::with_capacity(key.len() + 48);
+                    kj.extend_from_slice(&key[..key.len() - 1]);
+                    for v in [&sv, &ev] {
+                        kj.push(b',');
+                        match v {
+                            Value::Int(n) => write_int(&mut kj, *n),
+                            Value::Str(x) => write_str(&mut kj, x),
+                            _ => unreachable!("a bound is an int or text"),
+                        }
                     }
+                    kj.push(b']');
+                    windows.push((e, kj.into_boxed_slice()));
                 }
-                kj.push(b']');
-                windows.push((e, kj.into_boxed_slice()));
-                let mut row = event.row.clone();
+                let mut row = if start == last { std::mem::take(&mut event.row) } else { event.row.clone() };
                 set(&mut row, START, sv);
                 set(&mut row, END, ev);
                 expanded.push(Ev { op: event.op, row, tag: event.tag, record: event.record });
@@ -211,20 +237,21 @@ impl WindowCore {
                 start += slide;
             }
         }
-        let ts = match self.inner.apply_unit(py, &expanded, records) {
+        let ts = match self.inner.apply_unit(py, expanded, records) {
             Ok(ts) => ts,
             Err(Fail::Reject(r)) => return Err(Fail::Reject(Rejected { index: origin[r.index], ..r })),
             Err(other) => return Err(other),
         };
-        if self.window.lateness.is_some() {
-            for (end, kj) in windows {
+        if closes {
+            for (end, kj) in windows.drain(..) {
                 if self.inner.holds(&kj) && !self.open.contains(&kj) {
                     self.open.insert(kj.clone());
                     self.closing.push(Reverse((end, kj)));
                 }
             }
         }
-        self.advance(times.iter().map(|t| t.0).max().expect("a unit has events"));
+        let latest = self.times.iter().map(|t| t.0).max().expect("a unit has events");
+        self.advance(latest);
         Ok(ts)
     }
 
@@ -248,7 +275,7 @@ impl WindowCore {
     }
 
     /// One batch's units, as `Core::apply_units`, with each refusal's headers.
-    pub fn apply_units<'py>(&mut self, py: Python<'py>, units: &[Vec<Ev>]) -> Result<WindowOut<'py>, Fail> {
+    pub fn apply_units<'py>(&mut self, py: Python<'py>, units: &mut [Vec<Ev>]) -> Result<WindowOut<'py>, Fail> {
         let mut out = BatchOut {
             rejected: Vec::new(),
             view: Vec::with_capacity(if self.form.is_some() { units.len() * 2 } else { 0 }),
@@ -258,7 +285,7 @@ impl WindowCore {
         let mut headers = Vec::new();
         let mut records: UnitRecords<'py> = Vec::with_capacity(4);
         let retract = self.form == Some(Form::Retract);
-        for (unit_index, events) in units.iter().enumerate() {
+        for (unit_index, events) in units.iter_mut().enumerate() {
             if events.is_empty() {
                 return Err(Fail::Unsup(Unsup::new("an empty unit")));
             }
@@ -309,33 +336,50 @@ impl WindowCore {
         if extra.is_empty() {
             return Ok(());
         }
-        let mut all: Vec<(Vec<u8>, Bound<'py, PyAny>)> = Vec::with_capacity(out.state.len() + extra.len());
-        for record in out.state.drain(..) {
-            let key: Vec<u8> = record.get_item(0)?.cast::<PyBytes>()?.as_bytes().to_vec();
-            all.push((key, record));
-        }
-        for (key, value) in extra {
+        // the core's records are in record-key order already: the few others merged in,
+        // of a record key both wrote the core's kept
+        extra.sort_by(|a, b| a.0.cmp(&b.0));
+        let record = |key: &[u8], value: Option<Vec<u8>>| -> PyResult<Bound<'py, PyAny>> {
             let value = match value {
                 Some(v) => PyBytes::new(py, &v).into_any(),
                 None => py.None().into_bound(py),
             };
-            let record = PyTuple::new(py, [PyBytes::new(py, &key).into_any(), value])?.into_any();
-            all.push((key, record));
+            Ok(PyTuple::new(py, [PyBytes::new(py, key).into_any(), value])?.into_any())
+        };
+        let core = std::mem::take(&mut out.state);
+        out.state.reserve(core.len() + extra.len());
+        let mut extra = extra.into_iter().peekable();
+        for written in core {
+            {
+                let item = written.cast::<PyTuple>()?.get_borrowed_item(0)?;
+                let key = item.cast::<PyBytes>()?;
+                let key = key.as_bytes();
+                while let Some((k, _)) = extra.peek() {
+                    if k.as_slice() > key {
+                        break;
+                    }
+                    let (k, value) = extra.next().expect("peeked");
+                    if k.as_slice() < key {
+                        out.state.push(record(&k, value)?);
+                    }
+                }
+            }
+            out.state.push(written);
         }
-        all.sort_by(|a, b| a.0.cmp(&b.0)); // stable: of a record key both wrote, the core's first
-        all.dedup_by(|later, first| later.0 == first.0);
-        out.state.extend(all.into_iter().map(|(_, record)| record));
+        for (k, value) in extra {
+            out.state.push(record(&k, value)?);
+        }
         Ok(())
     }
 
     /// `apply_units` over Python units (read into `Ev`s by `touched` just before, when it
     /// was given the same list).
     pub fn apply_batch<'py>(&mut self, py: Python<'py>, units: &Bound<'py, PyAny>) -> Result<WindowOut<'py>, Fail> {
-        let units = match self.converted.take() {
+        let mut units = match self.converted.take() {
             Some((list, converted)) if list.bind(py).is(units) => converted,
             _ => units_of(units)?,
         };
-        self.apply_units(py, &units)
+        self.apply_units(py, &mut units)
     }
 
     /// `state_key` (the view key) of every event, each once.
@@ -358,8 +402,8 @@ impl WindowCore {
 
     /// `apply_units` over what `read` kept; each refusal names its unit's records.
     pub fn apply_read<'py>(&mut self, py: Python<'py>) -> Result<(WindowOut<'py>, Vec<Vec<u32>>), Fail> {
-        let units = self.prepared.take().unwrap_or_default();
-        let out = self.apply_units(py, &units)?;
+        let mut units = self.prepared.take().unwrap_or_default();
+        let out = self.apply_units(py, &mut units)?;
         let records = refused_records(&units, &out.out.rejected);
         Ok((out, records))
     }
