@@ -280,11 +280,27 @@ class Pipeline(_Model):
                 raise ValueError(f"{where} is not a source of sources: ({', '.join(self.sources)})")
 
     def run_refusal(self) -> str | None:
-        """Why the engine cannot run this pipeline yet (None: it can). A join's reducer
-        and its reference exist; the runtime's stages for it come with the plan."""
-        if self.view.join is not None:
-            return ("view.join: the engine does not run joins yet (the join reducer runs in its tests only); "
-                    "`refold explain` and validation accept the file")
+        """Why the engine cannot run this pipeline yet (None: it can)."""
+        join = self.view.join
+        if join is None:
+            return None
+        for name in (join.left, join.right):
+            source = self.sources[name]
+            if source.form != "changelog" or source.format == "debezium-json":
+                return (f"sources.{name}: a join reads changelog sources (form: changelog, jsonl or avro) yet; "
+                        "a table source (form upsert, debezium-json) does not run in a join")
+        if isinstance(self.shards, int):
+            return (f"shards: {self.shards}: a join runs co-partitioned (both sources keyed by their join columns "
+                    "with equal partition counts) or merged; a join through the exchange is not built yet: "
+                    "use shards: merged (or leave shards out)")
+        if self.outputs.materialize:
+            return "outputs.materialize: not supported for joins (view.join) yet"
+        if not self.view.key and self.outputs.delta is not None:
+            return "outputs.delta: a join's rows are not reduced: delta updates need a grouped view over the join (key, columns)"
+        ordered = [name for name, spec in self.view.columns.items() if spec.agg in ("first", "last", "last_write_wins")]
+        if ordered:
+            return (f"view.columns.{ordered[0]}: {self.view.columns[ordered[0]].agg} orders rows by their input event; "
+                    "over a join's rows it is not supported yet")
         return None
 
     @model_validator(mode="after")
@@ -350,6 +366,8 @@ class Pipeline(_Model):
         """Why the view cannot re-group in shards (None: it can): they are for a view that
         re-groups a jsonl changelog keyed by `source.key`."""
         view_key = self.view.top_n.partition_by if self.view.top_n is not None else self.view.key
+        if self.view.join is not None:
+            return None  # (`run_refusal` says what a join runs in)
         if self.view.window is not None:
             return "a windowed view's watermark advances in one shard's input order: it runs merged"
         if not self.source.key:

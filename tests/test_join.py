@@ -395,22 +395,22 @@ def test_grouped_join_sql_equals_duckdb(units: list[Unit], kind: str) -> None:
                                        option=orjson.OPT_SORT_KEYS) for row in expected.elements())
 
 
-def test_the_runtime_refuses_a_join_pipeline_in_one_line() -> None:
-    """A join pipeline validates; the engine refuses to run it, before it reads Kafka or
-    starts Spark, with one line naming view.join."""
+def test_the_runtime_refuses_a_join_in_shards_in_one_line() -> None:
+    """A join in `shards: M` validates; the engine refuses to run it, before it reads Kafka
+    or starts Spark, with one line naming shards and saying to use shards: merged."""
     from refold.config import parse_pipeline
     from refold.errors import UserError
     from refold.runtime.processor import BatchProcessor
     from refold.spark.job import run_pipeline
 
     pipeline = parse_pipeline({
-        "pipeline": "revenue", "outputs": {"view": {"topic": "revenue"}},
+        "pipeline": "revenue", "outputs": {"view": {"topic": "revenue"}}, "shards": 4,
         "sources": {"orders": {"topic": "orders"}, "customers": {"topic": "customers"}},
         "view": {"sql": "SELECT c.region, SUM(o.amount) AS revenue FROM orders o JOIN customers c "
                         "ON o.cust = c.cid GROUP BY c.region"},
     })
     for run in (lambda: BatchProcessor(pipeline, {"bootstrap.servers": "127.0.0.1:1"}),
                 lambda: run_pipeline(pipeline, "127.0.0.1:1")):
-        with pytest.raises(UserError, match=r"^view.join: the engine does not run joins yet") as raised:
+        with pytest.raises(UserError, match=r"^shards: 4: a join runs co-partitioned .* use shards: merged") as raised:
             run()
         assert "\n" not in str(raised.value)

@@ -99,12 +99,11 @@ def pipeline(**parts: Any) -> dict[str, Any]:
     return {"pipeline": "p", "outputs": {"view": {"topic": "out"}}, **parts}
 
 
-def test_a_join_pipeline_parses_and_is_refused_at_start() -> None:
+def test_a_join_pipeline_parses_and_runs() -> None:
     p = parse_pipeline(pipeline(sources=SOURCES, view={"join": JOIN}))
     assert p.view.join is not None and p.view.join.type == "left"
     assert p.source.topic == "orders-topic"  # the first of sources:
-    refusal = p.run_refusal()
-    assert refusal is not None and refusal.startswith("view.join: the engine does not run joins yet")
+    assert p.run_refusal() is None
     grouped = parse_pipeline(pipeline(sources=SOURCES, view={"join": JOIN, "key": ["region"],
                                                              "columns": {"revenue": {"sum": "amount"}}}))
     assert grouped.view.key == ["region"]

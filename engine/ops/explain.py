@@ -23,7 +23,11 @@ from refold.runtime.native import core_of
 def view_spec(pipeline: Pipeline) -> dict[str, Any]:
     """The `view:` mapping of the pipeline's view without its `sql` (the YAML twin)."""
     view = pipeline.view
-    where = {"where": view.where} if view.where is not None else {}
+    where: dict[str, Any] = {"where": view.where} if view.where is not None else {}
+    if view.join is not None:
+        where["join"] = view.join.model_dump(exclude_none=True)
+        if not view.key:
+            return where
     if view.window is not None:
         where["window"] = view.window.model_dump(exclude_none=True)
     if view.top_n is not None:
@@ -85,7 +89,11 @@ def summary(plan: Plan) -> str:
         lines.append(f"# window: {window_text(pipeline)}")
     source = plan.sources[0]
     keys = ", ".join(source.key) or "(none)"
-    if plan.layout == "co-partitioned":
+    if view.join is not None:
+        topics = " and ".join(s.topic for s in plan.sources)
+        lines.append(f"# shards: one per partition pair of {topics} (both keyed by their join columns)"
+                     if plan.layout == "co-partitioned" else f"# shards: one, merging every partition of {topics}")
+    elif plan.layout == "co-partitioned":
         lines.append(f"# shards: one per partition of {source.topic} (messages keyed by {keys}, "
                      f"within the view's grouping {', '.join(view_key(view))})")
     elif plan.layout == "exchanged":
@@ -102,7 +110,7 @@ def summary(plan: Plan) -> str:
         grouping = ", ".join(view_key(view)) or "none: a global Top-N"
         lines.append(f"# shards: one, merging every partition of {source.topic} (messages keyed by "
                      f"{keys}; the view groups by {grouping})")
-    lines.append(f"# reduces in: {core_of(pipeline)}")
+    lines.append(f"# reduces in: {core_of(pipeline) if view.join is None else 'Python (the join reducer)'}")
     if pipeline.outputs.view is not None:
         output = pipeline.outputs.view
         partitioned = {"key": "partitioned by key (murmur2)", "shard": "a partition per writing shard"}.get(

@@ -1,5 +1,6 @@
 """`refold status`: committed offsets, lag, last batch and counters of a pipeline, and
-one line per shard (its partitions, batch, committed offsets and last commit). A
+one line per shard (its partitions, batch, committed offsets and last commit; a join's
+right source's partition p shows as `R<p>`, and each source has its lag table). A
 re-grouping view in shards adds its later stages: stage 2's shards and lag on
 `P.repartition`, a global Top-N's stage 3 and its lag on `P.tops` (routed records and
 local-top changes not yet applied; the driver's close records are not lag)."""
@@ -15,7 +16,7 @@ from confluent_kafka import Consumer, TopicPartition
 from refold.config import Pipeline
 from refold.errors import PrerequisiteError, UserError
 from refold.kafka.io import consumer_config, partitions_of, read_to_end
-from refold.plan import Plan, plan_of, stage_writers
+from refold.plan import RIGHT_PARTITIONS, Plan, plan_of, stage_writers
 from refold.recovery.layout import settle_shards
 from refold.recovery.records import Checkpoint, combined
 from refold.recovery.restore import load_checkpoints, load_writers
@@ -45,8 +46,18 @@ def shard_status(
     """`pipeline_status`, and each shard's own checkpoint, in shard order."""
     shards = sorted(load_checkpoints(pipeline, settings).values(), key=lambda c: c.shard)
     checkpoint = combined(shards)
-    rows = _lag(settings, pipeline.source.topic, checkpoint.offsets if checkpoint else {})
+    offsets = checkpoint.offsets if checkpoint else {}
+    rows = _lag(settings, pipeline.source.topic, {p: o for p, o in offsets.items() if p < RIGHT_PARTITIONS})
     return checkpoint, rows, shards
+
+
+def right_source_lag(pipeline: Pipeline, settings: dict[str, Any], checkpoint: Checkpoint | None) -> list[PartitionStatus]:
+    """A join's right source's partitions: committed offset (numbered `RIGHT_PARTITIONS` + p
+    in the checkpoint), end and lag."""
+    assert pipeline.view.join is not None
+    offsets = checkpoint.offsets if checkpoint else {}
+    return _lag(settings, pipeline.sources[pipeline.view.join.right].topic,
+                {p - RIGHT_PARTITIONS: o for p, o in offsets.items() if p >= RIGHT_PARTITIONS})
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +158,10 @@ def print_status(pipeline: Pipeline, bootstrap: str | None = None) -> bool:
               f"there is no {pipeline.checkpoints_topic} topic (`refold run` starts it)")
         return False
     checkpoint, rows, shards = shard_status(pipeline, settings)
-    print(f"pipeline {pipeline.pipeline}  source {pipeline.source.topic}  writer {pipeline.writer}")
+    join = pipeline.view.join
+    sources = pipeline.source.topic if join is None else \
+        f"{pipeline.source.topic} (L) joined with {pipeline.sources[join.right].topic} (R)"
+    print(f"pipeline {pipeline.pipeline}  source {sources}  writer {pipeline.writer}")
     if checkpoint is None:
         print("  no committed batch yet")
     else:
@@ -158,9 +172,14 @@ def print_status(pipeline: Pipeline, bootstrap: str | None = None) -> bool:
             f"dead letters {checkpoint.dlq:,}"
         )
         if checkpoint.pending:
-            print(f"  held -C awaiting its +C in partitions {sorted(checkpoint.pending)}")
+            print(f"  held -C awaiting its +C in partitions {', '.join(map(_label, sorted(checkpoint.pending)))}")
         _print_shards(shards)
+    if join is not None:
+        print(f"  {pipeline.source.topic} (L)")
     _print_lag(rows)
+    if join is not None:
+        print(f"  {pipeline.sources[join.right].topic} (R)")
+        _print_lag(right_source_lag(pipeline, settings, checkpoint))
     for stage in later_stages(pipeline, settings):
         print(f"{stage.name} (writer {stage.writer}) from {stage.topic}")
         _print_shards(stage.shards)
@@ -182,7 +201,13 @@ def _print_shards(shards: list[Checkpoint]) -> None:
     print(f"  {'shard':>5}  {'partitions':<12}  {'batch':>8}  {'committed offsets':<28}  last commit")
     now = time.time()
     for shard in shards:
-        partitions = ",".join(str(p) for p in sorted(shard.offsets)) or "-"
-        offsets = " ".join(f"{p}:{o:,}" for p, o in sorted(shard.offsets.items())) or "-"
+        partitions = ",".join(_label(p) for p in sorted(shard.offsets)) or "-"
+        offsets = " ".join(f"{_label(p)}:{o:,}" for p, o in sorted(shard.offsets.items())) or "-"
         age = f"{now - shard.committed_at / 1000:,.0f}s ago" if shard.committed_at else "-"  # none yet
         print(f"  {shard.shard:>5}  {partitions:<12}  {shard.batch:>8,}  {offsets:<28}  {age}")
+
+
+def _label(partition: int) -> str:
+    """A checkpoint's partition as printed: a join's right source's partition p as `R<p>`
+    (a join's left source's partitions are its source's partitions, as any view's)."""
+    return f"R{partition - RIGHT_PARTITIONS}" if partition >= RIGHT_PARTITIONS else str(partition)

@@ -2,6 +2,7 @@
 (`refold.plan.draw`)."""
 
 from refold.plan.plan import (
+    RIGHT_PARTITIONS,
     Plan,
     Source,
     Stage,
@@ -11,6 +12,7 @@ from refold.plan.plan import (
     close_id,
     co_partitioned,
     exchanged,
+    join_co_partitioned,
     message_key,
     plan_of,
     rank_pipeline,
@@ -25,6 +27,6 @@ from refold.plan.plan import (
     view_pipeline,
 )
 
-__all__ = ["Plan", "Source", "Stage", "Topic", "by_partition", "checkpoint_key", "close_id", "co_partitioned", "exchanged", "message_key",
+__all__ = ["RIGHT_PARTITIONS", "Plan", "Source", "Stage", "Topic", "by_partition", "checkpoint_key", "close_id", "co_partitioned", "exchanged", "join_co_partitioned", "message_key",
            "plan_of", "rank_pipeline", "ranked_globally", "shard_writer", "stage2_shards", "stage_writers",
            "tops_state_topic", "tops_topic", "view_key", "view_partitioning", "view_pipeline"]

@@ -33,10 +33,10 @@ def tree(plan: Plan) -> str:
     pipeline = plan.pipeline
     lines = [f"plan {pipeline.pipeline} (writer {pipeline.writer}; {plan.layout})"]
     lines.append("├─ sources")
-    for source in plan.sources:
+    for number, source in enumerate(plan.sources, 1):
         keyed = ", ".join(source.key) or "nothing"
         partitions = "" if source.partitions is None else f", {source.partitions} partitions"
-        lines.append(f"│  └─ {source.name}: {source.topic} ({source.format} {source.form}, keyed by {keyed}"
+        lines.append(f"│  {'└─' if number == len(plan.sources) else '├─'} {source.name}: {source.topic} ({source.format} {source.form}, keyed by {keyed}"
                      f"{partitions})")
     lines.append("├─ stages")
     for number, stage in enumerate(plan.stages, 1):

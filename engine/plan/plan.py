@@ -18,6 +18,10 @@ The stages a view runs in today (`Stage.name`):
   stage 2's M shards reduce; the driver closes each batch (`close_id`).
 - … → `rank` (a global Top-N in M > 1 shards, `refold.runtime.tops`): stage 2 writes
   each shard's local top to `P.tops`; one stage-3 shard ranks them.
+- `join` (one stage, `view.join`, `refold.runtime.joins`): decode and validate both
+  sources, join, and reduce the grouped view over the join when there is one; one shard
+  that merges every partition of both sources, or one per partition pair when both are
+  keyed by their join columns with equal partition counts (co-partitioned).
 
 A stage's shard s has the transactional id `<prefix>-<writer>-<s>`, its checkpoint
 record `<writer>/<s>` in `P.checkpoints` and its state in partition s of its state
@@ -39,6 +43,9 @@ Layout = Literal["co-partitioned", "exchanged", "merged"]
 # The rules the plan is built by (also asked on their own by the reducers' checks) -------
 
 
+RIGHT_PARTITIONS = 1 << 20  # a join's shards number its right source's partition p RIGHT_PARTITIONS + p
+
+
 def view_key(view: ViewSpec) -> tuple[str, ...]:
     """The view's grouping columns: `key`, or a Top-N's `partition_by` (empty: global)."""
     if view.top_n is not None:
@@ -54,8 +61,31 @@ def message_key(pipeline: Pipeline) -> tuple[str, ...]:
 def co_partitioned(pipeline: Pipeline) -> bool:
     """Whether every view key's events lie in one source partition: the message-key
     columns are a (non-empty) subset of the view-key columns."""
+    if pipeline.view.join is not None:
+        return join_co_partitioned(pipeline)
     keys = message_key(pipeline)
     return bool(keys) and set(keys) <= set(view_key(pipeline.view))
+
+
+def join_co_partitioned(pipeline: Pipeline) -> bool:
+    """Whether a join runs a shard per partition pair (shard p joins partition p of both
+    sources): both sources are keyed by exactly their join columns (`sources.<name>.key`),
+    of the same names on both sides in the same order (so equal join values are equal
+    message keys, which the producers' partitioner puts in the same partition), `shards`
+    is not `merged`, and a grouped view over the join, if any, has in its key an output
+    column of each of the left side's join columns (the sources' partition counts must be
+    equal: checked at start)."""
+    join = pipeline.view.join
+    if join is None or pipeline.shards == "merged" or join.sides_on[0] != join.sides_on[1]:
+        return False
+    for name, columns in zip((join.left, join.right), join.sides_on, strict=True):
+        source = pipeline.sources.get(name)
+        if source is None or tuple(source.key) != columns:
+            return False
+    if pipeline.view.key:
+        left = {column for name, side, column in join.outputs if side == 0 and name in pipeline.view.key}
+        return set(join.sides_on[0]) <= left
+    return True
 
 
 def exchanged(pipeline: Pipeline) -> bool:
@@ -172,8 +202,8 @@ class Stage:
     one per source partition, known once the source's partitions are), its writer and
     its pipeline (the config its shards run with: its writer and input topic)."""
 
-    name: str  # view, route, reduce, rank (join to come)
-    steps: tuple[str, ...]  # decode, validate, route, reduce, rank
+    name: str  # view, route, reduce, rank, join
+    steps: tuple[str, ...]  # decode, validate, route, reduce, rank, join
     pipeline: Pipeline
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
@@ -260,7 +290,11 @@ class Plan:
 
 def plan_of(pipeline: Pipeline, partitions: int | None = None) -> Plan:
     """The plan of `pipeline` over a source of `partitions` partitions (None: not known,
-    as for `refold explain` without a broker; shard counts that depend on it are None)."""
+    as for `refold explain` without a broker; shard counts that depend on it are None).
+    A join's `partitions` are its left source's (its right one's must equal them when
+    the join is co-partitioned; a merged join runs one shard whatever they are)."""
+    if pipeline.view.join is not None:
+        return _join_plan(pipeline, partitions)
     source = Source("source", pipeline.source.topic, pipeline.source.format, pipeline.source.form,
                     message_key(pipeline), partitions)
     made = max(pipeline.partitions, partitions) if partitions is not None else None  # P.state etc.
@@ -317,3 +351,33 @@ def plan_of(pipeline: Pipeline, partitions: int | None = None) -> Plan:
         topics.append(Topic(pipeline.outputs.delta.topic, "delta", made))
     return Plan(pipeline, layout, (source,), tuple(stages), tuple(topics),
                 close_id(pipeline) if layout == "exchanged" else None, writers)
+
+
+def _join_plan(pipeline: Pipeline, partitions: int | None) -> Plan:
+    """A join's plan: one `join` stage over both sources (see the module's docstring)."""
+    join = pipeline.view.join
+    assert join is not None
+    paired = join_co_partitioned(pipeline)
+    sources = []
+    for name in (join.left, join.right):
+        spec = pipeline.sources[name]
+        sources.append(Source(name, spec.topic, spec.format, spec.form, tuple(spec.key),
+                              partitions if name == join.left or paired else None))
+    made = max(pipeline.partitions, partitions) if partitions is not None else None
+    dlq, state, checkpoints = pipeline.dlq_topic, pipeline.state_topic, pipeline.checkpoints_topic
+    view_out = pipeline.outputs.view
+    outputs = tuple(t.topic for t in (view_out, pipeline.outputs.delta) if t is not None)
+    shards = partitions if paired else 1
+    steps = ("decode", "validate", "join", *(("reduce",) if pipeline.view.key else ()))
+    stage = Stage("join", steps, pipeline, tuple(s.topic for s in sources), (*outputs, dlq), state, shards, paired)
+    topics = [*(Topic(s.topic, "source", s.partitions) for s in sources),
+              Topic(checkpoints, "checkpoints", made, compacted=True),
+              Topic(state, "state", made, compacted=True), Topic(dlq, "dead letters", 1)]
+    if view_out is not None:
+        by_shard = shards if view_partitioning(pipeline) == "shard" else 1
+        count = None if by_shard is None or made is None else max(made, by_shard)
+        topics.append(Topic(view_out.topic, "view", count, compacted=view_out.form == "upsert"))
+    if pipeline.outputs.delta is not None:
+        topics.append(Topic(pipeline.outputs.delta.topic, "delta", made))
+    return Plan(pipeline, "co-partitioned" if paired else "merged", tuple(sources), (stage,), tuple(topics),
+                None, shards)

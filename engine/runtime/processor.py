@@ -40,6 +40,7 @@ from refold.recovery.layout import check_view_partitions, exchange_topics, settl
 from refold.runtime.batch import InputRecord
 from refold.runtime.exchange import ApplyProcessor, Closer, RouteProcessor, read_closed
 from refold.runtime.hooks import NO_HOOKS, Hooks
+from refold.runtime.joins import JoinShardProcessor, check_join_partitions
 from refold.runtime.shard import ATTEMPTS, BatchStats, ShardProcessor
 from refold.runtime.shards import (
     KeyCheck,
@@ -75,6 +76,8 @@ class BatchProcessor:
             raise UserError(refusal)
         source = partitions_of(settings, pipeline.source.topic)
         pipeline = settle_layout(pipeline, settings, len(source))  # `shards` etc. as the engine settles them
+        if pipeline.view.join is not None:
+            check_join_partitions(pipeline, settings, len(source))
         if exchanged(pipeline):
             ensure_topics(
                 settings,
@@ -168,6 +171,8 @@ class BatchProcessor:
         """A shard's processor, not started (`fence`, then `restore`; its
         `checkpoint_partition` is set in between)."""
         shard_type = RouteProcessor if exchanged(self.pipeline) else self.shard_type
+        if self.pipeline.view.join is not None and not issubclass(shard_type, JoinShardProcessor):
+            shard_type = JoinShardProcessor
         return shard_type(
             self.pipeline,
             self.settings,

@@ -92,6 +92,14 @@ class Renderer:
         self.key_columns = [*pipeline.view.key, *(("window_start", "window_end") if window is not None else ())]
         self.view_encoder, self.delta_encoder = output_encoders(pipeline)
 
+    def name_cause(self, cause: Cause) -> bytes:
+        """A cause as its header's value (a join's renderer names the topic too)."""
+        return cause_bytes(cause)
+
+    def letter_cause(self, letter: Any) -> bytes:
+        """A dead letter's cause: its own record."""
+        return cause_bytes((letter.partition, letter.offset))
+
     def view(self, changes: Sequence[UnitChanges]) -> list[tuple[bytes, bytes | None, int | None, Headers]]:
         """(key, value or None for a tombstone, event time or None, headers or None) per
         view record; nothing when the pipeline has no view output."""
@@ -126,8 +134,8 @@ class Renderer:
             if provenance and cause is not None:
                 header = cause_header.get(cause)
                 if header is None:
-                    header = cause_header[cause] = (CAUSE, cause_bytes(cause))
-                headers = [header] if retracted is None else [header, (RETRACTS, cause_bytes(retracted))]
+                    header = cause_header[cause] = (CAUSE, self.name_cause(cause))
+                headers = [header] if retracted is None else [header, (RETRACTS, self.name_cause(retracted))]
             records.append((key, value, ts, headers))
         return records
 
@@ -143,7 +151,7 @@ class Renderer:
             return [(jsonbytes.dumps({k: row[k] for k in key_columns}), encode(row), None) for row in rows]
         return [
             (jsonbytes.dumps({k: row[k] for k in key_columns}), encode(row),
-             [(CAUSE, cause_bytes(cause))] if cause is not None else None)
+             [(CAUSE, self.name_cause(cause))] if cause is not None else None)
             for row, cause in zip(rows, causes, strict=True)
         ]
 

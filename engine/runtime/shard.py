@@ -1,13 +1,11 @@
-"""One shard's part of a micro-batch, exactly once: decode, pair, merge, reduce, commit
-in one transaction.
+"""One shard's part of a micro-batch, exactly once: decode, pair, merge, reduce, commit in one transaction.
 
 A `ShardProcessor` owns one shard of a view: its transactional writer `P-<writer>-<shard>`,
 local store (`refold.state`), reducer, checkpoint and materialization sessions. Spark is not
 needed: a Spark task (`refold.spark.tasks`) or `BatchProcessor` hands it each batch's records.
 
-Start (`_start`): lock the store (a second attempt waits for the first), initialise the
-writer (fencing older attempts), read the checkpoint and bring the store to it
-(`refold.state.bring_to`: as is, caught up, or restored from `P.state`).
+Start (`_start`): lock the store (a second attempt waits for the first), initialise the writer
+(fencing older attempts), read the checkpoint and bring the store to it (`refold.state.bring_to`).
 
 The reducer holds the keys the shard's batches touched (up to `spark.state_cache_keys`),
 loaded from the store before each batch. Every batch commits in one Kafka transaction of
@@ -64,7 +62,7 @@ from refold.runtime.native import (
     reads_natively,
     refusal_shown,
 )
-from refold.runtime.render import CAUSE, Renderer, UnitChanges, cause_bytes
+from refold.runtime.render import CAUSE, Renderer, UnitChanges
 from refold.runtime.shards import KeyCheck
 from refold.runtime.tables import LastRows, TableReader, is_table, reduce_table_rows, touched_by
 from refold.state import Recovery, ShardId, ShardStore, Stamp, bring_to
@@ -78,13 +76,13 @@ STORE_LOCK_SECONDS = 120.0  # how long a shard waits for another attempt's hold 
 class ShardProcessor:
     """One shard's batches, one at a time (see the module's docstring).
 
-    `hooks` are the chaos tests' crash and stall points (`refold.runtime.hooks`);
-    `keys` checks the message keys of a co-partitioned view (shared by a run's
-    shards); `checkpoint_partition` is where the shard's checkpoint records go;
-    `state_root` where its store lives (`spark.state_dir`, else `<Refold home>/state`);
-    `run` the engine run its checkpoints name; `start=False` leaves `lock()`, `fence()`
-    then `restore()` to the caller (the `BatchProcessor` fences every shard before any restores). `fence`, `restore` and
-    `_commit` are the seams the benchmarks replace."""
+    `hooks`: the chaos tests' crash and stall points (`refold.runtime.hooks`); `keys` checks the
+    message keys of a co-partitioned view (shared by a run's shards); `checkpoint_partition`: where
+    the shard's checkpoint records go; `state_root`: its store's (`spark.state_dir`, else `<Refold
+    home>/state`); `run`: the engine run its checkpoints name; `start=False` leaves `lock()`, `fence()`
+    then `restore()` to the caller (the `BatchProcessor` fences every shard before any restores).
+    `fence`, `restore` and `_commit` are the seams the benchmarks replace; a join's shard
+    (`refold.runtime.joins`) replaces the reader, the reducer, `_consumed` and the causes."""
 
     core_reads = True  # the native core may read the batch's records itself (`_core_read`)
 
@@ -160,6 +158,8 @@ class ShardProcessor:
     def _new_core(self) -> Any:  # (a new one each time the reducer starts empty)
         return native_core(self.pipeline)
 
+    def _consumed(self, offsets: dict[int, int]) -> dict[str, dict[int, int]]:  # the transaction's consumed offsets
+        return {self.topic: offsets}
     def _new_materializations(self, executor: Executor | None) -> Materializations | None:
         return Materializations.from_pipeline(self.pipeline, executor, shard_writer(self.pipeline, self.shard))
 
@@ -483,7 +483,7 @@ class ShardProcessor:
         for letter in out.dlq:
             headers = dead_letter_headers(letter)
             if provenance:  # a dead letter's cause is its own record
-                headers.append((CAUSE, cause_bytes((letter.partition, letter.offset))))
+                headers.append((CAUSE, self.renderer.letter_cause(letter)))
             writer.send(pipeline.dlq_topic, letter.key, encode_dead_letter(letter), headers)
         for partition, values in out.exchange.items():  # a re-grouping view's stage 1: its routed units
             writer.send_all(out.exchange_topic or pipeline.repartition_topic, [(None, v) for v in values], partition=partition)
@@ -496,4 +496,4 @@ class ShardProcessor:
         )
         self.hooks.stall_in_transaction()
         self.hooks.crash_point("in_txn", checkpoint.batch)
-        writer.commit({self.topic: checkpoint.offsets})
+        writer.commit(self._consumed(checkpoint.offsets))

@@ -29,6 +29,7 @@ import orjson
 from refold.config import Pipeline
 from refold.errors import UserError
 from refold.plan import (
+    RIGHT_PARTITIONS,
     by_partition,
     checkpoint_key,
     co_partitioned,
@@ -64,7 +65,8 @@ class ShardPlan:
     co_partitioned: bool
 
     def shard_of(self, partition: int) -> int:
-        return partition if self.co_partitioned else 0
+        """(A join's right source's partition p, numbered RIGHT_PARTITIONS + p, is shard p's.)"""
+        return partition % RIGHT_PARTITIONS if self.co_partitioned else 0
 
     def shard(self, index: int) -> Shard:
         if self.co_partitioned:
@@ -83,7 +85,7 @@ class ShardPlan:
             return {0: list(records)} if records else {}
         by_shard: dict[int, list[Any]] = {}
         for record in records:
-            by_shard.setdefault(record.partition, []).append(record)
+            by_shard.setdefault(record.partition % RIGHT_PARTITIONS, []).append(record)
         return by_shard
 
 

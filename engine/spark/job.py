@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,13 +28,14 @@ from refold.config import Pipeline
 from refold.errors import RefoldError, UserError
 from refold.kafka.io import TopicSpec, durability_warnings, ensure_topics, partitions_of
 from refold.ops.monitor import Monitor
-from refold.plan import Plan, plan_of
+from refold.plan import RIGHT_PARTITIONS, Plan, plan_of
 from refold.recovery.claims import claim_shards
 from refold.recovery.layout import check_plan_view_partitions, settle_plan, settled
 from refold.recovery.records import combined
 from refold.recovery.restore import reconcile_spark_checkpoint
 from refold.runtime.exchange import Closer, trim
 from refold.runtime.hooks import Hooks
+from refold.runtime.joins import check_join_partitions
 from refold.runtime.processor import BatchStats, together, with_outputs
 from refold.runtime.shards import check_state_partitions
 from refold.spark import logs
@@ -74,9 +76,15 @@ def spark_checkpoint_dir(pipeline: Pipeline) -> Path:
     return environment.home() / "spark" / pipeline.pipeline / pipeline.writer
 
 
-def starting_offsets(topic: str, partitions: list[int], committed: dict[int, int]) -> str:
-    """Spark's startingOffsets JSON: Kafka's committed offsets, earliest (-2) elsewhere."""
-    return orjson.dumps({topic: {str(p): committed.get(p, -2) for p in partitions}}).decode()
+def starting_offsets(topic: str, partitions: list[int], committed: dict[int, int],
+                     right: tuple[str, list[int]] | None = None) -> str:
+    """Spark's startingOffsets JSON: Kafka's committed offsets, earliest (-2) elsewhere;
+    `right`: a join's right source (topic, partitions), its offsets in `committed`
+    numbered `RIGHT_PARTITIONS` + p."""
+    offsets = {topic: {str(p): committed.get(p, -2) for p in partitions}}
+    if right is not None:
+        offsets[right[0]] = {str(p): committed.get(RIGHT_PARTITIONS + p, -2) for p in right[1]}
+    return orjson.dumps(offsets).decode()
 
 
 class Progress:
@@ -130,6 +138,11 @@ def run_pipeline(
         raise UserError(f"source.topic: {exc}") from exc
     plan = settle_plan(pipeline, settings, len(partitions))  # the pipeline's shape, read from here on
     pipeline = plan.pipeline
+    right = None  # a join's right source: (topic, partitions)
+    if pipeline.view.join is not None:
+        check_join_partitions(pipeline, settings, len(partitions))
+        right_topic = pipeline.sources[pipeline.view.join.right].topic
+        right = (right_topic, partitions_of(settings, right_topic))
     prepare_topics(plan, settings)
     check_plan_view_partitions(plan, settings)
     own_spark = spark is None
@@ -145,11 +158,15 @@ def run_pipeline(
         monitor.start(start)
         checkpoint_dir = spark_checkpoint_dir(pipeline)
         checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
-        reconcile_spark_checkpoint(checkpoint_dir, topic, start.offsets, settings)
+        if right is None:
+            reconcile_spark_checkpoint(checkpoint_dir, topic, start.offsets, settings)
+        elif checkpoint_dir.exists():  # a join's run starts from Kafka's offsets of both sources
+            shutil.rmtree(checkpoint_dir)
         on_batch = _Batches(pipeline, settings, start, progress, monitor)
         if start.closer is not None:  # what the last run's stage 1 committed and its stage 2 did not
             on_batch.account([], on_batch.apply(spark), 0.0)
-        reader = _source(spark, pipeline, settings, java_settings, starting_offsets(topic, partitions, start.offsets))
+        reader = _source(spark, pipeline, settings, java_settings,
+                         starting_offsets(topic, partitions, start.offsets, right), right)
         query = (
             reader.writeStream.foreachBatch(on_batch)
             .trigger(processingTime=f"{int(pipeline.trigger_seconds * 1000)} milliseconds")
@@ -231,13 +248,15 @@ def _test_hooks() -> Hooks:
 
 
 def _source(spark: Any, pipeline: Pipeline, settings: dict[str, Any], java_settings: dict[str, str],
-            start: str) -> Any:
+            start: str, right: tuple[str, list[int]] | None = None) -> Any:
     """The source topic as a streaming frame (read_committed) of the records' partition,
-    offset, key, value and timestamp (epoch ms)."""
+    offset, key, value and timestamp (epoch ms); for a join, both sources', the right
+    one's partition p numbered `RIGHT_PARTITIONS` + p (`refold.runtime.joins`)."""
+    topics = pipeline.source.topic if right is None else f"{pipeline.source.topic},{right[0]}"
     reader = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", settings["bootstrap.servers"])
-        .option("subscribe", pipeline.source.topic)
+        .option("subscribe", topics)
         .option("startingOffsets", start)
         .option("kafka.isolation.level", "read_committed")
         .option("maxOffsetsPerTrigger", str(pipeline.max_batch_events))
@@ -249,7 +268,9 @@ def _source(spark: Any, pipeline: Pipeline, settings: dict[str, Any], java_setti
     )
     for key, value in java_settings.items():
         reader = reader.option(f"kafka.{key}", value)
-    return reader.load().selectExpr("partition", "offset", "key", "value", "unix_millis(timestamp) AS ts")
+    partition = "partition" if right is None else \
+        f"IF(topic = '{right[0]}', partition + {RIGHT_PARTITIONS}, partition) AS partition"
+    return reader.load().selectExpr(partition, "offset", "key", "value", "unix_millis(timestamp) AS ts")
 
 
 _STOP = threading.Event()  # set by `request_stop`: the run ends after the batch in flight
@@ -320,6 +341,8 @@ class _Batches:
                          stage="route" if self.start.closer is not None else "view")
         if not self.start.plan.co_partitioned:
             frame = frame.coalesce(1)
+        elif self.pipeline.view.join is not None:  # shard p's task: partition p of both sources
+            frame = frame.repartition(len(self.start.shards), frame["partition"] % RIGHT_PARTITIONS)
         rows = [row.asDict() for row in frame.mapInArrow(task, SUMMARY).collect()]
         self.settle()  # the last batch's later stages, which ran beside this stage 1
         if not rows:

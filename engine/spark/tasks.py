@@ -52,9 +52,11 @@ import pyarrow.compute as pc
 from refold.config import Pipeline
 from refold.errors import OperationalError, RecordError, RefoldError, UserError
 from refold.kafka.transactions import FencedError
+from refold.plan import RIGHT_PARTITIONS
 from refold.runtime.batch import InputRecord
 from refold.runtime.exchange import ApplyProcessor, RouteProcessor, read_closed
 from refold.runtime.hooks import Hooks
+from refold.runtime.joins import JoinShardProcessor
 from refold.runtime.shard import BatchStats, ShardProcessor
 from refold.runtime.shards import KeyCheck, plan_shards
 from refold.runtime.tops import RankProcessor, tops_topic
@@ -235,6 +237,8 @@ class ShardTask:
         store brought to it), kept for the worker's next tasks. FencedError when a newer
         engine run has claimed the shard."""
         kind = {"view": ShardProcessor, "route": RouteProcessor, "apply": ApplyProcessor, "top": RankProcessor}[self.stage]
+        if self.pipeline.view.join is not None:
+            kind = JoinShardProcessor
         processor = kind(
             self.pipeline,
             self.settings,
@@ -288,8 +292,8 @@ def split_table(table: pa.Table | None, co_partitioned: bool) -> list[tuple[int,
         return []
     if not co_partitioned:
         return [(0, table)]
-    partitions = table.column("partition")
-    return [(p, table.filter(pc.equal(partitions, p))) for p in sorted(pc.unique(partitions).to_pylist())]
+    shards = pc.bit_wise_and(table.column("partition"), RIGHT_PARTITIONS - 1)  # (a join's right partitions too)
+    return [(p, table.filter(pc.equal(shards, p))) for p in sorted(pc.unique(shards).to_pylist())]
 
 
 def run_request(task: ShardTask, index: int, table: pa.Table | None, attempt: int) -> pa.RecordBatch:

@@ -1,0 +1,293 @@
+"""A join's shard (`view.join`, docs/SEMANTICS.md "Joins"): both sources' records in one
+batch, joined, and the grouped view over the join when the view has `key`/`columns`.
+
+A join shard reads both sources. Its records number the right source's partition p
+`RIGHT_PARTITIONS + p` (`refold.plan`): the Spark job's frame does so, and so do the
+shard's checkpoint (`offsets`, `pending`: one record covers both topics) and its causes.
+Each side is decoded with its own source's settings (format, schema) and paired in
+partition offset order, as any source; the units of both are then merged by tag
+(`event_time`, partition, offset), so at equal event times the left source's come
+before the right's: the order is a function of the batch's records.
+
+Each unit goes to the `JoinReducer` with its side; its records (`Changes`, caused by the
+unit's first event) are the view's, or, for a grouped view over the join, its input
+units (a `-C` with its `+C`, tagged with the source unit's tag, so every record the
+grouped view writes names the source event as its cause). The batch is two passes:
+the join keys the units touch are loaded from the store and every unit joined, then the
+view keys the joined records touch are loaded and reduced. Join and view share the
+shard's store and `P.state` partition (join records `["j",…]`, view records `[[…]`).
+
+Dead letters name the side's own topic, partition and offset. A joined row the grouped
+view refuses (a null grouping column of a null-padded row: `null key`) is a dead letter
+of the source record that caused it. Provenance headers name `<topic>:<partition>:<offset>`
+(a join has two sources).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from refold.config import Pipeline
+from refold.errors import UserError
+from refold.kafka.io import partitions_of
+from refold.model.changelog import Op
+from refold.plan import RIGHT_PARTITIONS, join_co_partitioned
+from refold.recovery.records import DeadLetter, PendingRecord
+from refold.reduce import Rejected, SourceEvent, ViewChange
+from refold.reduce.grouped import GroupedReducer
+from refold.reduce.join import JoinReducer, state_prefix
+from refold.reduce.types import Cause, cause_of
+from refold.reduce.values import key_bytes
+from refold.runtime.batch import DeadLetters, InputRecord, Outgoing, Unit, UnitReader, Units
+from refold.runtime.render import Renderer
+from refold.runtime.shard import ShardProcessor
+from refold.runtime.shards import KeyCheck
+
+
+def side_of(partition: int) -> int:
+    """0 for a left source's partition, 1 for a right one's (`RIGHT_PARTITIONS` + p)."""
+    return 1 if partition >= RIGHT_PARTITIONS else 0
+
+
+def source_partition(partition: int) -> int:
+    """A shard's partition number as its source's partition."""
+    return partition - RIGHT_PARTITIONS if partition >= RIGHT_PARTITIONS else partition
+
+
+def side_pipelines(pipeline: Pipeline) -> tuple[Pipeline, Pipeline]:
+    """The pipeline as each side's reader sees it: its `source` that side's."""
+    join = pipeline.view.join
+    assert join is not None
+    return tuple(pipeline.model_copy(update={"source": pipeline.sources[name]})
+                 for name in (join.left, join.right))
+
+
+def check_join_partitions(pipeline: Pipeline, settings: dict[str, Any], left: int) -> int:
+    """The right source's partition count; UserError when the join is co-partitioned and
+    its sources' partition counts differ (partition p of both is no longer one key range)."""
+    join = pipeline.view.join
+    assert join is not None
+    right_topic = pipeline.sources[join.right].topic
+    try:
+        right = len(partitions_of(settings, right_topic))
+    except UserError as exc:
+        raise UserError(f"sources.{join.right}.topic: {exc}") from exc
+    if join_co_partitioned(pipeline) and right != left:
+        raise UserError(
+            f"sources: {join.left} ({pipeline.sources[join.left].topic}) has {left} partitions and {join.right} "
+            f"({right_topic}) {right}: a co-partitioned join reads partition p of both in shard p; give both "
+            "topics the same partition count, or set shards: merged (one shard joins every partition)")
+    return right
+
+
+class SideDeadLetters(DeadLetters):
+    """A side's dead letters: its topic, its records' partitions as the source's."""
+
+    __slots__ = ()
+
+    def add(self, out: Outgoing, record: InputRecord, reason: str, detail: str | None = None,
+            headers: tuple[tuple[str, str], ...] = ()) -> None:
+        super().add(out, record._replace(partition=source_partition(record.partition)), reason, detail, headers)
+
+
+class SideKeys(KeyCheck):
+    """A co-partitioned join's key check of one side: its messages keyed by its join columns."""
+
+    def __init__(self, side: Pipeline, columns: Sequence[str]) -> None:
+        super().__init__(side)
+        self.columns = tuple(side.source.key) or tuple(columns)
+        self._single = self.columns[0] if len(self.columns) == 1 else None
+        self.enabled = True
+        self.every_record = True
+
+
+class JoinUnitReader:
+    """Both sides' units of a batch, merged (see the module's docstring)."""
+
+    def __init__(self, pipeline: Pipeline, strict: bool, keyed: bool) -> None:
+        join = pipeline.view.join
+        assert join is not None
+        self.letters: list[SideDeadLetters] = []
+        self.readers: list[UnitReader] = []
+        for side, on in zip(side_pipelines(pipeline), join.sides_on, strict=True):
+            letters = SideDeadLetters(side.source.topic, pipeline.pipeline, strict)
+            self.letters.append(letters)
+            self.readers.append(UnitReader(side, letters, SideKeys(side, on) if keyed else None))
+        self.keys = _BothKeys(self.readers) if keyed else None
+
+    def read(self, fresh: Sequence[InputRecord], pending: Mapping[int, PendingRecord], out: Outgoing) -> Units:
+        streams = []
+        held: dict[int, PendingRecord] = {}
+        tombstones = 0
+        for side, reader in enumerate(self.readers):
+            read = reader.read([r for r in fresh if side_of(r.partition) == side],
+                               {p: r for p, r in pending.items() if side_of(p) == side}, out)
+            streams.append(read.units)
+            held.update(read.pending)
+            tombstones += read.tombstones
+        merged = list(heapq.merge(*streams, key=lambda unit: unit[0][0].tag))
+        return Units(merged, held, tombstones)
+
+
+class _BothKeys:
+    """Both sides' key checks as one: the Spark task marks them `verified` past a run's
+    first batch (a record keyed otherwise is then a dead letter)."""
+
+    def __init__(self, readers: Sequence[UnitReader]) -> None:
+        self.checks = [reader.keys for reader in readers if reader.keys is not None]
+
+    @property
+    def verified(self) -> bool:
+        return all(check.verified for check in self.checks)
+
+    @verified.setter
+    def verified(self, value: bool) -> None:
+        for check in self.checks:
+            check.verified = value
+
+
+class JoinReducers:
+    """The join and, over it, the grouped view (when the view has `key`/`columns`)."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        assert pipeline.view.join is not None
+        self.join = JoinReducer(pipeline.view.join)
+        view = pipeline.view
+        self.grouped = GroupedReducer(view.model_copy(update={"join": None, "sql": None})) if view.key else None
+        self.view: Any = None  # (no materializations of a join)
+
+    def take_deltas(self) -> list[dict[str, Any]]:
+        return self.grouped.take_deltas() if self.grouped is not None else []
+
+    def take_state_changes(self) -> list[tuple[bytes, bytes | None]]:
+        grouped = self.grouped.take_state_changes() if self.grouped is not None else []
+        return self.join.take_state_changes() + grouped
+
+
+class JoinRenderer(Renderer):
+    """Causes as `<topic>:<partition>:<offset>`: a join has two sources."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        super().__init__(pipeline)
+        join = pipeline.view.join
+        assert join is not None
+        self.topics = (pipeline.sources[join.left].topic, pipeline.sources[join.right].topic)
+
+    def name_cause(self, cause: Cause) -> bytes:
+        partition, offset = cause
+        return b"%s:%d:%d" % (self.topics[side_of(partition)].encode(), source_partition(partition), offset)
+
+    def letter_cause(self, letter: DeadLetter) -> bytes:
+        return b"%s:%d:%d" % (letter.topic.encode(), letter.partition, letter.offset)
+
+
+class JoinShardProcessor(ShardProcessor):
+    """One shard of a join pipeline (see the module's docstring)."""
+
+    core_reads = False
+
+    def __init__(self, pipeline: Pipeline, settings: dict[str, Any], shard: int = 0, *args: Any,
+                 start: bool = True, **kwargs: Any) -> None:
+        super().__init__(pipeline, settings, shard, *args, start=False, **kwargs)
+        self.reader = JoinUnitReader(pipeline, pipeline.strict, join_co_partitioned(pipeline))
+        self.renderer = JoinRenderer(pipeline)
+        self.tables = None
+        if start:
+            try:
+                self._start()
+            except BaseException:
+                self.close()
+                raise
+
+    def _new_reducer(self) -> Any:
+        return JoinReducers(self.pipeline)
+
+    def _new_core(self) -> Any:
+        return None
+
+    def _consumed(self, offsets: Mapping[int, int]) -> dict[str, dict[int, int]]:
+        """The consumed offsets of both topics, for the transaction."""
+        topics = self.renderer.topics
+        consumed: dict[str, dict[int, int]] = {topic: {} for topic in topics}
+        for partition, offset in offsets.items():
+            consumed[topics[side_of(partition)]][source_partition(partition)] = offset
+        return {topic: by_partition for topic, by_partition in consumed.items() if by_partition}
+
+    def _touched(self, units: Sequence[Unit]) -> set[Any]:
+        join = self.reducer.join
+        touched = {("j", join.state_key(side_of(record.partition), event)) for unit in units for event, record in unit}
+        touched.discard(("j", None))
+        return touched
+
+    def _load(self, touched: set[Any], *, forget: bool = True) -> None:
+        """Load the join keys (`("j", key)`) and view keys (`("v", key)`) not held yet."""
+        assert self.store is not None
+        wanted = touched - self.held
+        if not wanted:
+            return
+        if forget and self._over_cache(wanted):
+            self._forget_reducer()
+            wanted = touched
+        joins = [state_prefix(key) for kind, key in wanted if kind == "j"]
+        if joins:
+            self.reducer.join.restore(self.store.load_keys(joins))
+        views = [key_bytes(key) for kind, key in wanted if kind == "v"]
+        if views:
+            self.reducer.grouped.restore(self.store.load_keys(views))
+        self.held |= wanted
+
+    def _reduce(self, units: Sequence[Unit], out: Outgoing) -> list[tuple[list[ViewChange], int]]:
+        """Join each unit; then, for a grouped view over the join, reduce the joined records."""
+        join, grouped = self.reducer.join, self.reducer.grouped
+        joined: list[tuple[Unit, JoinChanges]] = []
+        for unit in units:
+            side = side_of(unit[0][1].partition)
+            try:
+                made = join.apply(side, [event for event, _ in unit])
+            except Rejected as rejected:
+                self.reader.letters[side].rejected(out, unit, rejected)
+                continue
+            changes = JoinChanges(made)
+            changes.cause = cause_of(unit[0][0].tag)
+            joined.append((unit, changes))
+        if grouped is None:
+            return [(changes, unit[0][0].tag[0]) for unit, changes in joined if changes]
+        inputs = [(unit, as_units(changes, unit[0][0].tag)) for unit, changes in joined]
+        touched = {("v", grouped.state_key(event)) for _, made in inputs for sub in made for event in sub}
+        touched.discard(("v", None))
+        self._load(touched, forget=False)
+        out_changes: list[tuple[list[ViewChange], int]] = []
+        for unit, made in inputs:
+            for sub in made:
+                try:
+                    out_changes.append((grouped.apply(sub), unit[0][0].tag[0]))
+                except Rejected as rejected:
+                    side = side_of(unit[0][1].partition)
+                    self.reader.letters[side].add(out, unit[0][1], rejected.reason,
+                                                  "a joined row the view over the join refuses")
+        return out_changes
+
+
+class JoinChanges(list[ViewChange]):
+    """A unit's join records with its cause (what they retract is not kept: no `retracts`)."""
+
+    __slots__ = ("cause",)
+    cause: Cause
+
+
+def as_units(changes: Iterable[ViewChange], tag: tuple[int, int, int]) -> list[list[SourceEvent]]:
+    """A source unit's join records as the grouped view's units (a `-C` with its `+C`),
+    each tagged with the source unit's tag."""
+    units: list[list[SourceEvent]] = []
+    for change in changes:
+        event = SourceEvent(change.op, change.row, tag)
+        if change.op is Op.CORRECT_TO and units:
+            units[-1].append(event)
+        else:
+            units.append([event])
+    return units
+
+
+__all__ = ["JoinReducers", "JoinShardProcessor", "JoinUnitReader", "as_units", "side_of", "source_partition"]
