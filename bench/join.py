@@ -18,7 +18,7 @@ identical topics:
   `--flink-reduction signed` joins the signed events instead.
 
 Both are checked against the expected view: the join of both sides' live rows at the
-end, summed per region (`joinload.expected_view`; with 50,000 order events or fewer
+end, summed per region (`joinload.expected_view`; with 20,000 order events or fewer
 also the reference join and grouped view, `joinload.reference_view`, which it must
 equal). Refold: its view changelog folds (each `-C`/`-R` retracts its key's current
 row) to it, and it wrote no dead letter (`joinload.check_join`); Flink: its last row
@@ -62,7 +62,7 @@ TITLES = {
     "flink": "Flink SQL regular join + GROUP BY, exactly once",
 }
 TARGET = 1.5  # Refold's events/s as a multiple of Flink's
-REFERENCE_UP_TO = 50_000  # order events up to which the reference join checks the expected view too
+REFERENCE_UP_TO = 20_000  # order events up to which the reference join checks the expected view too
 
 
 def join_pipeline(name: str, topics: tuple[str, str], bootstrap: str, batch: int) -> Pipeline:
