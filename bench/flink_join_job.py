@@ -2,8 +2,8 @@
 with customers, as Flink SQL's regular join and GROUP BY over the two changelog topics.
 
 Run by the Flink virtualenv's python (`.refold/flink-venv`, see `bench/flink.py`); it
-imports nothing from Refold. One JSON object per line on stdout, as `flink_job.py`
-writes them (`submitted`, `finished`).
+imports nothing from Refold (its shared parts: `flink_sql.py`). One JSON object per line
+on stdout, as `flink_job.py` writes them (`submitted`, `finished`).
 
 Both topics are read as plain JSON (`op` is a column: Flink SQL cannot turn a column
 into a RowKind), bounded at the offsets that are the end when the job starts, so the
@@ -30,89 +30,39 @@ and a bounded job takes a final checkpoint when its input ends, which commits th
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import time
 
-SIGN = "CAST(CASE WHEN op IN ('-R', '-C') THEN -1 ELSE 1 END AS BIGINT)"
-
-
-def say(event: str, **fields: object) -> None:
-    print(json.dumps({"event": event, "t": time.time(), **fields}), flush=True)
-
-
-def source(name: str, topic: str, columns: str, bootstrap: str, run_id: str) -> str:
-    return f"""
-        CREATE TABLE {name} (
-            op STRING,
-            {columns}
-        ) WITH (
-            'connector' = 'kafka',
-            'topic' = '{topic}',
-            'properties.bootstrap.servers' = '{bootstrap}',
-            'properties.group.id' = 'bench-flink-join-{run_id}-{name}',
-            'properties.isolation.level' = 'read_committed',
-            'scan.startup.mode' = 'earliest-offset',
-            'scan.bounded.mode' = 'latest-offset',
-            'format' = 'json',
-            'json.fail-on-missing-field' = 'false',
-            'json.ignore-parse-errors' = 'false'
-        )"""
+from flink_sql import (
+    MINI_BATCH,
+    SIGN,
+    changelog_table,
+    job_parser,
+    kafka_sink,
+    say,
+    table_environment,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--bootstrap", required=True)
+    parser = job_parser()
     parser.add_argument("--orders", required=True)
     parser.add_argument("--customers", required=True)
-    parser.add_argument("--output", required=True)
-    parser.add_argument("--jar", required=True, action="append", help="connector jar (repeatable)")
-    parser.add_argument("--parallelism", type=int, default=2)
-    parser.add_argument("--checkpoint-ms", type=int, default=1000)
     parser.add_argument("--reduction", choices=("multiset", "signed"), default="multiset")
-    parser.add_argument("--run-id", default=str(int(time.time())))
     args = parser.parse_args(argv)
 
-    from pyflink.table import EnvironmentSettings, TableEnvironment
-
-    env = TableEnvironment.create(EnvironmentSettings.in_streaming_mode())
-    conf = env.get_config()
-    for key, value in {
-        "pipeline.jars": ";".join(f"file://{jar}" for jar in args.jar),
-        "parallelism.default": str(args.parallelism),
-        "execution.checkpointing.interval": f"{args.checkpoint_ms}ms",
-        "execution.checkpointing.mode": "EXACTLY_ONCE",
-        # to files: the join's and the groups' state passes the JobManager memory's 5 MB
-        "execution.checkpointing.storage": "filesystem",
-        "execution.checkpointing.dir": f"file:///tmp/refold-bench/flink-checkpoints/{args.run_id}",
-        # group aggregation buffers input per key for a moment, like Refold's batches
-        "table.exec.mini-batch.enabled": "true",
-        "table.exec.mini-batch.allow-latency": "200ms",
-        "table.exec.mini-batch.size": "5000",
-    }.items():
-        conf.set(key, value)
-
-    env.execute_sql(source("orders", args.orders, "id BIGINT, customer_id BIGINT, amount BIGINT",
-                           args.bootstrap, args.run_id))
-    env.execute_sql(source("customers", args.customers, "id BIGINT, region STRING, name STRING",
-                           args.bootstrap, args.run_id))
+    env = table_environment(args, **MINI_BATCH)
+    group = f"bench-flink-join-{args.run_id}"
+    env.execute_sql(changelog_table("orders", args.orders, "id BIGINT, customer_id BIGINT, amount BIGINT",
+                                    args.bootstrap, f"{group}-orders"))
+    env.execute_sql(changelog_table("customers", args.customers, "id BIGINT, region STRING, name STRING",
+                                    args.bootstrap, f"{group}-customers"))
     env.execute_sql(f"""
         CREATE TABLE region_out (
             region STRING,
             revenue BIGINT,
             orders BIGINT,
             PRIMARY KEY (region) NOT ENFORCED
-        ) WITH (
-            'connector' = 'upsert-kafka',
-            'topic' = '{args.output}',
-            'properties.bootstrap.servers' = '{args.bootstrap}',
-            'key.format' = 'json',
-            'value.format' = 'json',
-            'sink.delivery-guarantee' = 'exactly-once',
-            'sink.transactional-id-prefix' = 'bench-flink-join-{args.run_id}',
-            'properties.transaction.timeout.ms' = '600000'
-        )""")
+        ) {kafka_sink(args.output, args.bootstrap, group, upsert=True)}""")
     if args.reduction == "multiset":
         env.execute_sql(f"""
             CREATE TEMPORARY VIEW live_orders AS

@@ -39,9 +39,9 @@ import os
 import platform
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
+from bench.contest import Spark, add_common_arguments, chosen_contenders, run_contenders
 from refold.cli.produce import produce
 from refold.config import Pipeline, parse_pipeline
 from refold.dev.joinload import (
@@ -55,7 +55,6 @@ from refold.dev.joinload import (
 )
 from refold.model import jsonbytes
 
-RESULTS = Path(__file__).resolve().parent.parent / "docs" / "bench"
 CONTENDERS = ("refold", "flink")
 TITLES = {
     "refold": "Refold join + grouped view, exactly once",
@@ -101,24 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=defaults.orders, help="order events")
     parser.add_argument("--customers", type=int, default=defaults.customers)
     parser.add_argument("--regions", type=int, default=defaults.regions)
-    parser.add_argument("--batch", type=int, default=100_000, help="max events per micro-batch")
-    parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--contenders", default=",".join(CONTENDERS),
-                        help=f"comma-separated, run in this order: {','.join(CONTENDERS)}")
     parser.add_argument("--flink-reduction", choices=("multiset", "signed"), default="multiset")
-    parser.add_argument("--flink-parallelism", type=int, default=2)
-    parser.add_argument("--flink-checkpoint-ms", type=int, default=1000)
-    parser.add_argument("--bootstrap", help="the broker (default: the local one, started when none runs)")
-    parser.add_argument("--json-dir", type=Path, default=RESULTS, help="where join.json goes (default docs/bench)")
+    add_common_arguments(parser, CONTENDERS, "join.json")
     args = parser.parse_args(argv)
-    chosen = [c.strip() for c in args.contenders.split(",") if c.strip()]
-    unknown = [c for c in chosen if c not in CONTENDERS]
-    if unknown or not chosen:
-        parser.error(f"--contenders: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(CONTENDERS)}")
+    chosen = chosen_contenders(parser, args, CONTENDERS)
 
     from refold.dev.localkafka import ensure_broker
-    from refold.spark.job import spark_session
 
     bootstrap = ensure_broker(args.bootstrap, start_local=True)
     settings = {"bootstrap.servers": bootstrap}
@@ -142,31 +129,18 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.regions} regions) in {seconds:.1f}s", file=sys.stderr)
     del records, orders, customers
 
-    results: dict[str, dict[str, Any]] = {}
-    failed: dict[str, str] = {}
-    spark = None
-    try:
-        for name in chosen:
-            print(f"running {TITLES[name]}…", file=sys.stderr, flush=True)
-            try:
-                if name == "refold":
-                    spark = spark or spark_session(name="refold-bench")
-                    results[name] = run_refold(spark, bootstrap, topics, run_id, args.batch, events, expected)
-                    results[name]["right"] = results[name]["anomalies"] == 0
-                else:
-                    from bench.flink import run_flink_join
+    def run(name: str, spark: Spark) -> dict[str, Any]:
+        if name == "refold":
+            result = run_refold(spark.get(), bootstrap, topics, run_id, args.batch, events, expected)
+            return result | {"right": result["anomalies"] == 0}
+        from bench.flink import run_flink_join
 
-                    results[name] = run_flink_join(
-                        bootstrap, *topics, f"bench-flink-join-{run_id}.view", args.partitions, events,
-                        {region: row for (region,), row in expected.items()}, reduction=args.flink_reduction,
-                        parallelism=args.flink_parallelism, checkpoint_ms=args.flink_checkpoint_ms)
-                    results[name]["right"] = results[name]["mismatches"] == 0
-            except (SystemExit, Exception) as exc:  # one contender failing keeps the other's figures
-                failed[name] = str(exc) or type(exc).__name__
-                print(f"  {name} failed: {failed[name]}", file=sys.stderr)
-    finally:
-        if spark is not None:
-            spark.stop()
+        result = run_flink_join(bootstrap, *topics, f"bench-flink-join-{run_id}.view", args.partitions, events,
+                                {region: row for (region,), row in expected.items()}, reduction=args.flink_reduction,
+                                parallelism=args.flink_parallelism, checkpoint_ms=args.flink_checkpoint_ms)
+        return result | {"right": result["mismatches"] == 0}
+
+    results, failed = run_contenders(chosen, TITLES, run)
 
     refold = results.get("refold")
     print(f"\n{events:,} events ({args.events:,} orders, {args.customers:,} customers, {args.regions} regions), "
