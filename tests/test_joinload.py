@@ -5,10 +5,12 @@
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import orjson
+import yaml
 
-from refold.config import JoinSpec, ViewSpec
+from refold.config import JoinSpec, ViewSpec, parse_pipeline
 from refold.dev.joinload import (
     CUSTOMERS,
     JOIN,
@@ -93,3 +95,23 @@ def test_chunks_keep_the_order_and_every_pair_whole() -> None:
         assert lines == sides(records)[side]
         for part in parts:
             assert not part[side] or orjson.loads(part[side][-1])["op"] != "-C"
+
+
+def test_the_chaos_and_bench_join_pipelines_are_runnable(tmp_path: Path) -> None:
+    """The chaos harness's join pipeline file and the bench's join pipeline parse, read
+    the feed's two topics, and the engine runs them (no refusal)."""
+    from bench.join import join_pipeline
+    from refold.dev.chaospipelines import JoinFeed, write_pipelines
+
+    feed = JoinFeed(400, 100, 1)
+    assert feed.workload.customers == 20 and feed.events == len(feed.records) > 400
+    feed.cut(5)
+    assert sum(len(o) + len(c) for o, c in feed.parts) == feed.events
+    (path,) = write_pipelines(["join"], tmp_path, "unused", "127.0.0.1:1", batch=100, join=feed)
+    pipeline = parse_pipeline(yaml.safe_load(path.read_text()))
+    bench = join_pipeline("bench-join-x", feed.topics, "127.0.0.1:1", 1000)
+    for p in (pipeline, bench):
+        assert p.run_refusal() is None
+        assert p.view.join == JoinSpec.model_validate(JOIN)
+        assert [s.topic for s in p.sources.values()] == list(feed.topics)
+    assert pipeline.outputs.delta is not None
