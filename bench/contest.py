@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,13 +30,19 @@ def add_common_arguments(parser: argparse.ArgumentParser, contenders: Sequence[s
                         help=f"where {json_name} goes (default docs/bench)")
 
 
-def chosen_contenders(parser: argparse.ArgumentParser, args: argparse.Namespace, known: Sequence[str]) -> list[str]:
-    """The contenders `--contenders` names, in its order (a parser error for an unknown one)."""
+def start(parser: argparse.ArgumentParser, argv: list[str] | None,
+          known: Sequence[str]) -> tuple[argparse.Namespace, list[str], str, str]:
+    """The arguments parsed; the contenders `--contenders` names, in its order (a parser
+    error for an unknown one); the broker (the local one, started when none runs); the
+    run's id (a timestamp: its topics' names)."""
+    from refold.dev.localkafka import ensure_broker
+
+    args = parser.parse_args(argv)
     chosen = [c.strip() for c in args.contenders.split(",") if c.strip()]
     unknown = [c for c in chosen if c not in known]
     if unknown or not chosen:
         parser.error(f"--contenders: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(known)}")
-    return chosen
+    return args, chosen, ensure_broker(args.bootstrap, start_local=True), time.strftime("%Y%m%d%H%M%S")
 
 
 class Spark:

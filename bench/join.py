@@ -38,10 +38,9 @@ import json
 import os
 import platform
 import sys
-import time
 from typing import Any
 
-from bench.contest import Spark, add_common_arguments, chosen_contenders, run_contenders
+from bench.contest import Spark, add_common_arguments, run_contenders, start
 from refold.cli.produce import produce
 from refold.config import Pipeline, parse_pipeline
 from refold.dev.joinload import (
@@ -102,14 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--regions", type=int, default=defaults.regions)
     parser.add_argument("--flink-reduction", choices=("multiset", "signed"), default="multiset")
     add_common_arguments(parser, CONTENDERS, "join.json")
-    args = parser.parse_args(argv)
-    chosen = chosen_contenders(parser, args, CONTENDERS)
-
-    from refold.dev.localkafka import ensure_broker
-
-    bootstrap = ensure_broker(args.bootstrap, start_local=True)
+    args, chosen, bootstrap, run_id = start(parser, argv, CONTENDERS)
     settings = {"bootstrap.servers": bootstrap}
-    run_id = time.strftime("%Y%m%d%H%M%S")
     topics = (f"bench-join-{run_id}.orders", f"bench-join-{run_id}.customers")
     w = JoinWorkload(orders=args.events, customers=args.customers, regions=args.regions, seed=args.seed)
     records = list(generate_join(w))

@@ -61,7 +61,7 @@ from typing import Any
 
 import orjson
 
-from bench.contest import Spark, add_common_arguments, chosen_contenders, run_contenders
+from bench.contest import Spark, add_common_arguments, run_contenders, start
 from bench.procs import PeakRss
 from refold.cli.produce import produce
 from refold.config import Pipeline, parse_pipeline
@@ -302,14 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corrections", type=float, default=defaults.correct_share, help="share of -C/+C pairs")
     parser.add_argument("--horizons", type=float, default=defaults.horizons, help="the input's span in horizons")
     add_common_arguments(parser, CONTENDERS, "windows.json")
-    args = parser.parse_args(argv)
-    chosen = chosen_contenders(parser, args, CONTENDERS)
-
-    from refold.dev.localkafka import ensure_broker
-
-    bootstrap = ensure_broker(args.bootstrap, start_local=True)
+    args, chosen, bootstrap, run_id = start(parser, argv, CONTENDERS)
     settings = {"bootstrap.servers": bootstrap}
-    run_id = time.strftime("%Y%m%d%H%M%S")
     source = f"bench-windows-{run_id}"
     w = WindowWorkload(events=args.events, keys=args.keys, window_ms=args.window_ms, lateness_ms=args.lateness_ms,
                        late_share=args.late, late_by=args.late_by, correct_share=args.corrections,
