@@ -2,8 +2,8 @@
 
 Run by the Flink virtualenv's python (`.refold/flink-venv`, see `bench/flink.py`),
 never by Refold's: PyFlink pins its own pyarrow, pandas and protobuf. It imports
-nothing from Refold (its shared parts: `flink_sql.py`). One JSON object per line on stdout tells the parent what
-happened when (wall clock, `time.time()`): `{"event": "submitted", "t": ...}` right
+nothing from Refold (its shared parts: `flink_sql.py`). One JSON object per line on
+stdout tells the parent what happened when (wall clock, `time.time()`): `{"event": "submitted", "t": ...}` right
 before the job starts, `{"event": "finished", "t": ...}` when it has ended.
 
 The source is the bench's changelog topic read as plain JSON (`op` is a column: Flink
@@ -33,32 +33,23 @@ from __future__ import annotations
 
 import sys
 
-from flink_sql import (
-    MINI_BATCH,
-    SIGN,
-    changelog_table,
-    job_parser,
-    kafka_sink,
-    say,
-    table_environment,
-)
+import flink_sql as sql
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = job_parser()
+    parser = sql.job_parser(reduction=True)
     parser.add_argument("--source", required=True)
-    parser.add_argument("--reduction", choices=("multiset", "signed"), default="multiset")
     args = parser.parse_args(argv)
 
-    env = table_environment(args, **MINI_BATCH)
+    env = sql.table_environment(args, **sql.MINI_BATCH)
     group = f"bench-flink-{args.run_id}"
-    env.execute_sql(changelog_table("changelog", args.source, """player_name STRING,
+    env.execute_sql(sql.changelog_table("changelog", args.source, """player_name STRING,
             score BIGINT,
             bonus DOUBLE,
             team STRING""", args.bootstrap, group))
     env.execute_sql(f"""
         CREATE TEMPORARY VIEW signed_changelog AS
-        SELECT player_name, score, bonus, team, {SIGN} AS sign
+        SELECT player_name, score, bonus, team, {sql.SIGN} AS sign
         FROM changelog""")
     best = "best BIGINT," if args.reduction == "multiset" else ""
     env.execute_sql(f"""
@@ -68,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             games BIGINT,
             {best}
             PRIMARY KEY (player_name) NOT ENFORCED
-        ) {kafka_sink(args.output, args.bootstrap, group, upsert=True)}""")
+        ) {sql.kafka_sink(args.output, args.bootstrap, group, upsert=True)}""")
     if args.reduction == "multiset":
         insert = """
             INSERT INTO view_out
@@ -86,10 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             SELECT player_name, SUM(sign * score), SUM(sign)
             FROM signed_changelog
             GROUP BY player_name"""
-    say("submitted", reduction=args.reduction)
-    env.execute_sql(insert).wait()
-    say("finished")
-    return 0
+    return sql.execute(env, insert, reduction=args.reduction)
 
 
 if __name__ == "__main__":

@@ -32,29 +32,20 @@ from __future__ import annotations
 
 import sys
 
-from flink_sql import (
-    MINI_BATCH,
-    SIGN,
-    changelog_table,
-    job_parser,
-    kafka_sink,
-    say,
-    table_environment,
-)
+import flink_sql as sql
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = job_parser()
+    parser = sql.job_parser(reduction=True)
     parser.add_argument("--orders", required=True)
     parser.add_argument("--customers", required=True)
-    parser.add_argument("--reduction", choices=("multiset", "signed"), default="multiset")
     args = parser.parse_args(argv)
 
-    env = table_environment(args, **MINI_BATCH)
+    env = sql.table_environment(args, **sql.MINI_BATCH)
     group = f"bench-flink-join-{args.run_id}"
-    env.execute_sql(changelog_table("orders", args.orders, "id BIGINT, customer_id BIGINT, amount BIGINT",
+    env.execute_sql(sql.changelog_table("orders", args.orders, "id BIGINT, customer_id BIGINT, amount BIGINT",
                                     args.bootstrap, f"{group}-orders"))
-    env.execute_sql(changelog_table("customers", args.customers, "id BIGINT, region STRING, name STRING",
+    env.execute_sql(sql.changelog_table("customers", args.customers, "id BIGINT, region STRING, name STRING",
                                     args.bootstrap, f"{group}-customers"))
     env.execute_sql(f"""
         CREATE TABLE region_out (
@@ -62,17 +53,17 @@ def main(argv: list[str] | None = None) -> int:
             revenue BIGINT,
             orders BIGINT,
             PRIMARY KEY (region) NOT ENFORCED
-        ) {kafka_sink(args.output, args.bootstrap, group, upsert=True)}""")
+        ) {sql.kafka_sink(args.output, args.bootstrap, group, upsert=True)}""")
     if args.reduction == "multiset":
         env.execute_sql(f"""
             CREATE TEMPORARY VIEW live_orders AS
             SELECT id, customer_id, amount, n FROM (
-                SELECT id, customer_id, amount, SUM({SIGN}) AS n FROM orders GROUP BY id, customer_id, amount)
+                SELECT id, customer_id, amount, SUM({sql.SIGN}) AS n FROM orders GROUP BY id, customer_id, amount)
             WHERE n > 0""")
         env.execute_sql(f"""
             CREATE TEMPORARY VIEW live_customers AS
             SELECT id, region, n FROM (
-                SELECT id, region, name, SUM({SIGN}) AS n FROM customers GROUP BY id, region, name)
+                SELECT id, region, name, SUM({sql.SIGN}) AS n FROM customers GROUP BY id, region, name)
             WHERE n > 0""")
         insert = """
             INSERT INTO region_out
@@ -83,13 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         insert = f"""
             INSERT INTO region_out
             SELECT c.region, SUM(o.sign * c.sign * o.amount), SUM(o.sign * c.sign)
-            FROM (SELECT customer_id, amount, {SIGN} AS sign FROM orders) AS o
-            JOIN (SELECT id, region, {SIGN} AS sign FROM customers) AS c ON o.customer_id = c.id
+            FROM (SELECT customer_id, amount, {sql.SIGN} AS sign FROM orders) AS o
+            JOIN (SELECT id, region, {sql.SIGN} AS sign FROM customers) AS c ON o.customer_id = c.id
             GROUP BY c.region"""
-    say("submitted", reduction=args.reduction)
-    env.execute_sql(insert).wait()
-    say("finished")
-    return 0
+    return sql.execute(env, insert, reduction=args.reduction)
 
 
 if __name__ == "__main__":

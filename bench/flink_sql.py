@@ -23,10 +23,13 @@ def say(event: str, **fields: object) -> None:
     print(json.dumps({"event": event, "t": time.time(), **fields}), flush=True)
 
 
-def job_parser() -> argparse.ArgumentParser:
+def job_parser(*, reduction: bool = False) -> argparse.ArgumentParser:
     """The arguments every job takes (the broker, its output, the connector jars, its
-    parallelism, checkpoint interval and run id); a job adds its own."""
+    parallelism, checkpoint interval and run id; with `reduction`, `--reduction multiset`
+    or `signed`); a job adds its own."""
     parser = argparse.ArgumentParser()
+    if reduction:
+        parser.add_argument("--reduction", choices=("multiset", "signed"), default="multiset")
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--output", required=True)
     parser.add_argument("--jar", required=True, action="append", help="connector jar (repeatable)")
@@ -97,3 +100,12 @@ def kafka_sink(topic: str, bootstrap: str, prefix: str, upsert: bool) -> str:
             'sink.transactional-id-prefix' = '{prefix}',
             'properties.transaction.timeout.ms' = '600000'
         )"""
+
+
+def execute(env: Any, insert: str, **fields: object) -> int:
+    """Run the job's INSERT to its end, telling the parent when it was submitted and
+    when it finished; the script's exit status."""
+    say("submitted", **fields)
+    env.execute_sql(insert).wait()
+    say("finished")
+    return 0

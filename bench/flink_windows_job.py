@@ -2,8 +2,8 @@
 TUMBLE window table-valued function over an event-time watermark.
 
 Run by the Flink virtualenv's python (`.refold/flink-venv`, see `bench/flink.py`); it
-imports nothing from Refold (its shared parts: `flink_sql.py`). One JSON object per line on stdout, as `flink_job.py`
-writes them (`submitted`, `finished`).
+imports nothing from Refold (its shared parts: `flink_sql.py`). One JSON object per
+line on stdout, as `flink_job.py` writes them (`submitted`, `finished`).
 
 The source is the windowed bench's topic read as plain JSON (`op` is a column), bounded
 at the offsets that are the end when the job starts. The event time is `ts` (epoch
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import sys
 
-from flink_sql import SIGN, changelog_table, job_parser, kafka_sink, say, table_environment
+from flink_sql import SIGN, changelog_table, execute, job_parser, kafka_sink, table_environment
 
 
 def seconds(ms: int) -> str:
@@ -57,10 +57,7 @@ def main(argv: list[str] | None = None) -> int:
                SUM({SIGN} * score), SUM({SIGN})
         FROM TABLE(TUMBLE(TABLE changelog, DESCRIPTOR(rowtime), INTERVAL '{seconds(args.window_ms)}' SECOND))
         GROUP BY player_name, window_start, window_end"""
-    say("submitted")
-    env.execute_sql(insert).wait()
-    say("finished")
-    return 0
+    return execute(env, insert)
 
 
 if __name__ == "__main__":
