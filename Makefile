@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 NATIVE := $(VENV)/.native
 
 .PHONY: setup jars registry test test-slow test-container container unit lint docs demo chaos bench bench-hotpath bench-contenders bench-latency bench-scaling bench-tasks \
-	bench-plots bench-clean bench-ingest bench-replication bench-windows \
+	bench-plots bench-clean bench-ingest bench-replication bench-windows bench-join \
 	kafka-start kafka-stop clean
 
 setup: $(STAMP) $(NATIVE)
@@ -87,14 +87,18 @@ chaos: setup jars
 # windowed view over 1M out-of-order events with late ones and late corrections: Refold with a
 # lateness vs Flink's TUMBLE TVF and Spark's window(), each with a watermark; late events counted,
 # lost or dead-lettered; Refold's state per shard against one horizon's worth; WINDOWS_ARGS, e.g.
-# "--events 50000 --contenders refold,spark-sql"), bench-plots.
+# "--events 50000 --contenders refold,spark-sql"), bench-join (revenue per region over 1M order
+# events joined with 50k customers who move between regions: Refold's join and grouped view vs
+# Flink SQL's regular join + GROUP BY on the same two topics, both checked; JOIN_ARGS, e.g.
+# "--events 50000 --customers 2500"), bench-plots.
 # The first Flink run makes .refold/flink-venv.
 TASKS_ARGS ?= --many-keys 10000000
 INGEST_ARGS ?=
 WINDOWS_ARGS ?=
+JOIN_ARGS ?=
 
 bench: bench-clean bench-hotpath bench-contenders bench-latency bench-scaling bench-tasks bench-ingest bench-windows \
-	bench-replication bench-plots
+	bench-join bench-replication bench-plots
 
 # the topics earlier bench runs left on the local broker (a few GB a run), and their files
 bench-clean: setup jars
@@ -135,6 +139,11 @@ bench-replication: setup jars
 # SQL's TUMBLE and Spark's window(), late events counted and lost, state boundedness (bench/windows.py)
 bench-windows: setup jars
 	$(PY) -m bench.windows $(WINDOWS_ARGS)
+
+# a join then a grouped view: Refold's `view.join` + revenue per region vs Flink SQL's regular
+# join + GROUP BY over the same orders and customers changelogs, both checked (bench/join.py)
+bench-join: setup jars
+	$(PY) -m bench.join $(JOIN_ARGS)
 
 bench-plots: setup
 	$(PY) -m bench.plots

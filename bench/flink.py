@@ -7,7 +7,9 @@ Flink's Kafka SQL connector is the `flink-connectors` jar set (`refold.spark.jar
 `engine/jvm/flink-connectors.pom.xml`): connector 5.0.0-2.2 is the release for
 Flink 2.2.
 
-`run_flink` starts `bench/flink_job.py` with that venv's python, samples the peak
+`run_flink` starts `bench/flink_job.py` with that venv's python (`run_flink_windows`
+`bench/flink_windows_job.py` for `make bench-windows`, `run_flink_join`
+`bench/flink_join_job.py` for `make bench-join`; all through `run_job`), samples the peak
 RSS of its process tree (the Python driver and Flink's JVM), and reads the output
 topic `read_committed` while the job runs: the time of the last committed output
 record it sees, minus the time the job was submitted, is Flink's time (the JVM's
@@ -15,8 +17,8 @@ start is reported apart, as Refold's Spark session start is not counted either;
 `first_output_s`, when the first committed record appeared, shows how much of
 Flink's time is planning, mini-cluster start and deployment).
 After the job has ended it drains the topic and compares the final per-key rows
-with the expected view (from `refold.reference`): the number of keys that differ
-is the mismatch count.
+with the expected view (from `refold.reference`; the join's from
+`refold.dev.joinload`): the number of keys that differ is the mismatch count.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from refold.spark.jars import resolve
 FLINK_VERSION = "2.2.1"  # apache-flink on PyPI; the connector jar set must match it
 JOB = Path(__file__).resolve().parent / "flink_job.py"
 WINDOWS_JOB = Path(__file__).resolve().parent / "flink_windows_job.py"  # `make bench-windows`
+JOIN_JOB = Path(__file__).resolve().parent / "flink_join_job.py"  # `make bench-join`
 _STAMP = ".refold-flink"
 
 
@@ -108,15 +111,17 @@ class OutputReader(threading.Thread):
         self.consumer.close()
 
 
-def mismatches(rows: dict[bytes, bytes], expected: dict[str, dict[str, Any]], columns: list[str]) -> int:
-    """Keys whose final output row differs from the expected one, or is missing, or is extra."""
+def mismatches(rows: dict[bytes, bytes], expected: dict[str, dict[str, Any]], columns: list[str],
+               key: str = "player_name", count: str = "games") -> int:
+    """Keys whose final output row differs from the expected one, or is missing, or is
+    extra (a row whose `count` column is 0 counts as none)."""
     seen = {}
-    for key, value in rows.items():
-        seen[orjson.loads(key)["player_name"]] = orjson.loads(value)
+    for raw, value in rows.items():
+        seen[orjson.loads(raw)[key]] = orjson.loads(value)
     bad = 0
     for name in set(seen) | set(expected):
         got, want = seen.get(name), expected.get(name)
-        if got is not None and got.get("games") == 0:
+        if got is not None and got.get(count) == 0:
             got = None  # the signed reduction keeps a key whose rows are all gone, at 0
         if got is None and want is None:
             continue
@@ -125,27 +130,25 @@ def mismatches(rows: dict[bytes, bytes], expected: dict[str, dict[str, Any]], co
     return bad
 
 
-def run_flink(
-    bootstrap: str, source: str, output: str, partitions: int, events: int,
-    expected: dict[str, dict[str, Any]], *, reduction: str = "multiset", parallelism: int = 2,
-    checkpoint_ms: int = 1000,
-) -> dict[str, Any]:
-    """Run the Flink job once; its time, peak RSS and the mismatch count against `expected`."""
+def run_job(script: Path, bootstrap: str, job_args: list[str], output: str, partitions: int, events: int,
+            log_name: str) -> tuple[dict[str, Any], OutputReader]:
+    """Run one Flink job (`script` with `job_args`, the broker, output and connector jars
+    added) in the Flink
+    virtualenv while reading `output` read_committed; its time (submission to the last
+    committed output record), its JVM start, its peak RSS; and the reader (the output's
+    final rows). SystemExit when the job fails or writes nothing."""
     python = flink_python()
     jars = flink_jars()
     settings = {"bootstrap.servers": bootstrap}
     ensure_topics(settings, [TopicSpec(output, partitions)])
     reader = OutputReader(settings, output)
     reader.start()
-    command = [
-        str(python), str(JOB), "--bootstrap", bootstrap, "--source", source, "--output", output,
-        "--parallelism", str(parallelism), "--checkpoint-ms", str(checkpoint_ms), "--reduction", reduction,
-        "--run-id", output.replace(".", "-"), *(arg for jar in jars for arg in ("--jar", str(jar))),
-    ]  # fmt: skip
+    command = [str(python), str(script), "--bootstrap", bootstrap, *job_args, "--output", output, "--run-id", output.replace(".", "-"),
+               *(arg for jar in jars for arg in ("--jar", str(jar)))]
     launched = time.time()
     logs = project_home() / "flink-log"  # Flink's own log (else it writes into the venv)
     logs.mkdir(parents=True, exist_ok=True)
-    log = logs / "bench-flink-job.stderr"
+    log = logs / f"{log_name}.stderr"
     with log.open("w") as stderr:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True,
                                    env={**os.environ, "PYTHONUNBUFFERED": "1", "FLINK_LOG_DIR": str(logs)})
@@ -161,19 +164,29 @@ def run_flink(
     reader.draining.set()
     reader.join(120)
     if code != 0 or "finished" not in said:
-        raise SystemExit(f"flink: the job failed (exit {code}); see {log} and {logs}")
+        raise SystemExit(f"flink: the job {script.name} failed (exit {code}); see {log} and {logs}")
     if reader.failure or reader.last_record is None:
         raise SystemExit(f"flink: could not read {output}: {reader.failure or 'no output at all'}")
     submitted = said["submitted"]
     seconds = reader.last_record - submitted
+    return {"seconds": seconds, "events_per_s": events / seconds, "startup_s": submitted - launched,
+            "first_output_s": (reader.first_record or submitted) - submitted, "wall_s": ended - launched,
+            "peak_rss_bytes": peak.bytes, "output_records": reader.records, "keys": len(reader.rows),
+            "flink": FLINK_VERSION, "connector": [jar.name for jar in jars]}, reader
+
+
+def run_flink(
+    bootstrap: str, source: str, output: str, partitions: int, events: int,
+    expected: dict[str, dict[str, Any]], *, reduction: str = "multiset", parallelism: int = 2,
+    checkpoint_ms: int = 1000,
+) -> dict[str, Any]:
+    """Run the Flink job once; its time, peak RSS and the mismatch count against `expected`."""
+    result, reader = run_job(JOB, bootstrap, ["--source", source, "--parallelism", str(parallelism),
+                                   "--checkpoint-ms", str(checkpoint_ms), "--reduction", reduction],
+                             output, partitions, events, "bench-flink-job")
     columns = ["total", "games", "best"] if reduction == "multiset" else ["total", "games"]
-    bad = mismatches(reader.rows, expected, columns)
-    return {
-        "seconds": seconds, "events_per_s": events / seconds, "startup_s": submitted - launched,
-        "first_output_s": (reader.first_record or submitted) - submitted, "wall_s": ended - launched, "peak_rss_bytes": peak.bytes, "output_records": reader.records,
-        "keys": len(reader.rows), "mismatches": bad, "reduction": reduction, "columns": columns,
-        "flink": FLINK_VERSION, "connector": [jar.name for jar in jars],
-    }
+    return result | {"mismatches": mismatches(reader.rows, expected, columns), "reduction": reduction,
+                     "columns": columns}
 
 
 def run_flink_windows(bootstrap: str, source: str, output: str, partitions: int, events: int, window: Any, *,
@@ -182,43 +195,22 @@ def run_flink_windows(bootstrap: str, source: str, output: str, partitions: int,
     lateness) once over `source`; its time (submission to the last committed output
     record) and peak RSS. `window`: the bench's `WindowWorkload` (window size, lateness).
     The output is compared by the caller (`bench.windows`)."""
-    python = flink_python()
-    jars = flink_jars()
-    settings = {"bootstrap.servers": bootstrap}
-    ensure_topics(settings, [TopicSpec(output, partitions)])
-    reader = OutputReader(settings, output)
-    reader.start()
-    command = [
-        str(python), str(WINDOWS_JOB), "--bootstrap", bootstrap, "--source", source, "--output", output,
-        "--window-ms", str(window.window_ms), "--lateness-ms", str(window.lateness_ms),
-        "--parallelism", str(parallelism), "--checkpoint-ms", str(checkpoint_ms),
-        "--run-id", output.replace(".", "-"), *(arg for jar in jars for arg in ("--jar", str(jar))),
-    ]  # fmt: skip
-    launched = time.time()
-    logs = project_home() / "flink-log"
-    logs.mkdir(parents=True, exist_ok=True)
-    log = logs / "bench-flink-windows-job.stderr"
-    with log.open("w") as stderr:
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1", "FLINK_LOG_DIR": str(logs)})
-        with PeakRss(process.pid) as peak:
-            assert process.stdout is not None
-            said = {}
-            for line in process.stdout:
-                if line.startswith("{"):
-                    record = json.loads(line)
-                    said[record["event"]] = record["t"]
-            code = process.wait()
-    ended = time.time()
-    reader.draining.set()
-    reader.join(120)
-    if code != 0 or "finished" not in said:
-        raise SystemExit(f"flink: the windowed job failed (exit {code}); see {log} and {logs}")
-    if reader.failure or reader.last_record is None:
-        raise SystemExit(f"flink: could not read {output}: {reader.failure or 'no output at all'}")
-    submitted = said["submitted"]
-    seconds = reader.last_record - submitted
-    return {"seconds": seconds, "events_per_s": events / seconds, "startup_s": submitted - launched,
-            "first_output_s": (reader.first_record or submitted) - submitted, "wall_s": ended - launched,
-            "peak_rss_bytes": peak.bytes, "output_records": reader.records, "flink": FLINK_VERSION,
-            "connector": [jar.name for jar in jars]}
+    return run_job(WINDOWS_JOB, bootstrap, ["--source", source, "--window-ms", str(window.window_ms),
+                                 "--lateness-ms", str(window.lateness_ms), "--parallelism", str(parallelism),
+                                 "--checkpoint-ms", str(checkpoint_ms)],
+                   output, partitions, events, "bench-flink-windows-job")[0]
+
+
+def run_flink_join(bootstrap: str, orders: str, customers: str, output: str, partitions: int, events: int,
+                   expected: dict[str, dict[str, Any]], *, reduction: str = "multiset", parallelism: int = 2,
+                   checkpoint_ms: int = 1000) -> dict[str, Any]:
+    """Run the join job (`flink_join_job.py`: a regular join and GROUP BY region) once
+    over the two topics; its time, peak RSS, and the regions whose final row differs
+    from `expected` (region → `{region, revenue, orders}`)."""
+    result, reader = run_job(JOIN_JOB, bootstrap, ["--orders", orders, "--customers", customers,
+                                        "--parallelism", str(parallelism), "--checkpoint-ms", str(checkpoint_ms),
+                                        "--reduction", reduction],
+                             output, partitions, events, "bench-flink-join-job")
+    columns = ["revenue", "orders"]
+    return result | {"mismatches": mismatches(reader.rows, expected, columns, key="region", count="orders"),
+                     "reduction": reduction, "columns": columns}

@@ -2,8 +2,8 @@
 
 Run by the Flink virtualenv's python (`.refold/flink-venv`, see `bench/flink.py`),
 never by Refold's: PyFlink pins its own pyarrow, pandas and protobuf. It imports
-nothing from Refold. One JSON object per line on stdout tells the parent what
-happened when (wall clock, `time.time()`): `{"event": "submitted", "t": ...}` right
+nothing from Refold (its shared parts: `flink_sql.py`). One JSON object per line on
+stdout tells the parent what happened when (wall clock, `time.time()`): `{"event": "submitted", "t": ...}` right
 before the job starts, `{"event": "finished", "t": ...}` when it has ended.
 
 The source is the bench's changelog topic read as plain JSON (`op` is a column: Flink
@@ -31,73 +31,25 @@ takes a final checkpoint when its input ends, which commits the rest.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import time
 
-
-def say(event: str, **fields: object) -> None:
-    print(json.dumps({"event": event, "t": time.time(), **fields}), flush=True)
+import flink_sql as sql
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--bootstrap", required=True)
+    parser = sql.job_parser(reduction=True)
     parser.add_argument("--source", required=True)
-    parser.add_argument("--output", required=True)
-    parser.add_argument("--jar", required=True, action="append", help="connector jar (repeatable)")
-    parser.add_argument("--parallelism", type=int, default=2)
-    parser.add_argument("--checkpoint-ms", type=int, default=1000)
-    parser.add_argument("--reduction", choices=("multiset", "signed"), default="multiset")
-    parser.add_argument("--run-id", default=str(int(time.time())))
     args = parser.parse_args(argv)
 
-    from pyflink.table import EnvironmentSettings, TableEnvironment
-
-    env = TableEnvironment.create(EnvironmentSettings.in_streaming_mode())
-    conf = env.get_config()
-    for key, value in {
-        "pipeline.jars": ";".join(f"file://{jar}" for jar in args.jar),
-        "parallelism.default": str(args.parallelism),
-        "execution.checkpointing.interval": f"{args.checkpoint_ms}ms",
-        "execution.checkpointing.mode": "EXACTLY_ONCE",
-        # Checkpoints to files: the default (the JobManager's memory) refuses a state over
-        # 5 MB, which the multiset reduction passes at ~30k keys (then every checkpoint
-        # fails and the job restarts for ever).
-        "execution.checkpointing.storage": "filesystem",
-        "execution.checkpointing.dir": f"file:///tmp/refold-bench/flink-checkpoints/{args.run_id}",
-        # Group aggregation buffers input per key for a moment, like Refold's batches.
-        "table.exec.mini-batch.enabled": "true",
-        "table.exec.mini-batch.allow-latency": "200ms",
-        "table.exec.mini-batch.size": "5000",
-    }.items():
-        conf.set(key, value)
-
-    kafka = f"'properties.bootstrap.servers' = '{args.bootstrap}'"
-    env.execute_sql(f"""
-        CREATE TABLE changelog (
-            op STRING,
-            player_name STRING,
+    env = sql.table_environment(args, **sql.MINI_BATCH)
+    group = f"bench-flink-{args.run_id}"
+    env.execute_sql(sql.changelog_table("changelog", args.source, """player_name STRING,
             score BIGINT,
             bonus DOUBLE,
-            team STRING
-        ) WITH (
-            'connector' = 'kafka',
-            'topic' = '{args.source}',
-            {kafka},
-            'properties.group.id' = 'bench-flink-{args.run_id}',
-            'properties.isolation.level' = 'read_committed',
-            'scan.startup.mode' = 'earliest-offset',
-            'scan.bounded.mode' = 'latest-offset',
-            'format' = 'json',
-            'json.fail-on-missing-field' = 'false',
-            'json.ignore-parse-errors' = 'false'
-        )""")
-    env.execute_sql("""
+            team STRING""", args.bootstrap, group))
+    env.execute_sql(f"""
         CREATE TEMPORARY VIEW signed_changelog AS
-        SELECT player_name, score, bonus, team,
-               CAST(CASE WHEN op IN ('-R', '-C') THEN -1 ELSE 1 END AS BIGINT) AS sign
+        SELECT player_name, score, bonus, team, {sql.SIGN} AS sign
         FROM changelog""")
     best = "best BIGINT," if args.reduction == "multiset" else ""
     env.execute_sql(f"""
@@ -107,16 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             games BIGINT,
             {best}
             PRIMARY KEY (player_name) NOT ENFORCED
-        ) WITH (
-            'connector' = 'upsert-kafka',
-            'topic' = '{args.output}',
-            {kafka},
-            'key.format' = 'json',
-            'value.format' = 'json',
-            'sink.delivery-guarantee' = 'exactly-once',
-            'sink.transactional-id-prefix' = 'bench-flink-{args.run_id}',
-            'properties.transaction.timeout.ms' = '600000'
-        )""")
+        ) {sql.kafka_sink(args.output, args.bootstrap, group, upsert=True)}""")
     if args.reduction == "multiset":
         insert = """
             INSERT INTO view_out
@@ -134,10 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             SELECT player_name, SUM(sign * score), SUM(sign)
             FROM signed_changelog
             GROUP BY player_name"""
-    say("submitted", reduction=args.reduction)
-    env.execute_sql(insert).wait()
-    say("finished")
-    return 0
+    return sql.execute(env, insert, reduction=args.reduction)
 
 
 if __name__ == "__main__":

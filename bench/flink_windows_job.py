@@ -2,8 +2,8 @@
 TUMBLE window table-valued function over an event-time watermark.
 
 Run by the Flink virtualenv's python (`.refold/flink-venv`, see `bench/flink.py`); it
-imports nothing from Refold. One JSON object per line on stdout, as `flink_job.py`
-writes them (`submitted`, `finished`).
+imports nothing from Refold (its shared parts: `flink_sql.py`). One JSON object per
+line on stdout, as `flink_job.py` writes them (`submitted`, `finished`).
 
 The source is the windowed bench's topic read as plain JSON (`op` is a column), bounded
 at the offsets that are the end when the job starts. The event time is `ts` (epoch
@@ -19,14 +19,9 @@ a row later than the watermark is dropped (Flink counts it in a metric, no more)
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import time
 
-
-def say(event: str, **fields: object) -> None:
-    print(json.dumps({"event": event, "t": time.time(), **fields}), flush=True)
+from flink_sql import SIGN, changelog_table, execute, job_parser, kafka_sink, table_environment
 
 
 def seconds(ms: int) -> str:
@@ -35,80 +30,34 @@ def seconds(ms: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--bootstrap", required=True)
+    parser = job_parser()
     parser.add_argument("--source", required=True)
-    parser.add_argument("--output", required=True)
-    parser.add_argument("--jar", required=True, action="append", help="connector jar (repeatable)")
     parser.add_argument("--window-ms", type=int, required=True)
     parser.add_argument("--lateness-ms", type=int, required=True)
-    parser.add_argument("--parallelism", type=int, default=2)
-    parser.add_argument("--checkpoint-ms", type=int, default=1000)
-    parser.add_argument("--run-id", default=str(int(time.time())))
     args = parser.parse_args(argv)
 
-    from pyflink.table import EnvironmentSettings, TableEnvironment
-
-    env = TableEnvironment.create(EnvironmentSettings.in_streaming_mode())
-    conf = env.get_config()
-    for key, value in {
-        "pipeline.jars": ";".join(f"file://{jar}" for jar in args.jar),
-        "parallelism.default": str(args.parallelism),
-        "execution.checkpointing.interval": f"{args.checkpoint_ms}ms",
-        "execution.checkpointing.mode": "EXACTLY_ONCE",
-        "execution.checkpointing.storage": "filesystem",
-        "execution.checkpointing.dir": f"file:///tmp/refold-bench/flink-checkpoints/{args.run_id}",
-        "table.local-time-zone": "UTC",
-    }.items():
-        conf.set(key, value)
-
-    kafka = f"'properties.bootstrap.servers' = '{args.bootstrap}'"
-    env.execute_sql(f"""
-        CREATE TABLE changelog (
-            op STRING,
-            player_name STRING,
+    env = table_environment(args, **{"table.local-time-zone": "UTC"})
+    group = f"bench-flink-windows-{args.run_id}"
+    env.execute_sql(changelog_table("changelog", args.source, f"""player_name STRING,
             score BIGINT,
             ts BIGINT,
             rowtime AS TO_TIMESTAMP_LTZ(ts, 3),
-            WATERMARK FOR rowtime AS rowtime - INTERVAL '{seconds(args.lateness_ms)}' SECOND
-        ) WITH (
-            'connector' = 'kafka',
-            'topic' = '{args.source}',
-            {kafka},
-            'properties.group.id' = 'bench-flink-windows-{args.run_id}',
-            'properties.isolation.level' = 'read_committed',
-            'scan.startup.mode' = 'earliest-offset',
-            'scan.bounded.mode' = 'latest-offset',
-            'format' = 'json',
-            'json.fail-on-missing-field' = 'false',
-            'json.ignore-parse-errors' = 'false'
-        )""")
+            WATERMARK FOR rowtime AS rowtime - INTERVAL '{seconds(args.lateness_ms)}' SECOND""",
+                                    args.bootstrap, group))
     env.execute_sql(f"""
         CREATE TABLE windows_out (
             player_name STRING,
             window_start BIGINT,
             total BIGINT,
             games BIGINT
-        ) WITH (
-            'connector' = 'kafka',
-            'topic' = '{args.output}',
-            {kafka},
-            'format' = 'json',
-            'sink.delivery-guarantee' = 'exactly-once',
-            'sink.transactional-id-prefix' = 'bench-flink-windows-{args.run_id}',
-            'properties.transaction.timeout.ms' = '600000'
-        )""")
+        ) {kafka_sink(args.output, args.bootstrap, group, upsert=False)}""")
     insert = f"""
         INSERT INTO windows_out
         SELECT player_name, MIN(ts) - MOD(MIN(ts), CAST({args.window_ms} AS BIGINT)),
-               SUM(CASE WHEN op IN ('-R', '-C') THEN -score ELSE score END),
-               SUM(CAST(CASE WHEN op IN ('-R', '-C') THEN -1 ELSE 1 END AS BIGINT))
+               SUM({SIGN} * score), SUM({SIGN})
         FROM TABLE(TUMBLE(TABLE changelog, DESCRIPTOR(rowtime), INTERVAL '{seconds(args.window_ms)}' SECOND))
         GROUP BY player_name, window_start, window_end"""
-    say("submitted")
-    env.execute_sql(insert).wait()
-    say("finished")
-    return 0
+    return execute(env, insert)
 
 
 if __name__ == "__main__":

@@ -57,11 +57,11 @@ import sys
 import time
 from collections import defaultdict, deque
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import orjson
 
+from bench.contest import Spark, add_common_arguments, run_contenders, start
 from bench.procs import PeakRss
 from refold.cli.produce import produce
 from refold.config import Pipeline, parse_pipeline
@@ -74,7 +74,6 @@ from refold.recovery.records import decode_dead_letter
 from refold.reduce import Rejected, make_reducer
 from refold.reference import merge_partitions
 
-RESULTS = Path(__file__).resolve().parent.parent / "docs" / "bench"
 CONTENDERS = ("refold", "flink", "spark-sql")
 TITLES = {
     "refold": "Refold, exactly once, lateness, dead letters",
@@ -302,27 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--late-by", type=float, default=defaults.late_by, help="how late, at most, in windows")
     parser.add_argument("--corrections", type=float, default=defaults.correct_share, help="share of -C/+C pairs")
     parser.add_argument("--horizons", type=float, default=defaults.horizons, help="the input's span in horizons")
-    parser.add_argument("--batch", type=int, default=100_000, help="max events per micro-batch")
-    parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--contenders", default=",".join(CONTENDERS),
-                        help=f"comma-separated, run in this order: {','.join(CONTENDERS)}")
-    parser.add_argument("--flink-parallelism", type=int, default=2)
-    parser.add_argument("--flink-checkpoint-ms", type=int, default=1000)
-    parser.add_argument("--bootstrap", help="the broker (default: the local one, started when none runs)")
-    parser.add_argument("--json-dir", type=Path, default=RESULTS, help="where windows.json goes (default docs/bench)")
-    args = parser.parse_args(argv)
-    chosen = [c.strip() for c in args.contenders.split(",") if c.strip()]
-    unknown = [c for c in chosen if c not in CONTENDERS]
-    if unknown or not chosen:
-        parser.error(f"--contenders: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(CONTENDERS)}")
-
-    from refold.dev.localkafka import ensure_broker
-    from refold.spark.job import spark_session
-
-    bootstrap = ensure_broker(args.bootstrap, start_local=True)
+    add_common_arguments(parser, CONTENDERS, "windows.json")
+    args, chosen, bootstrap, run_id = start(parser, argv, CONTENDERS)
     settings = {"bootstrap.servers": bootstrap}
-    run_id = time.strftime("%Y%m%d%H%M%S")
     source = f"bench-windows-{run_id}"
     w = WindowWorkload(events=args.events, keys=args.keys, window_ms=args.window_ms, lateness_ms=args.lateness_ms,
                        late_share=args.late, late_by=args.late_by, correct_share=args.corrections,
@@ -339,40 +320,26 @@ def main(argv: list[str] | None = None) -> int:
     where = input_positions(bootstrap, source, lines) if "refold" in chosen else {}
     del records
 
-    results: dict[str, dict[str, Any]] = {}
-    failed: dict[str, str] = {}
-    spark = None
-    try:
-        for name in chosen:
-            print(f"running {TITLES[name]}…", file=sys.stderr, flush=True)
+    def run(name: str, spark: Spark) -> dict[str, Any]:
+        if name == "refold":
+            return run_refold(spark.get(), bootstrap, source, run_id, w, args.batch, events, late, where)
+        if name == "spark-sql":
+            checkpoint = f"/tmp/refold-bench/spark-windows-{run_id}"
+            output = f"bench-spark-windows-{run_id}.view"
             try:
-                if name == "refold":
-                    spark = spark or spark_session(name="refold-bench")
-                    results[name] = run_refold(spark, bootstrap, source, run_id, w, args.batch, events, late, where)
-                elif name == "spark-sql":
-                    spark = spark or spark_session(name="refold-bench")
-                    checkpoint = f"/tmp/refold-bench/spark-windows-{run_id}"
-                    output = f"bench-spark-windows-{run_id}.view"
-                    try:
-                        results[name] = run_spark_windows(spark, bootstrap, source, output, args.partitions, events,
-                                                          args.batch, checkpoint, w)
-                    finally:
-                        shutil.rmtree(checkpoint, ignore_errors=True)
-                    results[name] |= late_accounting(read_window_output(bootstrap, output), every, on_time, lates)
-                else:
-                    from bench.flink import run_flink_windows
+                result = run_spark_windows(spark.get(), bootstrap, source, output, args.partitions, events,
+                                           args.batch, checkpoint, w)
+            finally:
+                shutil.rmtree(checkpoint, ignore_errors=True)
+        else:
+            from bench.flink import run_flink_windows
 
-                    output = f"bench-flink-windows-{run_id}.view"
-                    results[name] = run_flink_windows(bootstrap, source, output, args.partitions, events, w,
-                                                      parallelism=args.flink_parallelism,
-                                                      checkpoint_ms=args.flink_checkpoint_ms)
-                    results[name] |= late_accounting(read_window_output(bootstrap, output), every, on_time, lates)
-            except (SystemExit, Exception) as exc:  # one contender failing keeps the others' figures
-                failed[name] = str(exc) or type(exc).__name__
-                print(f"  {name} failed: {failed[name]}", file=sys.stderr)
-    finally:
-        if spark is not None:
-            spark.stop()
+            output = f"bench-flink-windows-{run_id}.view"
+            result = run_flink_windows(bootstrap, source, output, args.partitions, events, w,
+                                       parallelism=args.flink_parallelism, checkpoint_ms=args.flink_checkpoint_ms)
+        return result | late_accounting(read_window_output(bootstrap, output), every, on_time, lates)
+
+    results, failed = run_contenders(chosen, TITLES, run)
 
     refold = results.get("refold")
     total_late = sum(late)

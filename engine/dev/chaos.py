@@ -1,7 +1,7 @@
 """`make chaos`: exactly once under abuse, checked record by record.
 
 The harness owns a local Kafka broker (its own home, a free port), produces a
-seeded changelog into a source topic in chunks, and runs four pipelines as
+seeded changelog into a source topic in chunks, and runs five pipelines as
 separate `refold run` processes: a grouped view (sum, count, avg, min, max,
 first, last, set; on the native core) and a Top-N view of the changelog, a
 grouped view of an upsert topic (`source.form: upsert`) the harness writes beside
@@ -10,7 +10,11 @@ it, chunk by chunk: the changelog as the table of each player's latest row
 tumble per player, 1 min of lateness, with its deltas) over a topic of its own, written
 chunk by chunk too: an out-of-order changelog (`refold.dev.windowload`) whose late
 events and late corrections fall within the horizon (they correct written windows) or
-beyond it (`late` dead letters), its windows closing all through the faults. The upsert pipeline also materializes
+beyond it (`late` dead letters), its windows closing all through the faults; and revenue
+per region over a join of orders with customers (`refold.dev.joinload`), two topics of its
+own written chunk by chunk too, customers moving between regions and leaving all through
+the faults (checked by its final view and its folded deltas: a merged join's changelog
+depends on the batches, as a re-grouping view's does). The upsert pipeline also materializes
 its view and its deltas into a Delta Lake table each (`--lakehouse delta,iceberg`
 adds Iceberg tables; without the upsert pipeline the grouped one does). Between
 chunks it injects one fault at a random moment, chosen from a seeded plan:
@@ -52,7 +56,7 @@ transactional marker that a read_committed consumer sees. One line of figures
 ends the run; the exit status is non-zero when an anomaly was found.
 
     python -m refold.dev.chaos [--events 1000000] [--keys 100000] [--kills 100] [--seed 1] [--kafka-brokers 3]
-                               [--pipelines grouped,top_n,upsert,window]
+                               [--pipelines grouped,top_n,upsert,window,join]
 """
 
 from __future__ import annotations
@@ -81,6 +85,7 @@ from refold.dev import kafkacluster, localkafka, localspark, netpartition, spark
 from refold.dev.chaosengine import FAULTS, ChaosResult, Engine, exit_kind
 from refold.dev.chaoskafka import KAFKA_FAULTS, inject_kafka, wait_in_sync
 from refold.dev.chaospipelines import (
+    JoinFeed,
     chunks,
     half_of,
     produce_chunk,
@@ -120,7 +125,7 @@ class ChaosConfig:
     partitions: int = 3
     batch: int = 5_000  # max events per micro-batch
     idle: float = 6.0  # --until-idle of every engine run
-    pipelines: tuple[str, ...] = ("grouped", "top_n", "upsert", "window")
+    pipelines: tuple[str, ...] = ("grouped", "top_n", "upsert", "window", "join")
     lakehouse: tuple[str, ...] = ("delta",)  # tables the upsert (else the grouped) pipeline materializes into too
     cluster: bool = True  # on a standalone cluster the harness starts (else local[2])
     kafka_brokers: int = 1  # 3: a KRaft cluster, and its faults (refold.dev.chaoskafka) for the other kinds
@@ -252,10 +257,11 @@ def final_markers(settings: dict[str, Any], topics: Sequence[str]) -> list[str]:
 
 
 def _finish_and_verify(engines: list[Engine], result: ChaosResult, settings: dict[str, Any], say: Any,
-                       upserts: int = 0, windowed: int = 0) -> None:
+                       upserts: int = 0, windowed: int = 0, join: JoinFeed | None = None) -> None:
     """Run every engine until idle, then check its outputs record by record against the
     reference, its checkpoint's count, and that no transaction is left open. `upserts`:
-    how many records the upsert topic holds; `windowed`: the windowed view's topic."""
+    how many records the upsert topic holds; `windowed`: the windowed view's topic;
+    `join`: the join pipeline's input."""
     for engine in engines:
         engine.kill()
         for _attempt in range(3):
@@ -267,12 +273,15 @@ def _finish_and_verify(engines: list[Engine], result: ChaosResult, settings: dic
             result.anomalies.append(f"{engine.name}: the final run did not finish cleanly")
     for engine in engines:
         is_window = engine.pipeline.view.window is not None
-        report = verify(engine.pipeline, settings, dead_letters=is_window)
+        feed = join if engine.pipeline.view.join is not None else None
+        report = feed.verify(engine.pipeline, settings) if feed is not None \
+            else verify(engine.pipeline, settings, dead_letters=is_window)
         result.view_records += report.view_records
         result.delta_records += report.delta_records
         result.table_rows += report.table_rows
         result.anomalies += [f"{engine.name}: {a}" for a in report.anomalies]
-        expected = upserts if engine.pipeline.source.form == "upsert" else windowed if is_window else result.events
+        expected = upserts if engine.pipeline.source.form == "upsert" else windowed if is_window \
+            else feed.events if feed is not None else result.events
         if report.events != expected:
             result.anomalies.append(f"{engine.name}: verified {report.events} input records, expected {expected}")
         checkpoints = load_checkpoints(engine.pipeline, settings)
@@ -327,6 +336,7 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
         upserts = 0
         window = window_workload(cfg.events, cfg.keys, cfg.seed)
         window_rows = [jsonbytes.dumps(r) for r in generate_windowed(window)] if "window" in cfg.pipelines else []
+        join = JoinFeed(cfg.events, cfg.keys, cfg.seed) if "join" in cfg.pipelines else None
         master = cluster.url if cluster is not None else None
         # on the cluster an engine waits out a leader's election (the broker's session timeout,
         # 9 s) before it counts as idle
@@ -334,7 +344,7 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
         engines = [Engine(p, logs, result, idle)
                    for p in write_pipelines(cfg.pipelines, work, source, bootstrap, batch=cfg.batch, master=master,
                                             upsert_source=upsert_source, lakehouse=cfg.lakehouse,
-                                            window_source=window_source, window=window)]
+                                            window_source=window_source, window=window, join=join)]
         plan = fault_plan(cfg, rng)
         if not own_broker:
             plan = [k for k in plan if k != "broker_restart"]
@@ -342,6 +352,8 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
             plan = [k for k in plan if k not in CLUSTER_FAULTS]
         parts = list(chunks(rows, len(plan) + 1))
         window_parts = list(chunks(window_rows, len(parts))) if window_rows else []
+        if join is not None:
+            join.cut(len(parts))
         say(f"{len(plan)} faults over {len(parts)} chunks; pipelines {', '.join(e.name for e in engines)}; "
             f"logs in {logs}")
         for index, part in enumerate(parts):
@@ -363,6 +375,8 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
             if window_parts:  # the last chunk takes what the windowed input's cut leaves over
                 for part_w in (window_parts[index:] if index == len(parts) - 1 else window_parts[index:index + 1]):
                     produce_chunk(settings, window_source, part_w, cfg.partitions, say)
+            if join is not None:
+                join.write(settings, index, index == len(parts) - 1, cfg.partitions, say)
             if kind is None:
                 continue  # the last chunks come after the last fault
             target = engines[index % len(engines)]
@@ -391,7 +405,7 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
         say("all faults injected; every engine runs until idle")
         if on_cluster and not wait_in_sync(home):
             result.anomalies.append("the Kafka cluster is not in sync 180s after the last fault")
-        _finish_and_verify(engines, result, settings, say, upserts, len(window_rows))
+        _finish_and_verify(engines, result, settings, say, upserts, len(window_rows), join)
         brokers = sorted(admin_client(settings).list_topics(timeout=30).brokers)
         hanging = find_hanging(bootstrap, brokers)
         result.hanging = (len(brokers), len(hanging))
@@ -435,7 +449,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lakehouse", default=",".join(defaults.lakehouse),
                         help="table drivers the upsert (else the grouped) pipeline materializes into too: delta, iceberg, or ''")
     parser.add_argument("--pipelines", default=",".join(defaults.pipelines),
-                        help="which pipelines run: grouped, top_n, upsert, window (a tumble with a lateness)")
+                        help="which pipelines run: grouped, top_n, upsert, window (a tumble with a lateness), "
+                             "join (revenue per region over orders joined with customers)")
     parser.add_argument("--local", action="store_true",
                         help="run the engines on local[2], not on a standalone cluster (no executor or worker faults)")
     parser.add_argument("--kafka-brokers", type=int, default=1, choices=(1, 3),

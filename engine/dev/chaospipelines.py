@@ -1,7 +1,8 @@
 """What the chaos harness runs: the pipelines it writes (a grouped view, a Top-N view
 that re-groups in shards, a grouped view of an upsert topic, the upsert one also into
-lakehouse tables, and a windowed view with a lateness over an out-of-order topic of
-its own) and the input it feeds them in chunks."""
+lakehouse tables, a windowed view with a lateness over an out-of-order topic of its
+own, and revenue per region over a join of two topics of its own, orders and customers)
+and the input it feeds them in chunks."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import yaml
 from confluent_kafka import KafkaException
 
 from refold.cli.produce import produce
+from refold.dev import joinload
 from refold.dev.windowload import WindowWorkload
 from refold.errors import RefoldError, UserError
 from refold.kafka.io import TopicSpec, ensure_topics
@@ -81,9 +83,11 @@ CACHE_KEYS = 2_000  # the grouped pipeline's `spark.state_cache_keys` (its shard
 
 def write_pipelines(kinds: Sequence[str], directory: Path, source: str, bootstrap: str, *, batch: int,
                     master: str | None = None, upsert_source: str = "", lakehouse: Sequence[str] = (),
-                    window_source: str = "", window: WindowWorkload | None = None) -> list[Path]:
+                    window_source: str = "", window: WindowWorkload | None = None,
+                    join: JoinFeed | None = None) -> list[Path]:
     """One pipeline file per kind (`grouped`, `top_n`, `upsert`, `window`: a tumble
-    view with a lateness over `window_source`, per player, with its deltas) in `directory`; the
+    view with a lateness over `window_source`, per player, with its deltas; `join`:
+    `joinload.JOIN_VIEW` over the topics of `join`, with its deltas) in `directory`; the
     upsert pipeline (else the grouped one) also materializes into a table of each
     `lakehouse` driver (`delta`, `iceberg`) under `directory/lake`, its view and its
     deltas. (A materialization reads view changes in Python: the changelog's grouped
@@ -102,6 +106,7 @@ def write_pipelines(kinds: Sequence[str], directory: Path, source: str, bootstra
             "top_n": {"top_n": TOP_N},
             "upsert": {"key": ["player_name"], "columns": UPSERT},
             "window": (window or window_workload(1, 1, 1)).view("tumble"),
+            "join": joinload.JOIN_VIEW,
         }
         view = views[kind]
         sources = {"upsert": {"topic": upsert_source, "form": "upsert"}, "window": {"topic": window_source},
@@ -109,7 +114,8 @@ def write_pipelines(kinds: Sequence[str], directory: Path, source: str, bootstra
         spec: dict[str, Any] = {
             "pipeline": name,
             "kafka": {"bootstrap.servers": bootstrap},
-            "source": sources.get(kind, {"topic": source}),
+            **({"sources": {"orders": {"topic": join.topics[0]}, "customers": {"topic": join.topics[1]}}}
+               if kind == "join" and join is not None else {"source": sources.get(kind, {"topic": source})}),
             "view": view,
             "outputs": {"view": {"topic": f"{name}.view"}},
             "trigger": "200ms",
@@ -150,12 +156,13 @@ def half_of(rows: Sequence[bytes]) -> int:
     return cut
 
 
-def produce_chunk(settings: dict[str, Any], topic: str, rows: Sequence[bytes], partitions: int, say: Any) -> None:
+def produce_chunk(settings: dict[str, Any], topic: str, rows: Sequence[bytes], partitions: int, say: Any,
+                  key: Sequence[str] = ("player_name",)) -> None:
     """Produce one chunk, retrying while the broker is still coming back from a restart
     (its transaction coordinator loading): a failed init_transactions wrote nothing."""
     for attempt in range(1, 6):
         try:
-            produce(settings, topic, rows, ["player_name"], partitions=partitions,
+            produce(settings, topic, rows, list(key), partitions=partitions,
                     per_transaction=10_000, prevalidate=False, progress=False)
             return
         except UserError as exc:
@@ -191,3 +198,47 @@ def produce_upserts(settings: dict[str, Any], topic: str, records: Sequence[tupl
         writer.commit()
     finally:
         writer.close()
+
+
+class JoinFeed:
+    """The join pipeline's input (`refold.dev.joinload`): `events` order events over
+    `events // 20` customers (at least 10, at most `keys`) in 20 regions, written to
+    its two topics (keyed by `id`) chunk by chunk in the order they were made, and what
+    its view must end as: the reference join and grouped view
+    (`joinload.reference_view`) up to `REFERENCE_LIMIT` records, past that the join of
+    the live rows (`joinload.expected_view`; the reference recomputes a region's sums
+    over all its rows at every record, too slow for millions)."""
+
+    REFERENCE_LIMIT = 50_000
+
+    def __init__(self, events: int, keys: int, seed: int) -> None:
+        tag = uuid.uuid4().hex[:6]
+        self.topics = (f"chaos-orders-{tag}", f"chaos-customers-{tag}")
+        self.workload = joinload.JoinWorkload(orders=events, customers=max(10, min(keys, events // 20)), seed=seed)
+        self.records = list(joinload.generate_join(self.workload))
+        self.parts: list[tuple[list[bytes], list[bytes]]] = []
+
+    @property
+    def events(self) -> int:
+        return len(self.records)
+
+    def cut(self, parts: int) -> None:
+        self.parts = list(joinload.join_chunks(self.records, parts))
+
+    def write(self, settings: dict[str, Any], index: int, last: bool, partitions: int, say: Any) -> None:
+        """Write chunk `index` of both topics (the last chunk: every chunk left)."""
+        if index == 0:  # both topics before any engine starts (the first chunks hold customers only)
+            ensure_topics(settings, [TopicSpec(topic, partitions) for topic in self.topics])
+        for chunk in self.parts[index:] if last else self.parts[index:index + 1]:
+            for topic, rows in zip(self.topics, chunk, strict=True):
+                if rows:
+                    produce_chunk(settings, topic, rows, partitions, say, key=("id",))
+
+    def verify(self, pipeline: Any, settings: dict[str, Any]) -> Any:
+        """The pipeline's outputs against the expected view (`joinload.check_join`)."""
+        if self.events <= self.REFERENCE_LIMIT:
+            expected, refused = joinload.reference_view(self.records)
+            assert not refused, "the reference refused join input the generator made"
+        else:
+            expected = joinload.expected_view(self.records)
+        return joinload.check_join(pipeline, settings, expected, self.events)
