@@ -137,8 +137,7 @@ class ShardProcessor:
             consumer_group=f"refold.{pipeline.pipeline}",
             label=f"pipeline {pipeline.pipeline!r} (shard {shard})",
         )
-        # outputs.materialize: Flow's protocol around each batch (refold.connectors.runtime),
-        # fenced and checkpointed per shard (writer `<writer>-<shard>`)
+        # outputs.materialize: Flow's protocol per batch, fenced and checkpointed per shard
         self.materializations = self._new_materializations(executor)
         self.index = IndexWriter(pipeline, settings, shard)  # P.trace: where its view records are
         if start:
