@@ -18,6 +18,8 @@ mod core;
 mod json;
 mod statecodec;
 mod topn;
+// the trace index (refold.runtime.traceindex)
+mod traceindex;
 mod value;
 mod window;
 
@@ -448,5 +450,7 @@ fn refold_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<WindowCore>()?;
     m.add_function(wrap_pyfunction!(_dumps, m)?)?;
     m.add_function(wrap_pyfunction!(_loads, m)?)?;
+    // the trace index (refold.runtime.traceindex)
+    m.add_function(wrap_pyfunction!(traceindex::trace_entry, m)?)?;
     Ok(())
 }
