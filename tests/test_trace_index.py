@@ -22,7 +22,7 @@ from refold.kafka.io import ensure_topics, read_to_end
 from refold.plan import trace_topic
 from refold.runtime.batch import InputRecord
 from refold.runtime.processor import BatchProcessor
-from refold.runtime.traceindex import build_entry, key_hash, parse
+from refold.runtime.traceindex import build_entry, key_hash, parse, python_entry
 from refold.spark.job import engine_topics
 
 pytestmark = pytest.mark.kafka
@@ -169,6 +169,15 @@ def test_without_an_index_trace_scans_and_says_so(bootstrap_servers, topic) -> N
     assert notes == [f"no trace index ({trace_topic(pipeline)}): scanning {pipeline.outputs.view.topic}"]
 
 
+def test_the_native_entry_is_the_python_one() -> None:
+    import refold_native
+
+    rows = [(b'{"k":%d}' % (i * 7919 % 13), b"v", 0, None) for i in range(300)]
+    for view in ([], rows[:1], rows):
+        assert refold_native.trace_entry(view, 2, 77, 5, [(0, 1, 9), (3, 4, 400)]) == python_entry(
+            view, 2, 77, 5, [(0, 1, 9), (3, 4, 400)])
+
+
 def test_an_entry_reads_back_as_built() -> None:
     keys = [b'{"g":%d}' % (i % 7) for i in range(50)]
     value = build_entry([(k, b"v", 0, None) for k in keys], 3, 1_000, 9, [(1, 40, 90)])
@@ -180,3 +189,25 @@ def test_an_entry_reads_back_as_built() -> None:
     assert entry.offsets_of(key_hash(b'{"g":99}')) == []
     with pytest.raises(ValueError):
         parse(b"\x02" + value[1:])
+
+
+@pytest.mark.spark
+def test_the_index_after_kill_9_and_replay(bootstrap_servers, topic, tmp_path) -> None:
+    # the engine (Spark) killed inside a transaction and right after a commit, then run to
+    # the end: the aborted transactions' index records are not read, the replayed batches
+    # write theirs once, and every trace through the index is the scan's
+    from engine_runs import load_source
+    from test_crash import finish, start_engine, write_pipeline
+
+    from refold.config import load_pipeline
+
+    settings_ = {"bootstrap.servers": bootstrap_servers}
+    source, _events = load_source(bootstrap_servers, topic, partitions=2, events=900, keys=40, seed=11)
+    path = write_pipeline(tmp_path, source, bootstrap_servers)
+    for crash in ("in_txn:2", "after_commit:3"):
+        code, err = finish(start_engine(path, crash=crash))
+        assert code == -9, f"{crash}: {err[-2000:]}"
+    code, err = finish(start_engine(path))
+    assert code == 0, err[-3000:]
+    pipeline = load_pipeline(path)
+    assert assert_index_answers_as_the_scan(pipeline, settings_, source, inputs=10) > 100

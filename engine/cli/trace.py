@@ -243,10 +243,12 @@ def trace_key(pipeline: Pipeline, settings: dict[str, Any], key: dict[str, Any],
 def _view_by_index(pipeline: Pipeline, settings: dict[str, Any], topic: str, partition: int, offset: int,
                    since: int | None, until: int | None, only: list[int] | None, note: Note) -> list[Message] | None:
     """`--input`'s view records through the index (None: no index to go by)."""
-    if exchanged(pipeline):
-        return None  # (its later stages' batches consume P.repartition: no source ranges)
+    if exchanged(pipeline):  # (its later stages' batches consume P.repartition)
+        note(f"a re-grouping view's trace index has no source offsets to go by: scanning {topic}")
+        return None
     found = traceread.input_ranges(settings, pipeline, partition, offset)
     if found is None:
+        note(f"no trace index ({trace_topic(pipeline)}) to go by: scanning {topic}")
         return None
     coverage, ranges = found
     msgs = list(_scan_unindexed(settings, topic, coverage, since, until, note, only))
@@ -276,8 +278,6 @@ def trace_input(pipeline: Pipeline, settings: dict[str, Any], topic: str, partit
             indexed = None
             if kind == "view":
                 indexed = _view_by_index(pipeline, settings, output, partition, offset, since, until, only, note)
-                if indexed is None:
-                    note(f"no trace index ({trace_topic(pipeline)}) to go by: scanning {output}")
             msgs = indexed if indexed is not None else list(
                 _scan(settings, output, since if kind == "view" else None, until if kind == "view" else None, only))
         except Exception:  # a dead-letter topic that does not exist yet: nothing there

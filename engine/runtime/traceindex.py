@@ -35,7 +35,6 @@ import hashlib
 import struct
 import sys
 from array import array
-from collections.abc import Sequence
 from itertools import accumulate
 from typing import Any, NamedTuple
 
@@ -53,6 +52,11 @@ ENTRY_RECORDS = 40_000  # view records per index record at most: 16 bytes each a
 _HEAD = struct.Struct("<B3xiqIIIq4x")
 _SOURCE = struct.Struct("<i4xqq")
 
+try:
+    from refold_native import trace_entry as _native_entry
+except ImportError:  # not built (or built before the index): Python makes the entries
+    _native_entry = None
+
 if sys.byteorder != "little":  # pragma: no cover - every platform Refold runs on is little-endian
     raise ImportError("refold.runtime.traceindex writes little-endian arrays")
 
@@ -62,10 +66,19 @@ def key_hash(key: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
 
 
-def build_entry(view: Sequence[tuple[Any, ...]], partition: int, first: int, batch: int,
-                sources: Sequence[tuple[int, int, int]]) -> bytes:
+def build_entry(view: list[tuple[Any, ...]], partition: int, first: int, batch: int,
+                sources: list[tuple[int, int, int]]) -> bytes:
     """The index record of a batch's view records `view` (key first in each tuple) written
-    to `partition` from offset `first` on; `sources`: (source partition, from, to) consumed."""
+    to `partition` from offset `first` on; `sources`: (source partition, from, to) consumed.
+    The native core's `trace_entry` makes the same bytes when it is built."""
+    if _native_entry is not None:
+        return _native_entry(view, partition, first, batch, sources)
+    return python_entry(view, partition, first, batch, sources)
+
+
+def python_entry(view: list[tuple[Any, ...]], partition: int, first: int, batch: int,
+                 sources: list[tuple[int, int, int]]) -> bytes:
+    """`build_entry` in Python."""
     positions: dict[bytes, list[int]] = {}
     get = positions.get
     for index, record in enumerate(view):
@@ -159,7 +172,7 @@ class IndexWriter:
         self._consumer: Consumer | None = None
         self._end: int | None = None  # one past the last batch's view records
 
-    def write(self, writer: TransactionalWriter, view: Sequence[tuple[Any, ...]], before: Checkpoint,
+    def write(self, writer: TransactionalWriter, view: list[Any], before: Checkpoint,
               after: Checkpoint) -> None:
         """The batch's index record: its view records flushed first, their offsets from
         the view partition's high watermark (see the module's docstring for why exact)."""

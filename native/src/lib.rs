@@ -21,6 +21,8 @@ mod join;
 mod json;
 mod statecodec;
 mod topn;
+// the trace index (refold.runtime.traceindex)
+mod traceindex;
 mod value;
 mod window;
 
@@ -465,5 +467,7 @@ fn refold_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<join::py::JoinCore>()?;
     m.add_function(wrap_pyfunction!(_dumps, m)?)?;
     m.add_function(wrap_pyfunction!(_loads, m)?)?;
+    // the trace index (refold.runtime.traceindex)
+    m.add_function(wrap_pyfunction!(traceindex::trace_entry, m)?)?;
     Ok(())
 }
