@@ -101,12 +101,14 @@ bench-clean: setup jars
 	$(PY) -m bench.cleanup
 
 # CPU per event of one shard's batches without Spark or commits: the grouped view on each
-# core (and their ratio), then the Top-N view
+# core (and their ratio), then the Top-N view and the grouped view per tumble, hop and
+# session window
 bench-hotpath: setup jars
 	$(PY) -m bench.hotpath $(HOTPATH_ARGS)
 	$(PY) -m bench.hotpath --view top_n $(HOTPATH_ARGS)
 	$(PY) -m bench.hotpath --view tumble $(HOTPATH_ARGS)
 	$(PY) -m bench.hotpath --view hop $(HOTPATH_ARGS)
+	$(PY) -m bench.hotpath --view session $(HOTPATH_ARGS)
 
 bench-contenders: setup jars
 	$(PY) -m bench.run $(BENCH_ARGS)
