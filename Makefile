@@ -105,13 +105,15 @@ bench-clean: setup jars
 	$(PY) -m bench.cleanup
 
 # CPU per event of one shard's batches without Spark or commits: the grouped view on each
-# core (and their ratio), then the Top-N view; last the join's reducers alone (its own
-# options, not HOTPATH_ARGS: bench.hotpath_join)
+# core (and their ratio), then the Top-N view and the grouped view per tumble, hop and
+# session window; last the join's reducers alone (its own options, not HOTPATH_ARGS:
+# bench.hotpath_join)
 bench-hotpath: setup jars
 	$(PY) -m bench.hotpath $(HOTPATH_ARGS)
 	$(PY) -m bench.hotpath --view top_n $(HOTPATH_ARGS)
 	$(PY) -m bench.hotpath --view tumble $(HOTPATH_ARGS)
 	$(PY) -m bench.hotpath --view hop $(HOTPATH_ARGS)
+	$(PY) -m bench.hotpath --view session $(HOTPATH_ARGS)
 	$(PY) -m bench.hotpath --view join
 
 bench-contenders: setup jars

@@ -37,9 +37,9 @@ ratio): `python` the Python reducer, `native` the Rust core (`refold_native`).
 
 `--view tumble|hop|session` runs the grouped view per event-time window (docs/windows.md)
 over a time column `at` each row carries (its `+A`'s event time, kept by its `-R`/`-C`):
-tumble 1m, hop 1m every 30s, session gap 30s, with `--lateness` (default none: no
-window closes). A core that does not run the view (the native core and sessions) is
-said so and left out.
+tumble 1m, hop 1m every 30s, session gap 30s (no delta output: a session view has
+none), with `--lateness` (default none: no window closes). A core that does not run
+the view is said so and left out.
 
 `--view join` runs the join's reducers alone, in memory, without a broker
 (`bench.hotpath_join`: its own options).

@@ -110,6 +110,7 @@ def native_core(pipeline: Pipeline) -> Any | None:
     form = outputs.view.form if outputs.view is not None else None
     if view.window is not None:
         window = view.window
+        session = {"gap": window.gap_ms} if window.kind == "session" else {}  # (a gap makes session windows)
         return refold_native.WindowCore(
             list(view.key),
             [(name, spec.agg, spec.column) for name, spec in view.columns.items()],
@@ -119,7 +120,7 @@ def native_core(pipeline: Pipeline) -> Any | None:
             window.size_ms,
             window.slide_ms,
             window.lateness_ms,
-            window.gap_ms if window.kind == "session" else None,
+            **session,
         )
     if view.top_n is not None:
         top_n = view.top_n

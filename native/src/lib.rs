@@ -106,10 +106,7 @@ impl GroupedCore {
         parts: &Bound<'py, PyAny>,
         check: Option<Vec<String>>,
     ) -> PyResult<Option<Bound<'py, PyTuple>>> {
-        let Some(read) = self.core.read(parts, check.as_deref()).map_err(raise)? else { return Ok(None) };
-        let touched = PyList::new(py, read.touched.iter().map(|k| PyBytes::new(py, k)))?;
-        let pending = PyList::new(py, read.pending())?;
-        Ok(Some(PyTuple::new(py, [touched.into_any(), pending.into_any(), PyBool::new(py, read.verified).to_owned().into_any()])?))
+        read_tuple(py, self.core.read(parts, check.as_deref()).map_err(raise)?)
     }
 
     /// `apply_batch` of the units `read` kept: (rejected, view, delta, state), each
@@ -229,10 +226,7 @@ impl TopNCore {
         parts: &Bound<'py, PyAny>,
         check: Option<Vec<String>>,
     ) -> PyResult<Option<Bound<'py, PyTuple>>> {
-        let Some(read) = self.core.read(parts, check.as_deref()).map_err(raise)? else { return Ok(None) };
-        let touched = PyList::new(py, read.touched.iter().map(|k| PyBytes::new(py, k)))?;
-        let pending = PyList::new(py, read.pending())?;
-        Ok(Some(PyTuple::new(py, [touched.into_any(), pending.into_any(), PyBool::new(py, read.verified).to_owned().into_any()])?))
+        read_tuple(py, self.core.read(parts, check.as_deref()).map_err(raise)?)
     }
 
     /// As `GroupedCore.read_routed` (core/routed.rs): a partitioned Top-N's stage 2.
@@ -340,10 +334,7 @@ impl WindowCore {
         parts: &Bound<'py, PyAny>,
         check: Option<Vec<String>>,
     ) -> PyResult<Option<Bound<'py, PyTuple>>> {
-        let Some(read) = self.core.read(parts, check.as_deref()).map_err(raise)? else { return Ok(None) };
-        let touched = PyList::new(py, read.touched.iter().map(|k| PyBytes::new(py, k)))?;
-        let pending = PyList::new(py, read.pending())?;
-        Ok(Some(PyTuple::new(py, [touched.into_any(), pending.into_any(), PyBool::new(py, read.verified).to_owned().into_any()])?))
+        read_tuple(py, self.core.read(parts, check.as_deref()).map_err(raise)?)
     }
 
     /// As `GroupedCore.apply_read`, each rejection with its headers.
@@ -370,6 +361,14 @@ impl WindowCore {
     fn __len__(&self) -> usize {
         self.core.len()
     }
+}
+
+/// What `read` hands back: (touched keys, pending record indices, verified), or None.
+fn read_tuple<'py>(py: Python<'py>, read: Option<crate::core::ReadOut>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let Some(read) = read else { return Ok(None) };
+    let touched = PyList::new(py, read.touched.iter().map(|k| PyBytes::new(py, k)))?;
+    let pending = PyList::new(py, read.pending())?;
+    Ok(Some(PyTuple::new(py, [touched.into_any(), pending.into_any(), PyBool::new(py, read.verified).to_owned().into_any()])?))
 }
 
 /// Each refusal tuple with its headers, a tuple of (name, value) tuples, appended.

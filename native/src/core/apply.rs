@@ -302,12 +302,17 @@ impl Core {
     /// `_checked(event, index)`: the event's key and row fingerprint (for a removal,
     /// `live_fingerprint` against the key's live rows), and its summed values.
     fn checked<'a>(&mut self, event: &'a Ev, index: usize) -> Result<Checked<'a>, Fail> {
-        self.checked_row(event.row.as_slice(), event.op == 0 || event.op == 3, event.tag, index)
+        self.checked_row(event.row.as_slice(), event.op == 0 || event.op == 3, event.tag, index, None)
     }
 
-    /// `_checked` of a row added (`adds`) or removed with its tag.
-    fn checked_row<'a>(&mut self, row: &'a [(Box<str>, Value)], adds: bool, tag: Tag, index: usize) -> Result<Checked<'a>, Fail> {
-        let key = self.checked_key(row, index)?;
+    /// `_checked` of a row added (`adds`) or removed with its tag; `known`: an added
+    /// row's key and fingerprint, made already.
+    fn checked_row<'a>(&mut self, row: &'a [(Box<str>, Value)], adds: bool, tag: Tag, index: usize,
+                       known: Option<(&[u8], Fp)>) -> Result<Checked<'a>, Fail> {
+        let key = match known {
+            Some((key, _)) => key.to_vec(),
+            None => self.checked_key(row, index)?,
+        };
         let plan = &self.plan;
         let mut sums = Vec::with_capacity(plan.sum_names.len());
         let mut unsupported: Option<Unsup> = None;
@@ -326,6 +331,9 @@ impl Core {
             return Err(Fail::Unsup(err));
         }
         let nonnull = plan.nonnull_names.iter().map(|name| matches!(row_get(row, name), Some(v) if !matches!(v, Value::Null))).collect();
+        if let (Some((_, fp)), true) = (known, adds) {
+            return Ok(Checked { adds, key, fp, row, tag, sums, nonnull });
+        }
         let mut fp = fingerprint(&mut self.scratch, row);
         if !adds {
             if let Some(state) = self.keys.get(key.as_slice()) {
@@ -335,15 +343,15 @@ impl Core {
         Ok(Checked { adds, key, fp, row, tag, sums, nonnull })
     }
 
-    /// The view columns of one key's rows, each (row, tag) a copy, as a fresh
+    /// The view columns of one key's rows (its JSON `kj`), each (row, fingerprint, tag) a copy, as a fresh
     /// `GroupedReducer` makes them (a session's, crate::window::session): the core is
     /// empty before and after. A row Python would refuse is Unsupported (it refuses it
     /// after the session changed).
-    pub(crate) fn values_of<'a>(&mut self, copies: impl Iterator<Item = (&'a [(Box<str>, Value)], Tag)>) -> Result<Vec<Value>, Fail> {
+    pub(crate) fn values_of<'a>(&mut self, kj: &[u8], copies: impl Iterator<Item = (&'a [(Box<str>, Value)], Fp, Tag)>) -> Result<Vec<Value>, Fail> {
         let mut key: Option<Vec<u8>> = None;
         let mut result = Ok(());
-        for (row, tag) in copies {
-            let added = self.checked_row(row, true, tag, 0).and_then(|c| {
+        for (row, fp, tag) in copies {
+            let added = self.checked_row(row, true, tag, 0, Some((kj, fp))).and_then(|c| {
                 self.add(&c)?;
                 key.get_or_insert(c.key);
                 Ok(())

@@ -11,6 +11,8 @@
 //! records are the live rows (`LIVE_ROW` under the view key) and the watermark's.
 //! Closing a session forgets its rows; an event for a closed session is `late`.
 
+mod restore;
+
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
@@ -31,6 +33,7 @@ use crate::value::{Row, Unsup, Value};
 /// A distinct live row of a view key: its first copy's row and time, its copies' tags
 /// (ascending), and when it came (Python's dict order, for ties in time).
 struct Member {
+    fp: Fp,
     row: Row,
     tags: Vec<Tag>,
     t: i64,
@@ -39,13 +42,16 @@ struct Member {
 }
 
 /// One session as the view shows it: its output key's JSON (`key_bytes((*key, start))`),
-/// its bounds in ms and its row.
+/// its bounds in ms and its row; its rows' fingerprints (by time) and its view
+/// columns, which a session whose rows did not change keeps (Python's `values`).
 #[derive(Clone)]
 struct Session {
     out_key: Vec<u8>,
     start: i64,
     end: i64,
     row: Row,
+    fps: Vec<Fp>,
+    values: Vec<Value>,
 }
 
 /// `_KeySessions`: one view key's values, live rows and current sessions.
@@ -181,7 +187,7 @@ impl SessionCore {
             if event.op == 0 || event.op == 3 {
                 let member = sessions.rows.entry(*fp).or_insert_with(|| {
                     self.seq += 1;
-                    Member { row: std::mem::take(&mut event.row), tags: Vec::new(), t, text, seq: self.seq }
+                    Member { fp: *fp, row: std::mem::take(&mut event.row), tags: Vec::new(), t, text, seq: self.seq }
                 });
                 member.tags.push(event.tag);
                 member.tags.sort_unstable();
@@ -197,8 +203,9 @@ impl SessionCore {
         let mut changes: Vec<Change> = Vec::new();
         for key in &touched {
             let old = self.sessions.get_mut(*key).map(|s| std::mem::take(&mut s.out)).unwrap_or_default();
-            let new = self.resession(key)?;
-            diff(&mut changes, old, &new);
+            let changed: Vec<Fp> = keys.iter().zip(&fps).filter(|(k, _)| &k[..] == *key).map(|(_, fp)| *fp).collect();
+            self.resession(key, &old, &changed)?;
+            diff(&mut changes, old, self.sessions.get(*key).map_or(&[][..], |s| &s.out[..]));
         }
         if touched.len() > 1 {
             changes.sort_by(|a, b| a.0.cmp(&b.0)); // stable: -C before its +C
@@ -209,13 +216,14 @@ impl SessionCore {
         Ok(events[0].tag.0)
     }
 
-    /// `_resession(key)`: the key's sessions again from its live rows (kept in the key,
-    /// and a copy returned); a key without rows is forgotten.
-    fn resession(&mut self, kj: &[u8]) -> Result<Vec<Session>, Fail> {
-        let Some(sessions) = self.sessions.get_mut(kj) else { return Ok(Vec::new()) };
+    /// `_resession(key)`: the key's sessions again from its live rows (into the key's
+    /// `out`); a key without rows is forgotten. A session of the same rows
+    /// as one of `old`, none of them `changed`, keeps its values.
+    fn resession(&mut self, kj: &[u8], old: &[Session], changed: &[Fp]) -> Result<(), Fail> {
+        let Some(sessions) = self.sessions.get_mut(kj) else { return Ok(()) };
         if sessions.rows.is_empty() {
             self.sessions.remove(kj);
-            return Ok(Vec::new());
+            return Ok(());
         }
         let mut members: Vec<&Member> = sessions.rows.values().collect();
         members.sort_unstable_by_key(|m| (m.t, m.seq));
@@ -228,6 +236,16 @@ impl SessionCore {
             }
             let run = &members[at..until];
             at = until;
+            let fps: Vec<Fp> = run.iter().map(|m| m.fp).collect();
+            if !fps.iter().any(|fp| changed.contains(fp)) {
+                if let Some(session) = old.iter().find(|s| s.fps == fps) {
+                    if self.lateness.is_some() {
+                        self.closing.push(Reverse((session.end, kj.into())));
+                    }
+                    out.push(session.clone()); // its rows unchanged: all of it
+                    continue;
+                }
+            }
             let start = run[0].t;
             let text = run.iter().take_while(|m| m.t == start).any(|m| m.text); // (a tie in time: text)
             let latest = run[run.len() - 1].t;
@@ -244,18 +262,18 @@ impl SessionCore {
             let mut row: Row = self.key_columns.iter().zip(&sessions.parts).map(|(n, v)| (n.as_str().into(), v.clone())).collect();
             set(&mut row, START, sv);
             set(&mut row, END, ev);
-            let copies = run.iter().flat_map(|m| m.tags.iter().map(move |tag| (m.row.as_slice(), *tag)));
-            let values = self.values.values_of(copies)?;
-            for (name, value) in self.column_names.iter().zip(values) {
-                set(&mut row, name, value);
+            let copies = run.iter().flat_map(|m| m.tags.iter().map(move |tag| (m.row.as_slice(), m.fp, *tag)));
+            let values = self.values.values_of(kj, copies)?;
+            for (name, value) in self.column_names.iter().zip(&values) {
+                set(&mut row, name, value.clone());
             }
             if self.lateness.is_some() {
                 self.closing.push(Reverse((end, kj.into())));
             }
-            out.push(Session { out_key, start, end, row });
+            out.push(Session { out_key, start, end, row, fps, values });
         }
-        sessions.out = out.clone();
-        Ok(out)
+        sessions.out = out;
+        Ok(())
     }
 
     /// The view records of a unit's changes (`Renderer.view`: no cause, so no headers).
@@ -340,7 +358,8 @@ impl SessionCore {
             at = until;
         }
         if ended {
-            self.resession(kj)?;
+            let old = std::mem::take(&mut self.sessions.get_mut(kj).expect("held").out);
+            self.resession(kj, &old, &[])?;
         }
         Ok(())
     }
@@ -434,70 +453,6 @@ impl SessionCore {
         let out = self.apply_units(py, &mut units)?;
         let records = refused_records(&units, &out.out.rejected);
         Ok((out, records))
-    }
-
-    /// `restore`: the watermark's record and the live rows' (`LIVE_ROW`) records.
-    pub fn restore(&mut self, _py: Python<'_>, records: &Bound<'_, PyAny>) -> Result<(), RestoreFail> {
-        let not = |why: &str| RestoreFail::NotState(why.to_owned());
-        let mut touched: Vec<Box<[u8]>> = Vec::new();
-        for item in records.try_iter().map_err(Fail::Py)? {
-            let item = item.map_err(Fail::Py)?;
-            let key = item.get_item(0).map_err(Fail::Py)?;
-            let value = item.get_item(1).map_err(Fail::Py)?;
-            let (Ok(key), Ok(value)) = (key.cast::<PyBytes>(), value.cast::<PyBytes>()) else {
-                return Err(not("a record that is not bytes"));
-            };
-            let (key, value) = (key.as_bytes(), value.as_bytes());
-            let record = statecodec::decode_state(value)?;
-            if key == WATERMARK_KEY {
-                self.max_time = Some(record.count);
-                continue;
-            }
-            if record.kind != LIVE_ROW {
-                continue;
-            }
-            let (Value::List(parts), Some(Value::Dict(row))) = (&record.key, record.values) else {
-                return Err(not("a live row without its key or row"));
-            };
-            let mut kj = Vec::new();
-            record.key.write(&mut kj, false);
-            let fp = statecodec::row_fingerprint(key)?;
-            let EventTime::At(t, text) = event_time_of(&row, &self.time, &self.time_shown).map_err(Fail::Unsup)? else {
-                return Err(not("a session row without its time"));
-            };
-            let kj: Box<[u8]> = kj.into();
-            let sessions = self.sessions.entry(kj.clone()).or_insert_with(|| KeySessions {
-                parts: parts.clone(),
-                rows: FxHashMap::default(),
-                out: Vec::new(),
-            });
-            self.seq += 1;
-            sessions.rows.insert(fp, Member { row, tags: record.tags, t, text, seq: self.seq });
-            if !touched.contains(&kj) {
-                touched.push(kj);
-            }
-        }
-        for kj in touched {
-            self.resession(&kj)?;
-        }
-        Ok(())
-    }
-
-    /// `view()`: {(*key, window_start): row} of every open session.
-    pub fn view<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let out = PyDict::new(py);
-        for sessions in self.sessions.values() {
-            for session in &sessions.out {
-                let Ok(Value::List(parts)) = crate::json::parse(&session.out_key) else { unreachable!("an output key's JSON") };
-                let key = PyTuple::new(py, parts.iter().map(|p| p.to_py(py)).collect::<PyResult<Vec<_>>>()?)?;
-                let row = PyDict::new(py);
-                for (name, value) in &session.row {
-                    row.set_item(&**name, value.to_py(py)?)?;
-                }
-                out.set_item(key, row)?;
-            }
-        }
-        Ok(out)
     }
 
     pub fn len(&self) -> usize {
