@@ -429,7 +429,9 @@ def next_visible_offsets(
 
 
 def _high_watermark(consumer: Consumer, tp: TopicPartition, timeout: float) -> int:
-    """The high watermark, retrying while a new topic's leader is still being elected."""
+    """The high watermark, retrying while a new topic's leader is still being elected, or
+    while a broker of a cluster that went away is dropped by the client (`_DESTROY_BROKER`,
+    `_TRANSPORT`: the next try asks another broker)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -449,6 +451,8 @@ _LEADER_MOVING = frozenset({
     KafkaError.NOT_LEADER_FOR_PARTITION,
     KafkaError.LEADER_NOT_AVAILABLE,
     KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._DESTROY_BROKER,  # (a broker that left the cluster's metadata: seen after a broker's loss)
+    KafkaError._TRANSPORT,
 })
 
 

@@ -152,9 +152,10 @@ def parse(value: bytes) -> Entry:
 
 def indexed(pipeline: Pipeline) -> bool:
     """Whether the pipeline's shards write the trace index: a view output partitioned by
-    shard, with provenance on."""
+    shard, with provenance on, and not a join (its plan has no `P.trace`: `refold trace`
+    does not read a join's `<topic>:<partition>:<offset>` causes yet)."""
     return (pipeline.outputs.view is not None and pipeline.outputs.provenance
-            and view_partitioning(pipeline) == "shard")
+            and view_partitioning(pipeline) == "shard" and pipeline.view.join is None)
 
 
 class IndexWriter:
