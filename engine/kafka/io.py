@@ -429,9 +429,8 @@ def next_visible_offsets(
 
 
 def _high_watermark(consumer: Consumer, tp: TopicPartition, timeout: float) -> int:
-    """The high watermark, retrying while a new topic's leader is still being elected, or
-    while a broker of a cluster that went away is dropped by the client (`_DESTROY_BROKER`,
-    `_TRANSPORT`: the next try asks another broker)."""
+    """The high watermark, retrying while a new topic's leader is elected, or while the
+    client drops a lost broker of a cluster (the next try asks another)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -451,8 +450,7 @@ _LEADER_MOVING = frozenset({
     KafkaError.NOT_LEADER_FOR_PARTITION,
     KafkaError.LEADER_NOT_AVAILABLE,
     KafkaError.UNKNOWN_TOPIC_OR_PART,
-    KafkaError._DESTROY_BROKER,  # (a broker that left the cluster's metadata: seen after a broker's loss)
-    KafkaError._TRANSPORT,
+    KafkaError._DESTROY_BROKER, KafkaError._TRANSPORT,  # (a lost broker of a cluster)
 })
 
 
