@@ -23,10 +23,11 @@ from refold.dev.chaos import ChaosConfig, run_chaos
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
 
 
-def test_small_chaos_run_finds_no_anomaly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("pipeline", ["upsert", "join"])
+def test_small_chaos_run_finds_no_anomaly(tmp_path: Path, pipeline: str) -> None:
     cfg = ChaosConfig(events=1_200, keys=120, kills=1, others=1,
                       other_kinds=("broker_restart",), batch=200,
-                      seed=3, pipelines=("upsert",), idle=3.0, cluster=False)
+                      seed=3, pipelines=(pipeline,), idle=3.0, cluster=False)
     said: list[str] = []
     result = run_chaos(cfg, tmp_path, say=said.append)
     assert result.anomalies == [], "\n".join(result.anomalies + said)
