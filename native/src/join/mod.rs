@@ -14,7 +14,8 @@ pub mod py;
 
 use crate::core::{fingerprint, reject, Fail, Fp, Map, Rejected, KEY_TOO_LARGE, NOT_LIVE, SCHEMA_MISMATCH};
 use crate::statecodec::{decode_state, state_value, DecodeError, LIVE_ROW};
-use crate::value::{row_get, write_dict, write_row, Row, Value};
+use crate::json::write_str;
+use crate::value::{row_get, write_dict, Row, Value};
 
 /// `MAX_KEY_CHARS` of refold.reduce.values.
 const MAX_KEY_CHARS: usize = 64 * 1024;
@@ -32,6 +33,8 @@ pub struct JoinPlan {
     pub outer: [bool; 2],
     /// the columns of each side a live row keeps, first use first
     kept: [Vec<Box<str>>; 2],
+    /// the output columns by name (as `canonical_row` sorts them): (index, `"name":`)
+    canonical: Vec<(usize, Vec<u8>)>,
 }
 
 impl JoinPlan {
@@ -58,6 +61,17 @@ impl JoinPlan {
             .iter()
             .map(|name| outputs.iter().position(|(n, _, _)| n == name).ok_or_else(|| format!("key column {name:?} is not an output column")))
             .collect::<Result<Vec<_>, _>>()?;
+        let mut canonical: Vec<(usize, Vec<u8>)> = outputs
+            .iter()
+            .enumerate()
+            .map(|(at, (name, _, _))| {
+                let mut json = Vec::new();
+                write_str(&mut json, name);
+                json.push(b':');
+                (at, json)
+            })
+            .collect();
+        canonical.sort_by(|a, b| outputs[a.0].0.as_bytes().cmp(outputs[b.0].0.as_bytes()));
         let [left, right] = on;
         Ok(JoinPlan {
             on: [boxed(left), boxed(right)],
@@ -65,6 +79,7 @@ impl JoinPlan {
             key,
             outer,
             kept,
+            canonical,
         })
     }
 }
@@ -106,7 +121,10 @@ impl Event {
 }
 
 /// A joined record: `+A` 0, `-R` 1, `-C` 2, `+C` 3, and the joined row in output order.
-pub type Record = (u8, Row);
+pub type Record = (u8, Joined);
+
+/// A joined row's values, in output order (`JoinPlan.outputs` names them).
+pub type Joined = Vec<Value>;
 
 /// Where an event's row is held: its join key's `key_bytes`, whether a part of it is
 /// null (it matches nothing), the row's fingerprint.
@@ -117,13 +135,13 @@ struct Keyed<'a> {
 }
 
 /// A joined row's copies, each as (identity, row).
-type Copies = Vec<(Vec<u8>, Row)>;
+type Copies = Vec<(Vec<u8>, Joined)>;
 
 /// A unit's net change being counted: the joined rows by identity, first seen first.
 #[derive(Default)]
 struct Net {
     at: Map<Vec<u8>, usize>,
-    rows: Vec<(Vec<u8>, Row, i64)>,
+    rows: Vec<(Vec<u8>, Joined, i64)>,
 }
 
 pub struct Join {
@@ -270,7 +288,7 @@ impl Join {
                 if i > 0 {
                     order.push(b',');
                 }
-                row[k].1.write(&mut order, false);
+                row[k].write(&mut order, false);
             }
             order.push(b']');
             let slot = match at.entry(order) {
@@ -369,13 +387,27 @@ impl Join {
 /// Count `copies` of the joined row of `row` (of `side`) with `other` (None: nulls).
 fn emit(plan: &JoinPlan, scratch: &mut Vec<u8>, side: usize, row: Option<&Row>, other: Option<&Row>, copies: i64, net: &mut Net) {
     let pair = if side == 0 { [row, other] } else { [other, row] };
-    let out: Row = plan
+    let out: Joined = plan
         .outputs
         .iter()
-        .map(|(name, s, column)| (name.clone(), pair[*s].and_then(|r| row_get(r, column)).cloned().unwrap_or(Value::Null)))
+        .map(|(_, s, column)| pair[*s].and_then(|r| row_get(r, column)).cloned().unwrap_or(Value::Null))
         .collect();
+    // `canonical_row(out)`: the names sorted, null columns left out
     scratch.clear();
-    write_row(scratch, &out, true);
+    scratch.push(b'{');
+    let mut first = true;
+    for &(at, ref name) in &plan.canonical {
+        if matches!(out[at], Value::Null) {
+            continue;
+        }
+        if !first {
+            scratch.push(b',');
+        }
+        first = false;
+        scratch.extend_from_slice(name);
+        out[at].write(scratch, true);
+    }
+    scratch.push(b'}');
     match net.at.get(scratch.as_slice()) {
         Some(&at) => net.rows[at].2 += copies,
         None => {

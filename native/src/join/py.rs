@@ -11,7 +11,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
 
-use super::{Event, Join, JoinPlan, Record};
+use super::{Event, Join, JoinPlan, Joined, Record};
 use crate::core::Fail;
 use crate::statecodec::DecodeError;
 use crate::value::{value_of, Row, Unsup, Value};
@@ -176,7 +176,7 @@ impl JoinCore {
         let names = self.key_names.bind(py);
         let make = self.view_change.bind(py);
         let mut out = Vec::with_capacity(records.len());
-        let mut last: Option<(u8, Row, Bound<'py, PyAny>)> = None;
+        let mut last: Option<(u8, Joined, Bound<'py, PyAny>)> = None;
         for (op, row) in records {
             // copies of one joined row are one object, as `[ViewChange(...)] * copies`
             if let Some((last_op, last_row, change)) = &last {
@@ -187,7 +187,7 @@ impl JoinCore {
             }
             let dict = PyDict::new(py);
             let mut values = Vec::with_capacity(row.len());
-            for ((_, value), name) in row.iter().zip(&self.out_names) {
+            for (value, name) in row.iter().zip(&self.out_names) {
                 let value = value.to_py(py)?;
                 dict.set_item(name.bind(py), &value)?;
                 values.push(value);
@@ -221,8 +221,8 @@ fn view_change<'py>(py: Python<'py>, class: &Bound<'py, PyAny>, fields: [Bound<'
     }
 }
 
-fn same(a: &Row, b: &Row) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.0 == y.0 && x.1.canon_eq(&y.1))
+fn same(a: &Joined, b: &Joined) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.canon_eq(y))
 }
 
 fn check_side(side: usize) -> Result<usize, Fail> {
