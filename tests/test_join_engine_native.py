@@ -29,10 +29,10 @@ from test_join_engine import (
 
 from refold.codecs.avro import AvroCodec
 from refold.config import parse_pipeline
-from refold.kafka.io import TopicSpec, ensure_topics, read_to_end
+from refold.kafka.io import read_to_end
 from refold.model.changelog import ChangelogEvent, Op
 from refold.model.reasons import Reason
-from refold.plan import RIGHT_PARTITIONS, trace_topic
+from refold.plan import RIGHT_PARTITIONS
 from refold.recovery.records import decode_dead_letter
 from refold.recovery.restore import load_checkpoints
 from refold.reduce import SourceEvent
@@ -97,7 +97,6 @@ def test_a_value_the_native_join_core_does_not_hold_is_joined_in_python_once(
                                "sources": sources})
     assert pipeline.spark.core == "native"
     make_topics(pipeline, 2)
-    ensure_topics({"bootstrap.servers": bootstrap_servers}, [TopicSpec(trace_topic(pipeline), 1)])  # (its shard's index)
     units = _units_with_nan()
     records, firsts = wire([(side, [e._replace(row={k: v for k, v in e.row.items() if k != "score"})
                                     for e in events]) for side, events in units], 2)
