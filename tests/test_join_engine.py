@@ -34,7 +34,7 @@ from refold.model.changelog import ChangelogEvent, Op
 from refold.model.reasons import Reason
 from refold.ops.status import print_status
 from refold.ops.verify import verify
-from refold.plan import RIGHT_PARTITIONS, plan_of, trace_topic
+from refold.plan import RIGHT_PARTITIONS, plan_of
 from refold.plan.draw import mermaid, tree
 from refold.recovery.records import decode_dead_letter
 from refold.recovery.restore import load_checkpoints
@@ -95,8 +95,7 @@ def wire(units: Sequence[Unit], partitions: int) -> tuple[list[InputRecord], lis
 def make_topics(pipeline: Pipeline, partitions: int) -> None:
     settings_ = {"bootstrap.servers": pipeline.kafka_settings()["bootstrap.servers"]}
     ensure_topics(settings_, [TopicSpec(s.topic, partitions) for s in pipeline.sources.values()]
-                  + engine_topics(pipeline, partitions)
-                  + [TopicSpec(trace_topic(pipeline), partitions)])  # (the shards' trace index)
+                  + engine_topics(pipeline, partitions))
 
 
 def run_batches(pipeline: Pipeline, records: list[InputRecord], cuts: list[int], restarts: list[bool]) -> None:
