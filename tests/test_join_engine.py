@@ -139,12 +139,16 @@ def changelog(changes: Sequence[Any]) -> list[bytes]:
 @given(units=changelogs(), kind=st.sampled_from(["inner", "left", "full"]), data=st.data())
 def test_a_merged_join_writes_what_the_reference_join_writes(bootstrap_servers: str, units: list[Unit], kind: str,
                                                              data: st.DataObject) -> None:
+    check_merged_join(bootstrap_servers, units, kind, data, "python")  # (native: tests/test_join_engine_native.py)
+
+
+def check_merged_join(bootstrap_servers: str, units: list[Unit], kind: str, data: st.DataObject, core: str) -> None:
     """Both sources over two partitions each, joined in one shard: the view topic is the
     reference join's changelog, record by record, whatever the batch cuts and restarts;
     each record names its unit's first event (`<topic>:<partition>:<offset>`); each
     refused unit is a dead letter naming its own topic, partition and offset."""
     key = data.draw(st.sampled_from([None, ["id"]]))
-    pipeline = join_pipeline(f"je{uuid.uuid4().hex[:8]}", bootstrap_servers, kind, key=key)
+    pipeline = join_pipeline(f"je{uuid.uuid4().hex[:8]}", bootstrap_servers, kind, key=key, spark={"core": core})
     make_topics(pipeline, 2)
     records, firsts = wire(units, 2)
     cuts = data.draw(st.lists(st.integers(0, len(records)), max_size=5))
@@ -207,6 +211,10 @@ def test_a_grouped_view_over_a_merged_join_is_the_reference_over_the_reference_j
 @given(units=changelogs(), kind=st.sampled_from(["inner", "left", "full"]), data=st.data())
 def test_a_co_partitioned_join_writes_the_reference_join_key_by_key(bootstrap_servers: str, units: list[Unit], kind: str,
                                                                     data: st.DataObject) -> None:
+    check_co_partitioned_join(bootstrap_servers, units, kind, data, "python")  # (native: tests/test_join_engine_native.py)
+
+
+def check_co_partitioned_join(bootstrap_servers: str, units: list[Unit], kind: str, data: st.DataObject, core: str) -> None:
     """Both sources keyed by their join column over three partitions each: three shards,
     each joining partition p of both; each shard's view partition is the reference
     join's changelog of that partition's join keys (nulls in partition 0), in order."""
@@ -214,7 +222,8 @@ def test_a_co_partitioned_join_writes_the_reference_join_key_by_key(bootstrap_se
            for side, events in units):
         return  # (a correction that moves a row to another join key is keyed by the new one: not co-partitioned)
     units = renamed(units)
-    pipeline = join_pipeline(f"jc{uuid.uuid4().hex[:8]}", bootstrap_servers, kind, key=["id"], keyed=True)
+    pipeline = join_pipeline(f"jc{uuid.uuid4().hex[:8]}", bootstrap_servers, kind, key=["id"], keyed=True,
+                             spark={"core": core})
     assert plan_of(pipeline, 3).layout == "co-partitioned"
     make_topics(pipeline, 3)
     records, _ = wire(units, 3)

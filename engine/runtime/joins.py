@@ -9,13 +9,19 @@ partition offset order, as any source; the units of both are then merged by tag
 (`event_time`, partition, offset), so at equal event times the left source's come
 before the right's: the order is a function of the batch's records.
 
-Each unit goes to the `JoinReducer` with its side; its records (`Changes`, caused by the
+Each unit goes to the join's reducer with its side; its records (`Changes`, caused by the
 unit's first event) are the view's, or, for a grouped view over the join, its input
 units (a `-C` with its `+C`, tagged with the source unit's tag, so every record the
 grouped view writes names the source event as its cause). The batch is two passes:
 the join keys the units touch are loaded from the store and every unit joined, then the
 view keys the joined records touch are loaded and reduced. Join and view share the
 shard's store and `P.state` partition (join records `["j",…]`, view records `[[…]`).
+
+The join reduces on the native `JoinCore` where `spark.core` allows
+(`refold.runtime.native.join_reducer`). A value the core does not hold raises `Unsupported`
+before the unit changes anything; the shard then drops the batch's work (nothing is sent
+yet), reduces with a `JoinReducer` until its next start, reloads the touched keys from its
+store and joins the batch's units again.
 
 Dead letters name the side's own topic, partition and offset. A joined row the grouped
 view refuses (a null grouping column of a null-padded row: `null key`) is a dead letter
@@ -26,6 +32,7 @@ of the source record that caused it. Provenance headers name `<topic>:<partition
 from __future__ import annotations
 
 import heapq
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -37,13 +44,16 @@ from refold.plan import RIGHT_PARTITIONS, join_co_partitioned
 from refold.recovery.records import DeadLetter, PendingRecord
 from refold.reduce import Rejected, SourceEvent, ViewChange
 from refold.reduce.grouped import GroupedReducer
-from refold.reduce.join import JoinReducer, state_prefix
+from refold.reduce.join import state_prefix
 from refold.reduce.types import Cause, cause_of
 from refold.reduce.values import key_bytes
 from refold.runtime.batch import DeadLetters, InputRecord, Outgoing, Unit, UnitReader, Units
+from refold.runtime.native import Unsupported, join_reducer
 from refold.runtime.render import Renderer
 from refold.runtime.shard import ShardProcessor
 from refold.runtime.shards import KeyCheck
+
+log = logging.getLogger(__name__)
 
 
 def side_of(partition: int) -> int:
@@ -151,9 +161,10 @@ class _BothKeys:
 class JoinReducers:
     """The join and, over it, the grouped view (when the view has `key`/`columns`)."""
 
-    def __init__(self, pipeline: Pipeline) -> None:
+    def __init__(self, pipeline: Pipeline, core: str | None = None) -> None:
+        """`core`: `spark.core` for the join (the pipeline's when None; `python` a `JoinReducer`)."""
         assert pipeline.view.join is not None
-        self.join = JoinReducer(pipeline.view.join)
+        self.join: Any = join_reducer(pipeline.view.join, core or pipeline.spark.core)
         view = pipeline.view
         self.grouped = GroupedReducer(view.model_copy(update={"join": None, "sql": None})) if view.key else None
         self.view: Any = None  # (no materializations of a join)
@@ -187,6 +198,7 @@ class JoinShardProcessor(ShardProcessor):
     """One shard of a join pipeline (see the module's docstring)."""
 
     core_reads = False
+    join_core: str | None = None  # `python` after the native join core refused a value (until the next start)
 
     def __init__(self, pipeline: Pipeline, settings: dict[str, Any], shard: int = 0, *args: Any,
                  start: bool = True, **kwargs: Any) -> None:
@@ -202,7 +214,19 @@ class JoinShardProcessor(ShardProcessor):
                 raise
 
     def _new_reducer(self) -> Any:
-        return JoinReducers(self.pipeline)
+        return JoinReducers(self.pipeline, self.join_core)
+
+    def restore(self) -> None:
+        self.join_core = None  # (a new start tries the native join core again)
+        super().restore()
+
+    def _join_in_python(self, exc: Unsupported) -> None:
+        """The native join core refused a value: the reducer (and what it holds) goes, and a
+        `JoinReducer` joins from here until the next start, loading from the store."""
+        log.warning("%s shard %d joins in Python from here: the native join core %s",
+                    self.pipeline.pipeline, self.shard, exc)
+        self.join_core = "python"
+        self._forget_reducer()
 
     def _new_core(self) -> Any:
         return None
@@ -216,6 +240,13 @@ class JoinShardProcessor(ShardProcessor):
         return {topic: by_partition for topic, by_partition in consumed.items() if by_partition}
 
     def _touched(self, units: Sequence[Unit]) -> set[Any]:
+        try:
+            return self._join_keys(units)
+        except Unsupported as exc:
+            self._join_in_python(exc)
+            return self._join_keys(units)
+
+    def _join_keys(self, units: Sequence[Unit]) -> set[Any]:
         join = self.reducer.join
         touched = {("j", join.state_key(side_of(record.partition), event)) for unit in units for event, record in unit}
         touched.discard(("j", None))
@@ -232,14 +263,31 @@ class JoinShardProcessor(ShardProcessor):
             wanted = touched
         joins = [state_prefix(key) for kind, key in wanted if kind == "j"]
         if joins:
-            self.reducer.join.restore(self.store.load_keys(joins))
+            try:
+                self.reducer.join.restore(self.store.load_keys(joins))
+            except Unsupported as exc:  # (a stored value the native core does not hold)
+                self._join_in_python(exc)
+                self._load(touched, forget=forget)
+                return
         views = [key_bytes(key) for kind, key in wanted if kind == "v"]
         if views:
             self.reducer.grouped.restore(self.store.load_keys(views))
         self.held |= wanted
 
     def _reduce(self, units: Sequence[Unit], out: Outgoing) -> list[tuple[list[ViewChange], int]]:
-        """Join each unit; then, for a grouped view over the join, reduce the joined records."""
+        """Join each unit; then, for a grouped view over the join, reduce the joined records.
+        When the native join core refuses a value, the dead letters the join added go and
+        Python joins the batch again from the store (`_join_in_python`)."""
+        letters = len(out.dlq)
+        try:
+            return self._join_units(units, out)
+        except Unsupported as exc:
+            del out.dlq[letters:]
+            self._join_in_python(exc)
+            self._load(self._touched(units))
+            return self._join_units(units, out)
+
+    def _join_units(self, units: Sequence[Unit], out: Outgoing) -> list[tuple[list[ViewChange], int]]:
         join, grouped = self.reducer.join, self.reducer.grouped
         joined: list[tuple[Unit, JoinChanges]] = []
         for unit in units:
