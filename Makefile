@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 
 # The native reduction core (Rust, native/): pip builds it with maturin and cargo, crates
 # from crates.io; the engine runs in Python without it (refold.runtime.native).
-$(NATIVE): $(STAMP) native/pyproject.toml native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs native/src/*/*.rs)
+$(NATIVE): $(STAMP) native/pyproject.toml native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs native/src/*/*.rs native/src/*/*/*.rs)
 	@command -v cargo >/dev/null || { echo "make setup: the native core needs Rust's cargo (Debian: apt-get install cargo)"; exit 1; }
 	$(PY) -m pip install --quiet ./native
 	touch $(NATIVE)
