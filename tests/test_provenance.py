@@ -278,19 +278,13 @@ def test_causes_are_byte_identical_after_kill_9_and_restarts(bootstrap_servers, 
     # the engine (Spark, local[1]) killed inside a transaction and after a commit, then run
     # to the end: its view records, headers included, are those of the same
     # input reduced in one go without a crash (the output is a pure function of the input)
-    from engine_runs import load_source
-    from test_crash import finish, start_engine, write_pipeline
+    from engine_runs import killed_then_finished
+    from test_crash import write_pipeline
 
     from refold.config import load_pipeline
 
     settings_ = {"bootstrap.servers": bootstrap_servers}
-    source, _events = load_source(bootstrap_servers, topic, partitions=2, events=900, keys=40, seed=11)
-    path = write_pipeline(tmp_path, source, bootstrap_servers)
-    for crash in ("in_txn:2", "after_commit:3"):
-        code, err = finish(start_engine(path, crash=crash))
-        assert code == -9, f"{crash}: {err[-2000:]}"
-    code, err = finish(start_engine(path))
-    assert code == 0, err[-3000:]
+    path, source = killed_then_finished(bootstrap_servers, topic, tmp_path)
     crashed = load_pipeline(path)
     clean = load_pipeline(write_pipeline(tmp_path, source, bootstrap_servers))
     ensure_topics(settings_, engine_topics(clean, 2))

@@ -196,18 +196,11 @@ def test_the_index_after_kill_9_and_replay(bootstrap_servers, topic, tmp_path) -
     # the engine (Spark) killed inside a transaction and right after a commit, then run to
     # the end: the aborted transactions' index records are not read, the replayed batches
     # write theirs once, and every trace through the index is the scan's
-    from engine_runs import load_source
-    from test_crash import finish, start_engine, write_pipeline
+    from engine_runs import killed_then_finished
 
     from refold.config import load_pipeline
 
     settings_ = {"bootstrap.servers": bootstrap_servers}
-    source, _events = load_source(bootstrap_servers, topic, partitions=2, events=900, keys=40, seed=11)
-    path = write_pipeline(tmp_path, source, bootstrap_servers)
-    for crash in ("in_txn:2", "after_commit:3"):
-        code, err = finish(start_engine(path, crash=crash))
-        assert code == -9, f"{crash}: {err[-2000:]}"
-    code, err = finish(start_engine(path))
-    assert code == 0, err[-3000:]
+    path, source = killed_then_finished(bootstrap_servers, topic, tmp_path)
     pipeline = load_pipeline(path)
     assert assert_index_answers_as_the_scan(pipeline, settings_, source, inputs=10) > 100
