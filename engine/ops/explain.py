@@ -91,8 +91,12 @@ def summary(plan: Plan) -> str:
     keys = ", ".join(source.key) or "(none)"
     if view.join is not None:
         topics = " and ".join(s.topic for s in plan.sources)
-        lines.append(f"# shards: one per partition pair of {topics} (both keyed by their join columns)"
-                     if plan.layout == "co-partitioned" else f"# shards: one, merging every partition of {topics}")
+        if plan.layout == "exchanged":
+            lines.append(f"# shards: stage 1 one per partition pair of {topics}, routed by join key to "
+                         f"{plan.stages[1].shards} join shards through {plan.stages[1].inputs[0]}")
+        else:
+            lines.append(f"# shards: one per partition pair of {topics} (both keyed by their join columns)"
+                         if plan.layout == "co-partitioned" else f"# shards: one, merging every partition of {topics}")
     elif plan.layout == "co-partitioned":
         lines.append(f"# shards: one per partition of {source.topic} (messages keyed by {keys}, "
                      f"within the view's grouping {', '.join(view_key(view))})")

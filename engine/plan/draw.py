@@ -49,7 +49,7 @@ def tree(plan: Plan) -> str:
         lines.append(f"│  {stem}   reads {', '.join(stage.inputs)}")
         lines.append(f"│  {stem}   writes {', '.join(stage.outputs)}; state in {stage.state_topic}")
     if plan.close_id is not None:
-        lines.append(f"├─ the driver closes each batch in {plan.stage('reduce').inputs[0]} "
+        lines.append(f"├─ the driver closes each batch in {plan.stages[1].inputs[0]} "
                      f"(transactional id {plan.close_id})")
     lines.append("└─ topics")
     width = max(len(topic.name) for topic in plan.topics)

@@ -22,6 +22,9 @@ The stages a view runs in today (`Stage.name`):
   sources, join, and reduce the grouped view over the join when there is one; one shard
   that merges every partition of both sources, or one per partition pair when both are
   keyed by their join columns with equal partition counts (co-partitioned).
+- `route` → `join` (a join in `shards: M`, `refold.runtime.joinx`): stage 1 shard p
+  decodes partition p of both sources and routes each unit by join key through
+  `P.repartition`; stage 2's M shards join (and reduce the grouped view over the join).
 
 A stage's shard s has the transactional id `<prefix>-<writer>-<s>`, its checkpoint
 record `<writer>/<s>` in `P.checkpoints` and its state in partition s of its state
@@ -264,7 +267,7 @@ class Plan:
 
     @property
     def stage2_shards(self) -> int:
-        return self.stage("reduce").shards or 0 if self.exchanged else 0
+        return self.stages[1].shards or 0 if self.exchanged else 0
 
     @property
     def first(self) -> Stage:
@@ -374,12 +377,24 @@ def _join_plan(pipeline: Pipeline, partitions: int | None) -> Plan:
     dlq, state, checkpoints = pipeline.dlq_topic, pipeline.state_topic, pipeline.checkpoints_topic
     view_out = pipeline.outputs.view
     outputs = tuple(t.topic for t in (view_out, pipeline.outputs.delta) if t is not None)
-    shards = partitions if paired else 1
+    m = stage2_shards(pipeline)
+    shards = m or (partitions if paired else 1)
     steps = ("decode", "validate", "join", *(("reduce",) if pipeline.view.key else ()))
-    stage = Stage("join", steps, pipeline, tuple(s.topic for s in sources), (*outputs, dlq), state, shards, paired)
+    inputs = tuple(s.topic for s in sources)
+    exchange: list[Topic] = []
+    if m:  # through the exchange: stage 1 routes partition p of both sources by join key
+        route = Stage("route", ("decode", "validate", "route"), pipeline, inputs,
+                      (pipeline.repartition_topic, dlq), pipeline.rows_topic, partitions, True)
+        stages = (route, Stage("join", steps[2:], view_pipeline(pipeline), (pipeline.repartition_topic,),
+                               (*outputs, dlq), state, m, True))
+        exchange = [Topic(pipeline.repartition_topic, "repartition", m),
+                    Topic(pipeline.rows_topic, "rows", made, compacted=True)]
+    else:
+        stages = (Stage("join", steps, pipeline, inputs, (*outputs, dlq), state, shards, paired),)
     topics = [*(Topic(s.topic, "source", s.partitions) for s in sources),
               Topic(checkpoints, "checkpoints", made, compacted=True),
-              Topic(state, "state", made, compacted=True), Topic(dlq, "dead letters", 1)]
+              Topic(state, "state", None if made is None else max(made, m), compacted=True),
+              Topic(dlq, "dead letters", 1), *exchange]
     if view_out is not None:
         by_shard = shards if view_partitioning(pipeline) == "shard" else 1
         count = None if by_shard is None or made is None else max(made, by_shard)
@@ -387,5 +402,5 @@ def _join_plan(pipeline: Pipeline, partitions: int | None) -> Plan:
         # (no P.trace: a join writes no trace index yet, `refold.runtime.traceindex.indexed`)
     if pipeline.outputs.delta is not None:
         topics.append(Topic(pipeline.outputs.delta.topic, "delta", made))
-    return Plan(pipeline, "co-partitioned" if paired else "merged", tuple(sources), (stage,), tuple(topics),
-                None, shards)
+    layout: Layout = "exchanged" if m else "co-partitioned" if paired else "merged"
+    return Plan(pipeline, layout, tuple(sources), stages, tuple(topics), close_id(pipeline) if m else None, shards)

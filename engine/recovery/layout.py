@@ -72,7 +72,7 @@ def settle_shards(pipeline: Pipeline, committed: dict[str, dict[int, Checkpoint]
     when the pipeline asks for a layout its state is not in."""
     if co_partitioned(pipeline):
         return pipeline
-    if pipeline.view.join is not None:  # (a join in shards: M is refused before: `Pipeline.run_refusal`)
+    if pipeline.view.join is not None and not isinstance(pipeline.shards, int):  # (unset: merged)
         return pipeline if pipeline.shards == "merged" else pipeline.model_copy(update={"shards": "merged"})
     earlier = _earlier_layout(pipeline, committed)
     asked = pipeline.shards

@@ -203,7 +203,7 @@ class JoinShardProcessor(ShardProcessor):
     def __init__(self, pipeline: Pipeline, settings: dict[str, Any], shard: int = 0, *args: Any,
                  start: bool = True, **kwargs: Any) -> None:
         super().__init__(pipeline, settings, shard, *args, start=False, **kwargs)
-        self.reader = JoinUnitReader(pipeline, pipeline.strict, join_co_partitioned(pipeline))
+        self.reader = self._make_reader()
         self.renderer = JoinRenderer(pipeline)
         self.tables = None
         if start:
@@ -212,6 +212,10 @@ class JoinShardProcessor(ShardProcessor):
             except BaseException:
                 self.close()
                 raise
+
+    def _make_reader(self) -> Any:
+        """Both sources' units (stage 2 of a join through the exchange reads its own)."""
+        return JoinUnitReader(self.pipeline, self.pipeline.strict, join_co_partitioned(self.pipeline))
 
     def _new_reducer(self) -> Any:
         return JoinReducers(self.pipeline, self.join_core)

@@ -41,6 +41,7 @@ from refold.runtime.batch import InputRecord
 from refold.runtime.exchange import ApplyProcessor, Closer, RouteProcessor, read_closed
 from refold.runtime.hooks import NO_HOOKS, Hooks
 from refold.runtime.joins import JoinShardProcessor, check_join_partitions
+from refold.runtime.joinx import JoinApplyProcessor, JoinRouteProcessor
 from refold.runtime.shard import ATTEMPTS, BatchStats, ShardProcessor
 from refold.runtime.shards import (
     KeyCheck,
@@ -129,7 +130,7 @@ class BatchProcessor:
         earlier instance's stage 1 left for them (closed and reduced)."""
         self.closer = Closer(self.pipeline, self.settings)
         for index in range(stage2_shards(self.pipeline)):
-            applier = self.appliers[index] = ApplyProcessor(
+            applier = self.appliers[index] = self.applier_type(
                 self.pipeline, self.settings, index, self.executor, hooks=self.hooks, start=False,
                 checkpoint_partition=index % self._checkpoint_partitions)
             applier.lock()
@@ -163,6 +164,11 @@ class BatchProcessor:
                 committed.append(stats)
         return committed
 
+    @property
+    def applier_type(self) -> type[ShardProcessor]:
+        """Stage 2's shard: a re-grouping view's, or a join's through the exchange."""
+        return JoinApplyProcessor if self.pipeline.view.join is not None else ApplyProcessor
+
     def _later_stages(self) -> list[ShardProcessor]:
         """A re-grouping view's stage-2 shards and a global Top-N's stage 3."""
         return [*self.appliers.values(), *([self.ranker] if self.ranker is not None else [])]
@@ -172,7 +178,7 @@ class BatchProcessor:
         `checkpoint_partition` is set in between)."""
         shard_type = RouteProcessor if exchanged(self.pipeline) else self.shard_type
         if self.pipeline.view.join is not None and not issubclass(shard_type, JoinShardProcessor):
-            shard_type = JoinShardProcessor
+            shard_type = JoinRouteProcessor if exchanged(self.pipeline) else JoinShardProcessor
         return shard_type(
             self.pipeline,
             self.settings,

@@ -404,7 +404,7 @@ class _Batches:
         close = close or self.start.closer.close(self.start.run)
         task = ShardTask(self.pipeline, self.settings, self.hooks, self.start.run,
                          self.start.checkpoint_partitions, False, stage="apply", close=close)
-        reduce = self.start.plan.stage("reduce")
+        reduce = self.start.plan.stages[1]  # (a re-grouping view's reduce, a join's join)
         assert reduce.shards is not None
         rows = run_shards(spark, task, reduce.shards)  # each shard on its executor, batch after batch
         trim(self.settings, self.pipeline, summary_offsets(rows), reduce.inputs[0])

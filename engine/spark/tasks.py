@@ -57,6 +57,7 @@ from refold.runtime.batch import InputRecord
 from refold.runtime.exchange import ApplyProcessor, RouteProcessor, read_closed
 from refold.runtime.hooks import Hooks
 from refold.runtime.joins import JoinShardProcessor
+from refold.runtime.joinx import JoinApplyProcessor, JoinRouteProcessor
 from refold.runtime.shard import BatchStats, ShardProcessor
 from refold.runtime.shards import KeyCheck, plan_shards
 from refold.runtime.tops import RankProcessor, tops_topic
@@ -238,7 +239,7 @@ class ShardTask:
         engine run has claimed the shard."""
         kind = {"view": ShardProcessor, "route": RouteProcessor, "apply": ApplyProcessor, "top": RankProcessor}[self.stage]
         if self.pipeline.view.join is not None:
-            kind = JoinShardProcessor
+            kind = {"route": JoinRouteProcessor, "apply": JoinApplyProcessor}.get(self.stage, JoinShardProcessor)
         processor = kind(
             self.pipeline,
             self.settings,

@@ -1,0 +1,193 @@
+"""A join through the exchange (`shards: M`, `refold.runtime.joinx`): stage 1 routes both
+sources by join key through `P.repartition`, M stage-2 shards join. Against
+`refold.reference_joins` (random changelogs, random batch cuts, restarts), a grouped
+view over it against the grouped reference, killed mid-commit, its plan."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_join import Unit, changelogs
+from test_join import as_units as numbered
+from test_join_engine import (
+    GROUPED,
+    _crash_units,
+    by_partition,
+    changelog,
+    join_pipeline,
+    make_topics,
+    run_batches,
+    wire,
+)
+
+from refold.config import ViewSpec, parse_pipeline
+from refold.errors import UserError
+from refold.kafka.io import read_to_end
+from refold.plan import plan_of
+from refold.plan.draw import tree
+from refold.recovery.records import decode_dead_letter
+from refold.reduce.values import key_bytes
+from refold.reference import reference_changelog
+from refold.reference_joins import reference_join
+from refold.runtime.exchange import shard_of
+from refold.runtime.processor import BatchProcessor
+
+SHARDS = 3
+BY_CUSTOMER = {"key": ["ck"], "columns": GROUPED["columns"]}  # grouped by the orders' join column
+
+
+def shard_of_unit(side: int, events: Sequence[Any]) -> int:
+    """The stage-2 shard of a unit that stays at its join key."""
+    value = events[0].row.get(("cust", "cid")[side])
+    return shard_of(key_bytes((value,)), SHARDS)
+
+
+def moves(units: Sequence[Unit]) -> bool:
+    """Whether a correction moves a row to another join key (its halves in two shards)."""
+    return any(len(events) == 2 and events[0].row.get(("cust", "cid")[side]) != events[1].row.get(("cust", "cid")[side])
+               for side, events in units)
+
+
+def folded(values: Sequence[bytes]) -> Counter[bytes]:
+    """A changelog's live rows, as a multiset of row JSON."""
+    rows: Counter[bytes] = Counter()
+    for value in values:
+        record = orjson.loads(value)
+        op = record.pop("op")
+        rows[orjson.dumps(record, option=orjson.OPT_SORT_KEYS)] += 1 if op in ("+A", "+C") else -1
+    return +rows
+
+
+@pytest.mark.kafka
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                                                HealthCheck.data_too_large])
+@given(units=changelogs(), kind=st.sampled_from(["inner", "left", "full"]), data=st.data())
+def test_an_exchanged_join_writes_the_reference_join_shard_by_shard(bootstrap_servers: str, units: list[Unit],
+                                                                    kind: str, data: st.DataObject) -> None:
+    """Both sources over two partitions, not keyed by their join columns, joined in three
+    shards through the exchange: the view's live rows are the reference join's, whatever
+    the batch cuts and restarts; when no correction moves a row to another join key, each
+    shard's view partition is the reference join's changelog of its join keys, record by
+    record, each record naming its unit's first event, and each refused unit a dead letter
+    naming its own topic, partition and offset."""
+    pipeline = join_pipeline(f"jx{uuid.uuid4().hex[:8]}", bootstrap_servers, kind, key=["id"], shards=SHARDS)
+    plan = plan_of(pipeline, 2)
+    assert plan.layout == "exchanged" and [s.name for s in plan.stages] == ["route", "join"]
+    make_topics(pipeline, 2)
+    records, firsts = wire(units, 2)
+    cuts = data.draw(st.lists(st.integers(0, len(records)), max_size=5))
+    run_batches(pipeline, records, cuts, data.draw(st.lists(st.booleans(), min_size=1, max_size=4)))
+    spec = pipeline.view.join
+    assert spec is not None
+    parts = by_partition(pipeline, f"{pipeline.pipeline}.view")
+    everything = [m.value() for part in parts.values() for m in part]
+    assert folded(everything) == folded(changelog(reference_join(spec, units).changes))
+    if moves(units):
+        return
+    topics = (f"{pipeline.pipeline}.orders", f"{pipeline.pipeline}.customers")
+    expected_letters = []
+    for m in range(SHARDS):
+        mine = [index for index, (side, events) in enumerate(units) if shard_of_unit(side, events) == m]
+        expected = reference_join(spec, [units[i] for i in mine])
+        assert [r.value() for r in parts.get(m, [])] == changelog(expected.changes)
+        causes = []
+        for count, index in enumerate(mine):
+            before = reference_join(spec, [units[i] for i in mine[:count]])
+            made = len(reference_join(spec, [units[i] for i in mine[:count + 1]]).changes) - len(before.changes)
+            side, partition, offset = firsts[index]
+            causes += [f"{topics[side]}:{partition}:{offset}".encode()] * made
+        assert [dict(r.headers() or [])["refold.cause"] for r in parts.get(m, [])] == causes
+        expected_letters += [(topics[firsts[mine[i]][0]], firsts[mine[i]][1], firsts[mine[i]][2], reason)
+                             for i, reason in expected.rejected]
+    letters = [decode_dead_letter(m.value()) for m in read_to_end({"bootstrap.servers": bootstrap_servers},
+                                                                  pipeline.dlq_topic)]
+    assert sorted((d.topic, d.partition, d.offset, d.reason) for d in letters) == sorted(expected_letters)
+
+
+@pytest.mark.kafka
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                                                HealthCheck.data_too_large])
+@given(units=changelogs(), kind=st.sampled_from(["inner", "left", "full"]), data=st.data())
+def test_a_grouped_view_over_an_exchanged_join_is_the_grouped_reference(bootstrap_servers: str, units: list[Unit],
+                                                                       kind: str, data: st.DataObject) -> None:
+    """Revenue per customer over the join in three shards: each customer's view key lies
+    in its join key's shard; the view's rows are the reference grouped view's over the
+    reference join (folded: a correction that moves an order between customers is two
+    transactions in two shards)."""
+    pipeline = join_pipeline(f"jy{uuid.uuid4().hex[:8]}", bootstrap_servers, kind, key=["id"], shards=SHARDS)
+    dumped = pipeline.model_dump(by_alias=True, exclude={"source"}, exclude_none=True)
+    pipeline = parse_pipeline({**dumped, "view": {"join": dumped["view"]["join"], **BY_CUSTOMER}})
+    assert pipeline.run_refusal() is None
+    make_topics(pipeline, 2)
+    records, _ = wire(units, 2)
+    cuts = data.draw(st.lists(st.integers(0, len(records)), max_size=4))
+    run_batches(pipeline, records, cuts, data.draw(st.lists(st.booleans(), min_size=1, max_size=3)))
+    spec = pipeline.view.join
+    assert spec is not None
+    expected = reference_changelog(ViewSpec.model_validate(BY_CUSTOMER), numbered(reference_join(spec, units).changes))
+    written = [m.value() for part in by_partition(pipeline, f"{pipeline.pipeline}.view").values() for m in part]
+    assert folded(written) == folded(changelog(expected.changes))
+
+
+@pytest.mark.kafka
+def test_an_exchanged_join_killed_mid_commit_writes_each_record_once(bootstrap_servers: str, tmp_path: Any) -> None:
+    """A join through the exchange killed (SIGKILL) inside batch 2's transaction: the
+    next run writes each shard's reference changelog, record by record, nothing twice
+    and nothing lost."""
+    units = _crash_units()
+    pipeline = join_pipeline(f"jk{uuid.uuid4().hex[:8]}", bootstrap_servers, "left", key=["id"], shards=SHARDS)
+    make_topics(pipeline, 2)
+    records, _ = wire(units, 2)
+    batches = [records[i:i + 7] for i in range(0, len(records), 7)]
+    script = tmp_path / "crash.py"
+    script.write_text(
+        "import pickle, sys\n"
+        "from refold.runtime.hooks import Hooks\n"
+        "from refold.runtime.processor import BatchProcessor\n"
+        "pipeline, settings, batches = pickle.load(open(sys.argv[1], 'rb'))\n"
+        "processor = BatchProcessor(pipeline, settings, hooks=Hooks(crash_at='in_txn:2'))\n"
+        "for batch in batches:\n"
+        "    processor.process(batch)\n")
+    data = tmp_path / "input.pickle"
+    data.write_bytes(pickle.dumps((pipeline, {"bootstrap.servers": bootstrap_servers}, batches)))
+    done = subprocess.run([sys.executable, str(script), str(data)], env={**os.environ}, timeout=300, check=False)
+    assert done.returncode == -signal.SIGKILL
+    run_batches(pipeline, records, [7, 14], [False])
+    spec = pipeline.view.join
+    assert spec is not None
+    parts = by_partition(pipeline, f"{pipeline.pipeline}.view")
+    for m in range(SHARDS):
+        mine = [(side, events) for side, events in units if shard_of_unit(side, events) == m]
+        assert [r.value() for r in parts.get(m, [])] == changelog(reference_join(spec, mine).changes)
+
+
+def test_an_exchanged_joins_plan_routes_by_join_key() -> None:
+    """`refold explain`'s plan of a join in shards: 3: stage 1 per partition pair of both
+    sources, `P.repartition` of 3 partitions, 3 join shards under `<writer>.view`, the
+    driver's close; a grouped view keyed outside the join key is refused by name."""
+    pipeline = join_pipeline("jz", "127.0.0.1:1", "left", key=["id"], shards=3)
+    plan = plan_of(pipeline, 2)
+    assert plan.layout == "exchanged" and plan.stage2_shards == 3 and plan.close_id == "jz-0-close"
+    route, join = plan.stages
+    assert route.inputs == ("jz.orders", "jz.customers") and route.outputs == ("jz.repartition", "jz.dlq")
+    assert join.inputs == ("jz.repartition",) and join.writer == "0.view" and join.shards == 3
+    drawn = tree(plan)
+    assert "1. route: decode → validate → route" in drawn and "2. join: join (3 shards" in drawn
+    assert "the driver closes each batch in jz.repartition (transactional id jz-0-close)" in drawn
+    grouped = join_pipeline("jw", "127.0.0.1:1", "left", key=["id"], grouped=True, shards=3)
+    refusal = grouped.run_refusal() or ""
+    assert refusal.startswith("shards: 3: a grouped view over a join in shards") and "second exchange" in refusal
+    with pytest.raises(UserError, match="second exchange"):
+        BatchProcessor(grouped, {"bootstrap.servers": "127.0.0.1:1"})
