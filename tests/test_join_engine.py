@@ -255,14 +255,15 @@ def test_a_join_plan_has_a_join_stage() -> None:
     assert plan_of(join_pipeline("js", "127.0.0.1:1", "inner", keyed=True, shards="merged"), 4).layout == "merged"
 
 
-def test_a_join_in_shards_is_refused_in_one_line() -> None:
-    pipeline = join_pipeline("jx", "127.0.0.1:1", "inner", shards=3)
+def test_a_grouped_view_over_a_join_in_shards_keyed_off_the_join_key_is_refused_in_one_line() -> None:
+    pipeline = join_pipeline("jx", "127.0.0.1:1", "inner", shards=3, grouped=True)
     refusal = pipeline.run_refusal()
-    assert refusal is not None and refusal.startswith("shards: 3: a join runs co-partitioned")
+    assert refusal is not None and refusal.startswith("shards: 3: a grouped view over a join in shards")
     assert "shards: merged" in refusal and "\n" not in refusal
     with pytest.raises(UserError, match=r"^shards: 3"):
         BatchProcessor(pipeline, {"bootstrap.servers": "127.0.0.1:1"})
-    netted = parse_pipeline({**pipeline.model_dump(by_alias=True, exclude={"source", "shards"}, exclude_none=True),
+    plain = join_pipeline("jn", "127.0.0.1:1", "inner")
+    netted = parse_pipeline({**plain.model_dump(by_alias=True, exclude={"source", "shards"}, exclude_none=True),
                              "outputs": {"view": {"topic": "v", "emit": "per_batch"}}})
     assert (netted.run_refusal() or "").startswith("outputs.view.emit: per_batch nets a batch's records per key")
 

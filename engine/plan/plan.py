@@ -382,6 +382,7 @@ def _join_plan(pipeline: Pipeline, partitions: int | None) -> Plan:
     steps = ("decode", "validate", "join", *(("reduce",) if pipeline.view.key else ()))
     inputs = tuple(s.topic for s in sources)
     exchange: list[Topic] = []
+    stages: tuple[Stage, ...]
     if m:  # through the exchange: stage 1 routes partition p of both sources by join key
         route = Stage("route", ("decode", "validate", "route"), pipeline, inputs,
                       (pipeline.repartition_topic, dlq), pipeline.rows_topic, partitions, True)

@@ -101,7 +101,7 @@ class JoinRouteProcessor(JoinShardProcessor):
     def _touched(self, units: Sequence[Unit]) -> set[Any]:
         return set()
 
-    def _reduce(self, units: Sequence[Unit], out: Outgoing) -> list[UnitChanges]:  # type: ignore[override]
+    def _reduce(self, units: Sequence[Unit], out: Outgoing) -> list[UnitChanges]:
         """Each unit routed with its merge key: the greatest first tag of the shard's units
         up to its own (`refold.runtime.exchange.merge_keys`; both sides' units are one
         stream here, merged by tag)."""
