@@ -307,12 +307,14 @@ def _orders_and_customers(seed: int, move: bool) -> tuple[list[dict[str, Any]], 
 
 @pytest.mark.kafka
 @pytest.mark.spark
-@pytest.mark.parametrize("keyed", [False, True], ids=["merged", "co-partitioned"])
+@pytest.mark.parametrize("layout", ["merged", "co-partitioned", "exchanged"])
 def test_a_join_runs_in_spark_and_ends_with_duckdbs_table(bootstrap_servers: str, spark: Any, topic: Any,
-                                                          tmp_path: Any, keyed: bool) -> None:
-    """Revenue per region of orders joined with customers, in SQL, run by `refold run`
+                                                          tmp_path: Any, layout: str) -> None:
+    """Revenue per region (per customer and region: co-partitioned, and through the
+    exchange in `shards: 2`) of orders joined with customers, in SQL, run by `refold run`
     (local[2]) to its end: the view topic's final table is DuckDB's for the same query
     over both sides' live rows."""
+    keyed = layout == "co-partitioned"
     orders, customers, live_orders, live_customers = _orders_and_customers(7, move=not keyed)
     settings_ = {"bootstrap.servers": bootstrap_servers}
     order_topic, customer_topic = topic(partitions=2), topic(partitions=2)
@@ -331,13 +333,14 @@ def test_a_join_runs_in_spark_and_ends_with_duckdbs_table(bootstrap_servers: str
         "pipeline": name, "kafka": settings_,
         "sources": {"orders": {"topic": order_topic, "key": ["id"] if not keyed else ["cust"]},
                     "customers": {"topic": customer_topic, "key": [right]}},
-        "view": {"sql": sql} if not keyed else {"sql": sql.replace("c.region", "o.cust, c.region")
-                                                .replace("c.cid", "c.cust")},
+        "view": {"sql": sql} if layout == "merged" else {"sql": sql.replace("c.region", "o.cust, c.region")
+                                                          .replace("c.cid", "c.cust" if keyed else "c.cid")},
+        **({"shards": 2} if layout == "exchanged" else {}),
         "outputs": {"view": {"topic": f"{name}.view"}},
         "trigger": "200ms", "max_batch_events": 120,
         "spark": {"master": "local[2]", "checkpoint_dir": str(tmp_path / "spark")},
     })
-    assert plan_of(pipeline, 2).layout == ("co-partitioned" if keyed else "merged")
+    assert plan_of(pipeline, 2).layout == layout
     run_pipeline(pipeline, bootstrap_servers, until_idle=3.0, spark=spark, quiet=True)
     table: dict[bytes, dict[str, Any]] = {}
     for message in read_to_end(settings_, f"{name}.view"):
