@@ -35,6 +35,7 @@ from test_join_engine import (
 from refold.config import ViewSpec, parse_pipeline
 from refold.errors import UserError
 from refold.kafka.io import read_to_end
+from refold.ops.explain import explain
 from refold.plan import plan_of
 from refold.plan.draw import tree
 from refold.recovery.records import decode_dead_letter
@@ -186,6 +187,10 @@ def test_an_exchanged_joins_plan_routes_by_join_key() -> None:
     drawn = tree(plan)
     assert "1. route: decode → validate → route" in drawn and "2. join: join (3 shards" in drawn
     assert "the driver closes each batch in jz.repartition (transactional id jz-0-close)" in drawn
+    text = explain(pipeline)  # `refold explain`
+    assert "# shards: stage 1 one per partition pair of jz.orders and jz.customers, routed by join key to 3 join " \
+           "shards through jz.repartition" in text
+    assert "2. join: join (3 shards" in text
     grouped = join_pipeline("jw", "127.0.0.1:1", "left", key=["id"], grouped=True, shards=3)
     refusal = grouped.run_refusal() or ""
     assert refusal.startswith("shards: 3: a grouped view over a join in shards") and "second exchange" in refusal
