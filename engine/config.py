@@ -286,9 +286,10 @@ class Pipeline(_Model):
             return None
         for name in (join.left, join.right):
             source = self.sources[name]
-            if source.form != "changelog" or source.format == "debezium-json":
-                return (f"sources.{name}: a join reads changelog sources (form: changelog, jsonl or avro) yet; "
-                        "a table source (form upsert, debezium-json) does not run in a join")
+            if (source.form != "changelog" or source.format == "debezium-json") and isinstance(self.shards, int):
+                return (f"sources.{name}: a join in shards: {self.shards} reads changelog sources (form: changelog, "
+                        "jsonl or avro) yet; a table source (form upsert, debezium-json) joins merged or "
+                        "co-partitioned: leave shards out")
         if isinstance(self.shards, int) and self.view.key:
             left = {column for name, side, column in join.outputs if side == 0 and name in self.view.key}
             if not set(join.sides_on[0]) <= left:

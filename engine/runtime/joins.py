@@ -48,10 +48,12 @@ from refold.reduce.join import state_prefix
 from refold.reduce.types import Cause, cause_of
 from refold.reduce.values import key_bytes
 from refold.runtime.batch import DeadLetters, InputRecord, Outgoing, Unit, UnitReader, Units
+from refold.runtime.jointables import TableSide
 from refold.runtime.native import Unsupported, join_reducer
 from refold.runtime.render import Renderer
 from refold.runtime.shard import ShardProcessor
 from refold.runtime.shards import KeyCheck
+from refold.runtime.tables import TableItem, is_table
 
 log = logging.getLogger(__name__)
 
@@ -114,26 +116,40 @@ class SideKeys(KeyCheck):
 
 
 class JoinUnitReader:
-    """Both sides' units of a batch, merged (see the module's docstring)."""
+    """Both sides' units of a batch, merged (see the module's docstring). A table side's
+    records are `TableItem`s (`tables`), each a unit of one placeholder event whose
+    events the shard makes against the key's last row as it joins (`item_of`)."""
 
     def __init__(self, pipeline: Pipeline, strict: bool, keyed: bool) -> None:
         join = pipeline.view.join
         assert join is not None
         self.letters: list[SideDeadLetters] = []
         self.readers: list[UnitReader] = []
-        for side, on in zip(side_pipelines(pipeline), join.sides_on, strict=True):
+        self.tables: list[TableSide | None] = []
+        for number, (side, on) in enumerate(zip(side_pipelines(pipeline), join.sides_on, strict=True)):
             letters = SideDeadLetters(side.source.topic, pipeline.pipeline, strict)
             self.letters.append(letters)
             self.readers.append(UnitReader(side, letters, SideKeys(side, on) if keyed else None))
+            self.tables.append(TableSide(side, number, letters, self.readers[-1].keys) if is_table(side) else None)
         self.keys = _BothKeys(self.readers) if keyed else None
+
+    def item_of(self, unit: Unit) -> TableItem | None:
+        """The table record of a table side's unit (None: a changelog unit)."""
+        table = self.tables[side_of(unit[0][1].partition)]
+        return None if table is None else table.items[unit[0][1]]
 
     def read(self, fresh: Sequence[InputRecord], pending: Mapping[int, PendingRecord], out: Outgoing) -> Units:
         streams = []
         held: dict[int, PendingRecord] = {}
         tombstones = 0
         for side, reader in enumerate(self.readers):
-            read = reader.read([r for r in fresh if side_of(r.partition) == side],
-                               {p: r for p, r in pending.items() if side_of(p) == side}, out)
+            mine = [r for r in fresh if side_of(r.partition) == side]
+            table = self.tables[side]
+            if table is not None:
+                streams.append(table.read(mine, out))
+                tombstones += table.reader.tombstones
+                continue
+            read = reader.read(mine, {p: r for p, r in pending.items() if side_of(p) == side}, out)
             streams.append(read.units)
             held.update(read.pending)
             tombstones += read.tombstones
@@ -218,7 +234,10 @@ class JoinShardProcessor(ShardProcessor):
         return JoinUnitReader(self.pipeline, self.pipeline.strict, join_co_partitioned(self.pipeline))
 
     def _new_reducer(self) -> Any:
-        return JoinReducers(self.pipeline, self.join_core)
+        # (a table side's units are made as the batch joins: the Python join, which never
+        # asks to join a batch again)
+        tables = any(is_table(side) for side in side_pipelines(self.pipeline))
+        return JoinReducers(self.pipeline, self.join_core or ("python" if tables else None))
 
     def restore(self) -> None:
         self.join_core = None  # (a new start tries the native join core again)
@@ -252,9 +271,26 @@ class JoinShardProcessor(ShardProcessor):
 
     def _join_keys(self, units: Sequence[Unit]) -> set[Any]:
         join = self.reducer.join
+        if any(self.reader.tables):
+            units = self._table_rows(units)
         touched = {("j", join.state_key(side_of(record.partition), event)) for unit in units for event, record in unit}
         touched.discard(("j", None))
         return touched
+
+    def _table_rows(self, units: Sequence[Unit]) -> list[Unit]:
+        """The units with each table record's rows (new, `before`, its key's last row,
+        loaded from the store) as events, for the join keys they touch."""
+        assert self.store is not None
+        items = [(unit, item) for unit in units if (item := self.reader.item_of(unit)) is not None]
+        self.last_rows.load(self.store, {item.key for _, item in items if item.key is not None},
+                            self.pipeline.spark.state_cache_keys)
+        rows: list[Unit] = [unit for unit in units if self.reader.item_of(unit) is None]
+        for unit, item in items:
+            last = self.last_rows.rows.get(item.key) if item.key is not None else None
+            record = unit[0][1]
+            rows += [((SourceEvent(Op.APPEND, row, item.tag), record),)
+                     for row in (item.row, item.before, last) if row is not None]
+        return rows
 
     def _load(self, touched: set[Any], *, forget: bool = True) -> None:
         """Load the join keys (`("j", key)`) and view keys (`("v", key)`) not held yet."""
@@ -296,11 +332,18 @@ class JoinShardProcessor(ShardProcessor):
         joined: list[tuple[Unit, JoinChanges]] = []
         for unit in units:
             side = side_of(unit[0][1].partition)
+            item = self.reader.item_of(unit) if self.reader.tables[side] is not None else None
             try:
-                made = join.apply(side, [event for event, _ in unit])
+                events = [event for event, _ in unit] if item is None else self.last_rows.unit(item)
+                made = join.apply(side, events) if events else []
             except Rejected as rejected:
-                self.reader.letters[side].rejected(out, unit, rejected)
+                if item is None:
+                    self.reader.letters[side].rejected(out, unit, rejected)
+                else:
+                    self.reader.letters[side].add(out, item.record, rejected.reason, rejected.detail)
                 continue
+            if item is not None:
+                self.last_rows.put(item)
             changes = JoinChanges(made)
             changes.cause = cause_of(unit[0][0].tag)
             joined.append((unit, changes))

@@ -125,6 +125,7 @@ class JoinExchangeReader(ExchangeReader):
     def __init__(self, letters: Sequence[SideDeadLetters]) -> None:
         super().__init__()
         self.letters = list(letters)
+        self.tables = [None, None]  # (no table sides: a join through the exchange reads changelogs)
 
     def read(self, fresh: Sequence[InputRecord], pending: Mapping[int, PendingRecord], out: Outgoing) -> Units:
         read = super().read(fresh, pending, out)

@@ -1,0 +1,100 @@
+"""Table sources in a join (`refold.runtime.jointables`): an upsert topic of customers
+joined with a changelog of orders, against `refold.reference_joins` fed the table's
+changelog (a new key `+A`, a changed row `-C`/`+C`, an unchanged one nothing, a
+tombstone `-R`), whatever the batch cuts and restarts."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from typing import Any
+
+import orjson
+import pytest
+from test_join import Unit
+from test_join_engine import changelog, join_pipeline, make_topics, run_batches, written
+
+from refold.config import Pipeline, parse_pipeline
+from refold.model.changelog import Op
+from refold.plan import RIGHT_PARTITIONS
+from refold.reduce import SourceEvent
+from refold.reference_joins import reference_join
+from refold.runtime.batch import InputRecord
+
+
+def upsert_join(bootstrap: str, kind: str, **more: Any) -> Pipeline:
+    """orders (a changelog) ⋈ customers (an upsert topic keyed by cid)."""
+    base = join_pipeline(f"ju{uuid.uuid4().hex[:8]}", bootstrap, kind, key=["id"], **more)
+    dumped = base.model_dump(by_alias=True, exclude={"source"}, exclude_none=True)
+    dumped["sources"]["customers"] = {"topic": base.sources["customers"].topic, "form": "upsert", "key": ["cid"]}
+    return parse_pipeline(dumped)
+
+
+def histories(seed: int) -> tuple[list[InputRecord], list[Unit]]:
+    """Seeded orders (appends, retractions) and customer upserts (new, overwritten,
+    unchanged, deleted by a tombstone, back again) as the topics' records in the order
+    they were made, and the units of both changelogs (the customers' the table's)."""
+    rng = random.Random(seed)
+    records: list[InputRecord] = []
+    units: list[Unit] = []
+    offsets: dict[int, int] = {}
+    live: list[dict[str, Any]] = []
+    table: dict[int, dict[str, Any]] = {}
+    tag = (0, 0, 0)
+
+    def record(partition: int, key: dict[str, Any], value: bytes | None) -> None:
+        offset = offsets.get(partition, 0)
+        offsets[partition] = offset + 1
+        records.append(InputRecord(partition, offset, orjson.dumps(key), value, len(records)))
+
+    for step in range(60):
+        if rng.random() < 0.5:
+            if live and rng.random() < 0.3:
+                row = live.pop(rng.randrange(len(live)))
+                op = Op.RETRACT
+            else:
+                row = {"id": step, "cust": rng.choice([0, 1, 2, 3, None]), "amount": rng.randrange(1, 9)}
+                live.append(row)
+                op = Op.APPEND
+            record(step % 2, {"id": row["id"]}, orjson.dumps({"op": op.code, **row}))
+            units.append((0, [SourceEvent(op, row, tag)]))
+            continue
+        cid = rng.randrange(4)
+        old = table.get(cid)
+        if old is not None and rng.random() < 0.2:  # a tombstone deletes the customer
+            record(RIGHT_PARTITIONS + cid % 2, {"cid": cid}, None)
+            del table[cid]
+            units.append((1, [SourceEvent(Op.RETRACT, old, tag)]))
+            continue
+        new = {"cid": cid, "region": rng.choice(["eu", "us"]) if old is None or rng.random() < 0.7 else old["region"]}
+        record(RIGHT_PARTITIONS + cid % 2, {"cid": cid}, orjson.dumps(new))
+        table[cid] = new
+        if old is None:
+            units.append((1, [SourceEvent(Op.APPEND, new, tag)]))
+        elif old != new:
+            units.append((1, [SourceEvent(Op.CORRECT_FROM, old, tag), SourceEvent(Op.CORRECT_TO, new, tag)]))
+    return records, units
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize(("seed", "kind"), [(1, "inner"), (2, "left"), (3, "full")])
+def test_an_upsert_source_in_a_join_writes_the_reference_join_of_its_table(bootstrap_servers: str, seed: int,
+                                                                           kind: str) -> None:
+    """A customer overwritten in its upsert topic moves its orders' joined rows to the
+    new row; deleted by a tombstone, its orders lose it: the view topic is the reference
+    join's changelog of the orders and the customers' table changelog, record by record,
+    with batch cuts and restarts (the last rows come back from `P.state`)."""
+    pipeline = upsert_join(bootstrap_servers, kind)
+    assert pipeline.run_refusal() is None
+    make_topics(pipeline, 2)
+    records, units = histories(seed)
+    rng = random.Random(seed)
+    run_batches(pipeline, records, [rng.randrange(len(records)) for _ in range(4)], [False, True])
+    spec = pipeline.view.join
+    assert spec is not None
+    assert written(pipeline) == changelog(reference_join(spec, units).changes)
+
+
+def test_a_table_source_in_a_join_through_the_exchange_is_refused_by_name() -> None:
+    refusal = upsert_join("127.0.0.1:1", "inner", shards=2).run_refusal() or ""
+    assert refusal.startswith("sources.customers: a join in shards: 2 reads changelog sources")
