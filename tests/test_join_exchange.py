@@ -143,10 +143,12 @@ def test_a_grouped_view_over_an_exchanged_join_is_the_grouped_reference(bootstra
 
 
 @pytest.mark.kafka
-def test_an_exchanged_join_killed_mid_commit_writes_each_record_once(bootstrap_servers: str, tmp_path: Any) -> None:
-    """A join through the exchange killed (SIGKILL) inside batch 2's transaction: the
-    next run writes each shard's reference changelog, record by record, nothing twice
-    and nothing lost."""
+@pytest.mark.parametrize("stage", ["route", "join"])
+def test_an_exchanged_join_killed_mid_commit_writes_each_record_once(bootstrap_servers: str, tmp_path: Any,
+                                                                     stage: str) -> None:
+    """A join through the exchange killed (SIGKILL) inside batch 2's transaction of a
+    stage-1 shard, or of a join shard: the next run writes each shard's reference
+    changelog, record by record, nothing twice and nothing lost."""
     units = _crash_units()
     pipeline = join_pipeline(f"jk{uuid.uuid4().hex[:8]}", bootstrap_servers, "left", key=["id"], shards=SHARDS)
     make_topics(pipeline, 2)
@@ -157,12 +159,15 @@ def test_an_exchanged_join_killed_mid_commit_writes_each_record_once(bootstrap_s
         "import pickle, sys\n"
         "from refold.runtime.hooks import Hooks\n"
         "from refold.runtime.processor import BatchProcessor\n"
-        "pipeline, settings, batches = pickle.load(open(sys.argv[1], 'rb'))\n"
-        "processor = BatchProcessor(pipeline, settings, hooks=Hooks(crash_at='in_txn:2'))\n"
+        "pipeline, settings, batches, stage = pickle.load(open(sys.argv[1], 'rb'))\n"
+        "hooks = Hooks(crash_at='in_txn:2')\n"
+        "processor = BatchProcessor(pipeline, settings, hooks=hooks if stage == 'route' else Hooks())\n"
+        "for applier in processor.appliers.values() if stage == 'join' else ():\n"
+        "    applier.hooks = hooks\n"
         "for batch in batches:\n"
         "    processor.process(batch)\n")
     data = tmp_path / "input.pickle"
-    data.write_bytes(pickle.dumps((pipeline, {"bootstrap.servers": bootstrap_servers}, batches)))
+    data.write_bytes(pickle.dumps((pipeline, {"bootstrap.servers": bootstrap_servers}, batches, stage)))
     done = subprocess.run([sys.executable, str(script), str(data)], env={**os.environ}, timeout=300, check=False)
     assert done.returncode == -signal.SIGKILL
     run_batches(pipeline, records, [7, 14], [False])
