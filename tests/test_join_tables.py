@@ -15,24 +15,31 @@ from test_join import Unit
 from test_join_engine import changelog, join_pipeline, make_topics, run_batches, written
 
 from refold.config import Pipeline, parse_pipeline
+from refold.kafka.io import read_to_end
 from refold.model.changelog import Op
+from refold.model.reasons import Reason
 from refold.plan import RIGHT_PARTITIONS
+from refold.recovery.records import decode_dead_letter
 from refold.reduce import SourceEvent
 from refold.reference_joins import reference_join
 from refold.runtime.batch import InputRecord
 
 
-def upsert_join(bootstrap: str, kind: str, **more: Any) -> Pipeline:
-    """orders (a changelog) ⋈ customers (an upsert topic keyed by cid)."""
+def upsert_join(bootstrap: str, kind: str, debezium: bool = False, **more: Any) -> Pipeline:
+    """orders (a changelog) ⋈ customers (an upsert topic keyed by cid, or Debezium's)."""
     base = join_pipeline(f"ju{uuid.uuid4().hex[:8]}", bootstrap, kind, key=["id"], **more)
     dumped = base.model_dump(by_alias=True, exclude={"source"}, exclude_none=True)
-    dumped["sources"]["customers"] = {"topic": base.sources["customers"].topic, "form": "upsert", "key": ["cid"]}
+    topic = base.sources["customers"].topic
+    dumped["sources"]["customers"] = ({"topic": topic, "format": "debezium-json"} if debezium else
+                                      {"topic": topic, "form": "upsert", "key": ["cid"]})
     return parse_pipeline(dumped)
 
 
-def histories(seed: int) -> tuple[list[InputRecord], list[Unit]]:
+def histories(seed: int, debezium: bool = False) -> tuple[list[InputRecord], list[Unit]]:
     """Seeded orders (appends, retractions) and customer upserts (new, overwritten,
-    unchanged, deleted by a tombstone, back again) as the topics' records in the order
+    unchanged, deleted by a tombstone, back again; `debezium`: as Debezium's create,
+    update and delete events, an unchanged row not written, and one update whose
+    `before` is not the customer's row, refused) as the topics' records in the order
     they were made, and the units of both changelogs (the customers' the table's)."""
     rng = random.Random(seed)
     records: list[InputRecord] = []
@@ -62,12 +69,21 @@ def histories(seed: int) -> tuple[list[InputRecord], list[Unit]]:
         cid = rng.randrange(4)
         old = table.get(cid)
         if old is not None and rng.random() < 0.2:  # a tombstone deletes the customer
-            record(RIGHT_PARTITIONS + cid % 2, {"cid": cid}, None)
+            record(RIGHT_PARTITIONS + cid % 2, {"cid": cid},
+                   orjson.dumps({"op": "d", "before": old}) if debezium else None)
             del table[cid]
             units.append((1, [SourceEvent(Op.RETRACT, old, tag)]))
             continue
         new = {"cid": cid, "region": rng.choice(["eu", "us"]) if old is None or rng.random() < 0.7 else old["region"]}
-        record(RIGHT_PARTITIONS + cid % 2, {"cid": cid}, orjson.dumps(new))
+        if debezium and old == new:
+            continue
+        if debezium and old is not None and step == 59:  # (refused: not the customer's row)
+            record(RIGHT_PARTITIONS + cid % 2, {"cid": cid},
+                   orjson.dumps({"op": "u", "before": {**old, "region": "mars"}, "after": new}))
+            continue
+        value = new if not debezium else {"op": "c", "after": new} if old is None else \
+            {"op": "u", "before": old, "after": new}
+        record(RIGHT_PARTITIONS + cid % 2, {"cid": cid}, orjson.dumps(value))
         table[cid] = new
         if old is None:
             units.append((1, [SourceEvent(Op.APPEND, new, tag)]))
@@ -93,6 +109,29 @@ def test_an_upsert_source_in_a_join_writes_the_reference_join_of_its_table(boots
     spec = pipeline.view.join
     assert spec is not None
     assert written(pipeline) == changelog(reference_join(spec, units).changes)
+
+
+@pytest.mark.kafka
+def test_a_debezium_source_in_a_join_writes_the_reference_join_of_its_table(bootstrap_servers: str) -> None:
+    """Customers as Debezium's events (create, update, delete) in a left join: the view
+    is the reference join of the table's changelog; an update whose `before` is not the
+    customer's row is a dead letter of the customers topic (`before differs`)."""
+    pipeline = upsert_join(bootstrap_servers, "left", debezium=True)
+    assert pipeline.run_refusal() is None
+    make_topics(pipeline, 2)
+    for seed in range(4, 40):  # (a history whose last step is a refused update)
+        records, units = histories(seed, debezium=True)
+        if b"mars" in (records[-1].value or b""):
+            break
+    run_batches(pipeline, records, [len(records) // 3, len(records) // 2], [True])
+    spec = pipeline.view.join
+    assert spec is not None
+    assert written(pipeline) == changelog(reference_join(spec, units).changes)
+    letters = [decode_dead_letter(m.value()) for m in read_to_end({"bootstrap.servers": bootstrap_servers},
+                                                                  pipeline.dlq_topic)]
+    assert [(d.topic, d.partition, d.offset, d.reason) for d in letters] == [
+        (pipeline.sources["customers"].topic, records[-1].partition - RIGHT_PARTITIONS, records[-1].offset,
+         Reason.BEFORE_DIFFERS)]
 
 
 def test_a_table_source_in_a_join_through_the_exchange_is_refused_by_name() -> None:
