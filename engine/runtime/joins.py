@@ -216,18 +216,9 @@ class JoinShardProcessor(ShardProcessor):
     core_reads = False
     join_core: str | None = None  # `python` after the native join core refused a value (until the next start)
 
-    def __init__(self, pipeline: Pipeline, settings: dict[str, Any], shard: int = 0, *args: Any,
-                 start: bool = True, **kwargs: Any) -> None:
-        super().__init__(pipeline, settings, shard, *args, start=False, **kwargs)
-        self.reader = self._make_reader()
-        self.renderer = JoinRenderer(pipeline)
-        self.tables = None
-        if start:
-            try:
-                self._start()
-            except BaseException:
-                self.close()
-                raise
+    def _parts(self, keys: KeyCheck | None) -> tuple[Any, None, Renderer]:
+        """Both sources' reader (tables read there, by side) and the join's renderer."""
+        return self._make_reader(), None, JoinRenderer(self.pipeline)
 
     def _make_reader(self) -> Any:
         """Both sources' units (stage 2 of a join through the exchange reads its own)."""

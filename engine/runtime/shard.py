@@ -81,7 +81,7 @@ class ShardProcessor:
     home>/state`); `run`: the engine run its checkpoints name; `start=False` leaves `lock()`, `fence()`
     then `restore()` to the caller (the `BatchProcessor` fences every shard before any restores).
     `fence`, `restore` and `_commit` are the seams the benchmarks replace; a join's shard
-    (`refold.runtime.joins`) replaces the reader, the reducer, `_consumed` and the causes."""
+    (`refold.runtime.joins`) replaces the reader and renderer (`_parts`), the reducer and `_consumed`."""
 
     core_reads = True  # the native core may read the batch's records itself (`_core_read`)
 
@@ -107,13 +107,10 @@ class ShardProcessor:
         self.topic = pipeline.source.topic
         self.hooks = hooks
         self.dead_letters = DeadLetters(self.topic, pipeline.pipeline, pipeline.strict)
-        self.reader = UnitReader(pipeline, self.dead_letters, keys)
-        # a table source (upsert, Debezium): records become units as they are applied (refold.runtime.tables)
-        self.tables = TableReader(pipeline, self.dead_letters, keys) if is_table(pipeline) else None
+        self.reader, self.tables, self.renderer = self._parts(keys)
         self.last_rows = LastRows()
         # the view's row filter (`view.where`), applied to each unit before the reducer
         self.row_filter = condition_of(pipeline.view.where) if pipeline.view.where is not None else None
-        self.renderer = Renderer(pipeline)
         self.state_topic = self._state_topic()
         self.aborts = 0  # transactions that failed and were run again
         self.last = BatchStats()
@@ -130,13 +127,8 @@ class ShardProcessor:
         self.held_all = False  # the reducer holds the whole store (a backfill needs the whole view)
         self.checkpoint = first_checkpoint(self.pipeline, self.shard)
         self._watermarks: Consumer | None = None
-        self.writer = TransactionalWriter(
-            settings,
-            pipeline.transactional_id(shard),
-            timeout_ms=environment.transaction_timeout_ms(),
-            consumer_group=f"refold.{pipeline.pipeline}",
-            label=f"pipeline {pipeline.pipeline!r} (shard {shard})",
-        )
+        self.writer = TransactionalWriter(settings, pipeline.transactional_id(shard), timeout_ms=environment.transaction_timeout_ms(),
+                                          consumer_group=f"refold.{pipeline.pipeline}", label=f"pipeline {pipeline.pipeline!r} (shard {shard})")
         # outputs.materialize: Flow's protocol per batch, fenced and checkpointed per shard
         self.materializations = self._new_materializations(executor)
         self.index = IndexWriter(pipeline, settings, shard)  # P.trace: where its view records are
@@ -148,6 +140,11 @@ class ShardProcessor:
                 raise
 
     # What a kind of shard replaces (`refold.runtime.exchange`: the stages of a re-grouping view)
+    def _parts(self, keys: KeyCheck | None) -> tuple[Any, TableReader | None, Renderer]:
+        """Its reader, table reader (a table source's records become units as applied) and renderer."""
+        table = TableReader(self.pipeline, self.dead_letters, keys) if is_table(self.pipeline) else None
+        return UnitReader(self.pipeline, self.dead_letters, keys), table, Renderer(self.pipeline)
+
     def _state_topic(self) -> str:
         return self.pipeline.state_topic
 
