@@ -4,12 +4,14 @@
 records. `key_offsets` reads it whole (a few bytes per view record) and names the view
 offsets of a key; `input_ranges` the view offset ranges of the batches that consumed an
 input event. What the index does not cover — a view partition's records before its
-first indexed batch (a pipeline that ran before the index existed) — is left to the
-caller's scan (`Coverage.unindexed`). `fetch_offsets` reads single records by offset.
+first indexed batch (a pipeline that ran before the index existed), after its last and
+between two (written while provenance was off) — is left to the caller's scan
+(`Coverage.unindexed`). `fetch_offsets` reads single records by offset.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,23 +36,43 @@ SMALL_FETCHES = {"enable.partition.eof": True, "fetch.wait.max.ms": 10, "queued.
 
 @dataclass
 class Coverage:
-    """What an index read found: the view offsets wanted per partition, and from which
-    offset on each view partition is indexed (absent: not at all)."""
+    """What an index read found: the view offsets wanted per partition, and the view
+    offset ranges [first, end) the index records name, per partition in offset order."""
 
     wanted: dict[int, set[int]] = field(default_factory=dict)
-    indexed_from: dict[int, int] = field(default_factory=dict)
+    spans: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     entries: int = 0
 
-    def unindexed(self, view_partitions: list[int]) -> dict[int, int]:
-        """Per view partition, the offset the index starts at (a scan reads below it);
-        None-free: a partition with no index record at all is unindexed to its end (-1)."""
-        return {p: self.indexed_from.get(p, -1) for p in view_partitions}
+    def unindexed(self, view_partitions: list[int]) -> dict[int, list[tuple[int, int | None]]]:
+        """Per view partition, the offset ranges [start, end) the index does not name (end
+        None: to the partition's end), for a scan: before its first index record, after its
+        last, and between two index records more than a commit marker apart (records
+        written while provenance was off; an aborted transaction's records, which a
+        read_committed scan skips, look the same)."""
+        found: dict[int, list[tuple[int, int | None]]] = {}
+        for partition in view_partitions:
+            spans = self.spans.get(partition)
+            if not spans:
+                found[partition] = [(0, None)]
+                continue
+            ranges: list[tuple[int, int | None]] = [(0, spans[0][0])] if spans[0][0] > 0 else []
+            end = spans[0][1]
+            for first, last in spans[1:]:
+                if first > end + 1:  # (one offset: the batch's commit marker)
+                    ranges.append((end, first))
+                end = max(end, last)
+            ranges.append((end, None))
+            found[partition] = ranges
+        return found
 
     def _saw(self, entry: Entry) -> None:
         self.entries += 1
-        at = self.indexed_from.get(entry.partition)
-        if at is None or entry.first < at:
-            self.indexed_from[entry.partition] = entry.first
+        spans = self.spans.setdefault(entry.partition, [])
+        span = (entry.first, entry.first + entry.records)
+        if spans and span < spans[-1]:
+            bisect.insort(spans, span)
+        else:
+            spans.append(span)
 
 
 def _entries(settings: dict[str, Any], pipeline: Pipeline) -> Iterator[Entry] | None:
@@ -97,7 +119,8 @@ def input_ranges(settings: dict[str, Any], pipeline: Pipeline, partition: int,
     ranges = []
     for entry in entries:
         found._saw(entry)
-        if entry.consumed(partition, offset):
+        # (no source ranges: a later stage's batch whose causes do not say; read it whole)
+        if not entry.sources or entry.consumed(partition, offset):
             ranges.append((entry.partition, entry.first, entry.first + entry.records))
     return found, ranges
 
