@@ -131,7 +131,9 @@ def assert_index_answers_as_the_scan(pipeline: Pipeline, settings_: dict[str, An
         partition, offset = (int(x) for x in cause.split(b":"))
         got = trace.trace_input(pipeline, settings_, source, partition, offset, note=notes.append)
         assert sorted((r["partition"], r["offset"]) for r in got if r["output"] == "view") == sorted(by_cause[cause])
-    assert notes == [], notes  # (a later stage's --input too: its batches' source ranges are its causes')
+    # no scan of the view (a later stage's --input neither: its batches' source ranges are its causes');
+    # the source topic holds no records here: the delta and dead-letter topics are read whole
+    assert [n for n in notes if "is not there" not in n] == [], notes
     return len(named)
 
 

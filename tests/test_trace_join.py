@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from io import StringIO
 from typing import Any
 
 import orjson
@@ -139,6 +140,18 @@ def test_a_joined_rows_trace_names_the_order_and_the_customer(bootstrap_servers:
     assert causes[0] == (*at(2), "+A", {k: v for k, v in order.items() if k != "op"})  # the order
     assert causes[1] == causes[2] == (*at(5), "-C", {k: v for k, v in correction.items() if k != "op"})  # the customer
     assert causes[0][0] == orders and causes[1][0] == customers
+    if layout == "co-partitioned":  # the command's lines, as docs/provenance.md shows them
+        out = StringIO()
+        assert trace.run(pipeline, settings_, key='{"id": 1}', input_=None, since=None, until=None, as_json=False,
+                         out=out) == 0
+        view = f"{pipeline.pipeline}.view"
+        assert out.getvalue().splitlines() == [
+            f'view {view}[1]@0 +A {{"id":1,"cust":1,"amount":10,"name":"Ann"}}',
+            f'    cause: {orders}[1]@0 +A {{"id":1,"cust":1,"amount":10}}',
+            f'view {view}[1]@4 -C {{"id":1,"cust":1,"amount":10,"name":"Ann"}}',
+            f'    cause: {customers}[1]@1 -C {{"cust":1,"name":"Ann"}}',
+            f'view {view}[1]@5 +C {{"id":1,"cust":1,"amount":10,"name":"Anne"}}',
+            f'    cause: {customers}[1]@1 -C {{"cust":1,"name":"Ann"}}']
     # what the customer's correction changed: both of its orders' joined rows
     got = trace.trace_input(pipeline, settings_, *at(5), note=notes.append)
     assert sorted((r["key"]["id"], r["op"]) for r in got) == [(1, "+C"), (1, "-C"), (3, "+C"), (3, "-C")]

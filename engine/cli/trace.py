@@ -13,7 +13,9 @@ the index names, `--input` reads only the view records of the batches that consu
 event — and by a scan of the view topic's partitions for what the index does not cover
 (a pipeline with no index, or a partition's records from before it), bounded by
 `--since`/`--until` (offsets, per partition), reading message keys and headers. The
-delta and dead-letter topics are scanned. Each cause is one fetch from the source topic.
+delta and dead-letter topics, which several shards write, are read from the input
+event's record timestamp on (less `CLOCK_SKEW_MS`). Each cause is one fetch from its
+source topic (a join's causes name the topic: `<topic>:<partition>:<offset>`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ from refold.runtime.render import CAUSE, RETRACTS
 from refold.runtime.shards import exchanged
 
 Note = Callable[[str], None]
+# the delta and dead-letter records an event caused are written by the engine after it read
+# the event, stamped with the engine's clock: read from the event's timestamp less this on
+CLOCK_SKEW_MS = 5 * 60_000
 
 
 def output_key_names(pipeline: Pipeline) -> list[str]:
@@ -279,11 +284,12 @@ def trace_key(pipeline: Pipeline, settings: dict[str, Any], key: dict[str, Any],
         causes.close()
 
 
-def _view_by_index(pipeline: Pipeline, settings: dict[str, Any], topic: str, partition: int, offset: int,
+def _view_by_index(pipeline: Pipeline, settings: dict[str, Any], topic: str, partitions: list[int], offset: int,
                    since: int | None, until: int | None, only: list[int] | None, note: Note) -> list[Message] | None:
-    """`--input`'s view records through the index (None: no index to go by); `partition`
-    as the index numbers the source's partitions (a join's right source `RIGHT_PARTITIONS + p`)."""
-    found = traceread.input_ranges(settings, pipeline, partition, offset)
+    """`--input`'s view records through the index (None: no index to go by); `partitions`:
+    the event's partition as the index numbers it (a join's right source's `RIGHT_PARTITIONS + p`;
+    a join of a topic with itself, both)."""
+    found = traceread.input_ranges(settings, pipeline, partitions, offset)
     if found is None:
         note(f"no trace index ({trace_topic(pipeline)}) to go by: scanning {topic}")
         return None
@@ -299,16 +305,17 @@ def trace_input(pipeline: Pipeline, settings: dict[str, Any], topic: str, partit
                 since: int | None = None, until: int | None = None, note: Note = lambda _: None) -> list[dict[str, Any]]:
     """Every view, delta and dead-letter record that input event caused."""
     topics = join_topics(pipeline)
-    indexed_as = partition
+    indexed_as = [partition]
     if topics is not None:
         if topic not in topics:
             raise UserError(f"--input names topic {topic!r}; the join's sources are {topics[0]!r} and {topics[1]!r}")
         cause = b"%s:%d:%d" % (topic.encode(), partition, offset)
-        indexed_as = partition + (RIGHT_PARTITIONS if topic == topics[1] and topic != topics[0] else 0)
+        indexed_as = [p for side, p in enumerate((partition, RIGHT_PARTITIONS + partition)) if topics[side] == topic]
     elif topic != pipeline.source.topic:
         raise UserError(f"--input names topic {topic!r}; the pipeline's source is {pipeline.source.topic!r}")
     else:
         cause = b"%d:%d" % (partition, offset)
+    written = _written_after(settings, topic, partition, offset, note)
     outputs = [("view", pipeline.outputs.view.topic if pipeline.outputs.view else None),
                ("delta", pipeline.outputs.delta.topic if pipeline.outputs.delta else None),
                ("dead letter", pipeline.dlq_topic)]
@@ -323,14 +330,37 @@ def trace_input(pipeline: Pipeline, settings: dict[str, Any], topic: str, partit
             indexed = None
             if kind == "view":
                 indexed = _view_by_index(pipeline, settings, output, indexed_as, offset, since, until, only, note)
-            msgs = indexed if indexed is not None else list(
-                _scan(settings, output, since if kind == "view" else None, until if kind == "view" else None, only))
+            if indexed is not None:
+                msgs = indexed
+            elif kind == "view":
+                msgs = list(_scan(settings, output, since, until, only))
+            elif written is None:
+                msgs = list(_scan(settings, output, None, None))
+            else:  # what the engine wrote since the event was written
+                starts = traceread.written_since(settings, output, written - CLOCK_SKEW_MS)
+                msgs = list(read_to_end(settings, output, start=starts, only=list(starts))) if starts else []
         except Exception:  # a dead-letter topic that does not exist yet: nothing there
             if kind == "dead letter":
                 continue
             raise
         found += [_record(kind, msg, None) for msg in msgs if _headers(msg).get(CAUSE) == cause]
     return found
+
+
+def _written_after(settings: dict[str, Any], topic: str, partition: int, offset: int, note: Note) -> int | None:
+    """The input event's record timestamp (ms), from which on the delta and dead-letter
+    topics are read (None: the event is not there to say, and they are read whole)."""
+    fetcher = Fetcher(settings, topic)
+    try:
+        msg = fetcher.fetch(partition, offset)
+    finally:
+        fetcher.close()
+    kind, timestamp = msg.timestamp() if msg is not None else (0, -1)
+    if msg is None or kind == 0 or timestamp < 0:
+        note(f"{topic}[{partition}]@{offset} is not there (or has no timestamp): scanning the delta and "
+             "dead-letter topics whole")
+        return None
+    return int(timestamp)
 
 
 def run(pipeline: Pipeline, settings: dict[str, Any], *, key: str | None, input_: str | None, since: int | None,

@@ -108,10 +108,10 @@ def key_offsets(settings: dict[str, Any], pipeline: Pipeline, message_key: bytes
     return found
 
 
-def input_ranges(settings: dict[str, Any], pipeline: Pipeline, partition: int,
+def input_ranges(settings: dict[str, Any], pipeline: Pipeline, partitions: list[int],
                  offset: int) -> tuple[Coverage, list[tuple[int, int, int]]] | None:
-    """The view ranges (partition, first, end) of the batches that consumed source
-    `partition`'s `offset` (None: no index)."""
+    """The view ranges (partition, first, end) of the batches that consumed `offset` of
+    one of the source `partitions` (as the index numbers them; None: no index)."""
     entries = _entries(settings, pipeline)
     if entries is None:
         return None
@@ -120,7 +120,7 @@ def input_ranges(settings: dict[str, Any], pipeline: Pipeline, partition: int,
     for entry in entries:
         found._saw(entry)
         # (no source ranges: a later stage's batch whose causes do not say; read it whole)
-        if not entry.sources or entry.consumed(partition, offset):
+        if not entry.sources or any(entry.consumed(partition, offset) for partition in partitions):
             ranges.append((entry.partition, entry.first, entry.first + entry.records))
     return found, ranges
 
@@ -169,6 +169,18 @@ def fetch_range(settings: dict[str, Any], topic: str, partition: int, first: int
             break
         found.append(msg)
     return found
+
+
+def written_since(settings: dict[str, Any], topic: str, timestamp: int) -> dict[int, int]:
+    """Per partition of `topic`, the first offset whose record timestamp is `timestamp` (ms)
+    or later, every record before it older (Kafka's time index keeps the largest timestamp
+    so far); a partition with none is left out."""
+    consumer = Consumer(consumer_config(settings, **SMALL_FETCHES))
+    try:
+        asked = [TopicPartition(topic, p, timestamp) for p in partitions_of(settings, topic)]
+        return {tp.partition: tp.offset for tp in consumer.offsets_for_times(asked, timeout=30) if tp.offset >= 0}
+    finally:
+        consumer.close()
 
 
 def view_partitions(settings: dict[str, Any], topic: str) -> list[int]:
