@@ -11,7 +11,7 @@ How it searches: through the trace index `P.trace` (refold.runtime.traceindex, r
 refold.cli.traceread) when the pipeline has one — `--key` fetches only the view records
 the index names, `--input` reads only the view records of the batches that consumed the
 event — and by a scan of the view topic's partitions for what the index does not cover
-(a pipeline with no index, or a partition's records from before it), bounded by
+(a pipeline with no index, or a partition's records no index record names), bounded by
 `--since`/`--until` (offsets, per partition), reading message keys and headers. The
 delta and dead-letter topics, which several shards write, are read from the input
 event's record timestamp on (less `CLOCK_SKEW_MS`). Each cause is one fetch from its
