@@ -177,7 +177,7 @@ def _headers(msg: Message) -> dict[str, bytes]:
 def _scan(settings: dict[str, Any], topic: str, since: int | None, until: int | None,
           only: list[int] | None = None) -> Iterator[Message]:
     start = {p: since for p in partitions_of(settings, topic)} if since is not None else None
-    for msg in read_to_end(settings, topic, start=start, only=only):
+    for msg in read_to_end(settings, topic, start=start, only=only, timeout=traceread.SCAN_SECONDS):
         if until is None or msg.offset() < until:
             yield msg
 
@@ -248,7 +248,8 @@ def _scan_unindexed(settings: dict[str, Any], topic: str, coverage: traceread.Co
             end = hi if until is None else until if hi is None else min(hi, until)
             if end is not None and end <= start:
                 continue
-            msgs = read_to_end(settings, topic, start={partition: start}, only=[partition])
+            msgs = read_to_end(settings, topic, start={partition: start}, only=[partition],
+                               timeout=traceread.SCAN_SECONDS)
             for count, msg in enumerate(msgs):
                 if end is not None and msg.offset() >= end:
                     break
@@ -338,7 +339,8 @@ def trace_input(pipeline: Pipeline, settings: dict[str, Any], topic: str, partit
                 msgs = list(_scan(settings, output, None, None))
             else:  # what the engine wrote since the event was written
                 starts = traceread.written_since(settings, output, written - CLOCK_SKEW_MS)
-                msgs = list(read_to_end(settings, output, start=starts, only=list(starts))) if starts else []
+                msgs = list(read_to_end(settings, output, start=starts, only=list(starts),
+                                        timeout=traceread.SCAN_SECONDS)) if starts else []
         except Exception:  # a dead-letter topic that does not exist yet: nothing there
             if kind == "dead letter":
                 continue

@@ -28,6 +28,9 @@ from refold.runtime.traceindex import Entry, key_hash, parse
 log = logging.getLogger(__name__)
 
 GAP = 200  # offsets a fetch reads on rather than seeking again
+# how long a read of a whole topic may take (read_to_end's default, 120 s, is for the
+# engine's small topics; a gigabyte view topic on a busy machine takes longer)
+SCAN_SECONDS = 3600.0
 # a consumer that reads single records: no prefetching past what it asked for, and no
 # wait for its queue to drain before the next fetch (fetch.queue.backoff.ms is 1 s by default)
 SMALL_FETCHES = {"enable.partition.eof": True, "fetch.wait.max.ms": 10, "queued.min.messages": 1,
@@ -85,7 +88,7 @@ def _entries(settings: dict[str, Any], pipeline: Pipeline) -> Iterator[Entry] | 
 
 
 def _parsed(settings: dict[str, Any], topic: str) -> Iterator[Entry]:
-    for msg in read_to_end(settings, topic):
+    for msg in read_to_end(settings, topic, timeout=SCAN_SECONDS):
         value = msg.value()
         try:
             yield parse(value or b"")
@@ -163,7 +166,7 @@ def fetch_range(settings: dict[str, Any], topic: str, partition: int, first: int
     found: list[Message] = []
     if end <= first:
         return found
-    for msg in read_to_end(settings, topic, start={partition: first}, only=[partition]):
+    for msg in read_to_end(settings, topic, start={partition: first}, only=[partition], timeout=SCAN_SECONDS):
         at = msg.offset()
         if at is not None and at >= end:
             break
