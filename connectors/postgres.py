@@ -31,6 +31,10 @@ fence shared with SQLite (`refold.connectors.fence`):
   a full refresh replaces the writer's view rows only (and rows from before shards,
   `_writer` null), a replayed batch only the writer's delta rows. Tables from before
   shards get the column at `Open` (a delta table's primary key gains it).
+- Every row names the input event behind it in `_cause` (text), as its Kafka record's
+  `refold.cause` header does (`<partition>:<offset>` of the source topic; null with
+  `outputs.provenance: off`, after a full refresh, and for rows from before the column,
+  which tables from before it get at `Open`).
 
     outputs:
       materialize:
@@ -80,7 +84,8 @@ from refold.connectors.settings import PostgresSettings
 Connection = psycopg.Connection[Any]
 
 _STAGE_PREFIX = "_rfs_"
-_STAGE_COLUMNS = "(_binding int NOT NULL, _seq int NOT NULL, _key jsonb NOT NULL, _doc jsonb, _delete boolean NOT NULL)"
+_STAGE_COLUMNS = ("(_binding int NOT NULL, _seq int NOT NULL, _key jsonb NOT NULL, _doc jsonb, _delete boolean NOT NULL, "
+                  "_cause text)")
 _LOCAL_STAGE = "_rfs_local"  # the session-temporary staging table of `store`
 
 
@@ -158,6 +163,8 @@ class PostgresDriver(SessionDriver[PostgresSettings, _Session]):
                 for binding in request.bindings:
                     conn.execute(_create_target(schema, binding))
                     _add_writer_column(conn, schema, binding)
+                    conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS _cause text").format(
+                        sql.Identifier(schema, binding.target)))
             table = f"{quote(schema)}.{quote(self.settings.checkpoints_table)}"
             fence = Fence.open(conn, table, POSTGRES, request, f"schema {schema!r}")
             owner = f"{request.materialization}\0{request.writer}"  # one family per shard
@@ -275,9 +282,10 @@ def _merge(conn: Connection, target: sql.Identifier, binding: Binding, rows: Any
         if rows is not None:
             conn.execute(
                 sql.SQL(
-                    "INSERT INTO {t} (_key, _doc, _batch, _writer) SELECT _key, _doc, %s, %s FROM ({rows}) s "
-                    "WHERE NOT _delete ON CONFLICT (_key) DO UPDATE "
-                    "SET _doc = EXCLUDED._doc, _batch = EXCLUDED._batch, _writer = EXCLUDED._writer"
+                    "INSERT INTO {t} (_key, _doc, _batch, _writer, _cause) SELECT _key, _doc, %s, %s, _cause "
+                    "FROM ({rows}) s WHERE NOT _delete ON CONFLICT (_key) DO UPDATE "
+                    "SET _doc = EXCLUDED._doc, _batch = EXCLUDED._batch, _writer = EXCLUDED._writer, "
+                    "_cause = EXCLUDED._cause"
                 ).format(t=target, rows=rows),
                 (batch, owner),
             )
@@ -287,8 +295,8 @@ def _merge(conn: Connection, target: sql.Identifier, binding: Binding, rows: Any
     if rows is not None:
         conn.execute(
             sql.SQL(
-                "INSERT INTO {t} (_writer, _batch, _part, _seq, _key, _doc) "
-                "SELECT %s, %s, _part, _seq, _key, _doc FROM ({rows}) s"
+                "INSERT INTO {t} (_writer, _batch, _part, _seq, _key, _doc, _cause) "
+                "SELECT %s, %s, _part, _seq, _key, _doc, _cause FROM ({rows}) s"
             ).format(t=target, rows=rows),
             (owner, batch),
         )
@@ -323,11 +331,11 @@ def _create_target(schema: str, binding: Binding) -> sql.Composed:
     if binding.kind == "view":
         return sql.SQL(
             "CREATE TABLE IF NOT EXISTS {} (_key jsonb PRIMARY KEY, _doc jsonb NOT NULL, _batch bigint NOT NULL, "
-            "_writer text)"
+            "_writer text, _cause text)"
         ).format(table)
     return sql.SQL(
         "CREATE TABLE IF NOT EXISTS {} (_writer text NOT NULL DEFAULT '', _batch bigint NOT NULL, "
-        "_part int NOT NULL, _seq int NOT NULL, _key jsonb NOT NULL, _doc jsonb NOT NULL, "
+        "_part int NOT NULL, _seq int NOT NULL, _key jsonb NOT NULL, _doc jsonb NOT NULL, _cause text, "
         "PRIMARY KEY (_writer, _batch, _part, _seq))"
     ).format(table)
 
@@ -357,11 +365,11 @@ def _add_writer_column(conn: Connection, schema: str, binding: Binding) -> None:
 
 
 def _copy(conn: Connection, table: sql.Identifier, stores: Iterable[Store], first_seq: int = 0) -> None:
-    statement = sql.SQL("COPY {} (_binding, _seq, _key, _doc, _delete) FROM STDIN").format(table)
+    statement = sql.SQL("COPY {} (_binding, _seq, _key, _doc, _delete, _cause) FROM STDIN").format(table)
     with conn.cursor() as cursor, cursor.copy(statement) as copy:
         for seq, store in enumerate(stores, first_seq):
             doc = None if store.delete or store.doc is None else _json(store.doc)
-            copy.write_row((store.binding, seq, _json(list(store.key)), doc, store.delete))
+            copy.write_row((store.binding, seq, _json(list(store.key)), doc, store.delete, store.cause))
 
 
 def _union(sources: Sequence[tuple[int, sql.Identifier]], binding: int) -> sql.Composed | None:
@@ -369,7 +377,7 @@ def _union(sources: Sequence[tuple[int, sql.Identifier]], binding: int) -> sql.C
     if not sources:
         return None
     return sql.SQL(" UNION ALL ").join(
-        sql.SQL("SELECT {part}::int AS _part, _seq, _key, _doc, _delete FROM {t} WHERE _binding = {b}").format(
+        sql.SQL("SELECT {part}::int AS _part, _seq, _key, _doc, _delete, _cause FROM {t} WHERE _binding = {b}").format(
             part=sql.Literal(part), t=table, b=sql.Literal(binding)
         )
         for part, table in sources

@@ -190,6 +190,7 @@ class Store:
     doc: Row | None  # None when `delete`
     exists: bool  # the key was Loaded this transaction (it is in the store)
     delete: bool = False  # the key has no live row any more: remove it
+    cause: str | None = None  # `<partition>:<offset>` of the input event behind the row (its `refold.cause`)
 
 
 @dataclass(frozen=True, slots=True)

@@ -249,11 +249,29 @@ class Materializations:
 
     # One transaction -------------------------------------------------------------------------
 
+    def commit_units(
+        self, checkpoint: Checkpoint, units: Sequence[tuple[Sequence[ViewChange], int]], deltas: Sequence[Row],
+        view: ViewRows,
+    ) -> dict[str, bytes]:
+        """`commit` of a shard's batch: its view changes per unit, each unit's `cause` (a
+        `refold.reduce.Changes`) the cause of the rows it leaves, as its view records name it."""
+        changes: list[ViewChange] = []
+        causes: dict[Key, str | None] = {}
+        for unit_changes, _ in units:
+            cause = getattr(unit_changes, "cause", None)
+            named = None if cause is None or not self.pipeline.outputs.provenance else "{}:{}".format(*cause)
+            for change in unit_changes:
+                changes.append(change)
+                causes[change.key] = named
+        return self.commit(checkpoint, changes, deltas, view, causes)
+
     def commit(
-        self, checkpoint: Checkpoint, changes: Sequence[ViewChange], deltas: Sequence[Row], view: ViewRows
+        self, checkpoint: Checkpoint, changes: Sequence[ViewChange], deltas: Sequence[Row], view: ViewRows,
+        causes: Mapping[Key, str | None] | None = None,
     ) -> dict[str, bytes]:
         """Run the transaction of the batch `checkpoint` is about to commit; return the
-        driver checkpoints by materialization name."""
+        driver checkpoints by materialization name. `causes`: each changed key's cause
+        (`_cause` where the driver keeps one); a delta row's is its `causes` attribute's."""
         runtime_checkpoint = RuntimeCheckpoint(
             self.pipeline.pipeline, self.writer, checkpoint.batch, dict(checkpoint.offsets)
         )
@@ -263,7 +281,8 @@ class Materializations:
         checkpoints = dict(checkpoint.driver_checkpoints)
         for driven in self.driven:
             with _store_failures(driven, f"batch {checkpoint.batch}"):
-                checkpoints[driven.name] = self._transaction(driven, runtime_checkpoint, final, deltas, view)
+                checkpoints[driven.name] = self._transaction(driven, runtime_checkpoint, final, deltas, view,
+                                                             causes or {})
         self.transactions += 1
         return checkpoints
 
@@ -274,6 +293,7 @@ class Materializations:
         final: Mapping[Key, Row | None],
         deltas: Sequence[Row],
         view: ViewRows,
+        causes: Mapping[Key, str | None],
     ) -> bytes:
         driver = driven.driver
         full_refresh = driven.backfill
@@ -286,7 +306,8 @@ class Materializations:
             else:
                 exists = self._load(driven, index, list(final))
                 stores += [
-                    Store(index, key, None if row is None else dict(row), key in exists, delete=row is None)
+                    Store(index, key, None if row is None else dict(row), key in exists, delete=row is None,
+                          cause=causes.get(key))
                     for key, row in final.items()
                 ]
         self._settle(driven)  # Flush never before Acknowledged
@@ -294,7 +315,10 @@ class Materializations:
         if driven.delta_index is not None:
             key_columns = driven.bindings[driven.delta_index].key
             index = driven.delta_index
-            stores += [Store(index, tuple(row[c] for c in key_columns), dict(row), exists=False) for row in deltas]
+            named = getattr(deltas, "causes", None) if self.pipeline.outputs.provenance else None
+            stores += [Store(index, tuple(row[c] for c in key_columns), dict(row), exists=False,
+                             cause=None if named is None or named[at] is None else "{}:{}".format(*named[at]))
+                       for at, row in enumerate(deltas)]
         prepared: tuple[CommitInfo, ...] = ()
         if driven.sink is not None:
             prepared = self._prepare(driven, driven.sink, runtime_checkpoint.batch, stores)

@@ -22,6 +22,9 @@ one SQLite transaction at `StartCommit`, through the shared fence
   view's shards each commit their own rows, with their own checkpoint and nonce):
   a full refresh replaces the writer's rows only (and rows from before shards,
   `_writer` null), a replayed batch only the writer's delta rows.
+- Every row names the input event behind it in `_cause`, as its Kafka record's
+  `refold.cause` header does (`<partition>:<offset>` of the source topic; null with
+  `outputs.provenance: off`, after a full refresh, and for rows from before the column).
 
     outputs:
       materialize:
@@ -136,10 +139,11 @@ class SQLiteDriver(SessionDriver[SQLiteSettings, _Session]):
             db.execute(f"CREATE TABLE IF NOT EXISTS {table} ({body})")
             db.execute(f"CREATE INDEX IF NOT EXISTS {quote(binding.target + '_batch')} ON {table} (_batch)")
         columns = [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
-        if _WRITER not in columns:  # a new table, or one from before shards
-            db.execute(f"ALTER TABLE {table} ADD COLUMN {_WRITER}")
-        # `_doc` last (columns added later come after it in the table); `_writer` apart
-        return [c for c in columns if c not in (_WRITER, "_doc")] + ["_doc"]
+        for own in (_WRITER, _CAUSE):  # a new table, or one from before shards (before causes)
+            if own not in columns:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {own}")
+        # `_doc` last (columns added later come after it in the table); `_writer`, `_cause` apart
+        return [c for c in columns if c not in (_WRITER, _CAUSE, "_doc")] + ["_doc"]
 
     # The transaction ---------------------------------------------------------------------------
 
@@ -197,12 +201,13 @@ class SQLiteDriver(SessionDriver[SQLiteSettings, _Session]):
         if not upserts:
             return
         columns = cls._ensure_columns(txn, index, upserts)
-        names = ", ".join(quote(c) for c in [*columns, _WRITER])
-        marks = ", ".join("?" for _ in range(len(columns) + 1))
-        updates = ", ".join(f"{quote(c)} = excluded.{quote(c)}" for c in [*columns, _WRITER] if c not in binding.key)
+        names = ", ".join(quote(c) for c in [*columns, _WRITER, _CAUSE])
+        marks = ", ".join("?" for _ in range(len(columns) + 2))
+        updates = ", ".join(f"{quote(c)} = excluded.{quote(c)}" for c in [*columns, _WRITER, _CAUSE]
+                            if c not in binding.key)
         db.executemany(
             f"INSERT INTO {table} ({names}) VALUES ({marks}) ON CONFLICT ({keys}) DO UPDATE SET {updates}",
-            [[*_values(columns, s.doc), owner] for s in upserts if s.doc is not None],
+            [[*_values(columns, s.doc), owner, s.cause] for s in upserts if s.doc is not None],
         )
 
     @classmethod
@@ -213,14 +218,14 @@ class SQLiteDriver(SessionDriver[SQLiteSettings, _Session]):
         if not stores:
             return
         columns = cls._ensure_columns(txn, index, stores)
-        names = ", ".join(quote(c) for c in [*columns, _WRITER])
-        marks = ", ".join("?" for _ in range(len(columns) + 1))
+        names = ", ".join(quote(c) for c in [*columns, _WRITER, _CAUSE])
+        marks = ", ".join("?" for _ in range(len(columns) + 2))
         rows = []
         for s in stores:
             assert s.doc is not None
             values = _values(columns, s.doc)
             values[columns.index("_batch")] = batch
-            rows.append([*values, owner])
+            rows.append([*values, owner, s.cause])
         db.executemany(f"INSERT INTO {table} ({names}) VALUES ({marks})", rows)
 
     @staticmethod
@@ -268,6 +273,7 @@ def _cell(value: Any) -> Any:
 
 
 _WRITER = "_writer"  # the writer (shard) that stored a row
+_CAUSE = "_cause"  # the input event behind a row (its record's `refold.cause`)
 
 
 def _values(columns: list[str], doc: Row) -> list[Any]:

@@ -4,12 +4,14 @@
 records. `key_offsets` reads it whole (a few bytes per view record) and names the view
 offsets of a key; `input_ranges` the view offset ranges of the batches that consumed an
 input event. What the index does not cover — a view partition's records before its
-first indexed batch (a pipeline that ran before the index existed) — is left to the
-caller's scan (`Coverage.unindexed`). `fetch_offsets` reads single records by offset.
+first indexed batch (a pipeline that ran before the index existed), after its last and
+between two (written while provenance was off) — is left to the caller's scan
+(`Coverage.unindexed`). `fetch_offsets` reads single records by offset.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,6 +28,9 @@ from refold.runtime.traceindex import Entry, key_hash, parse
 log = logging.getLogger(__name__)
 
 GAP = 200  # offsets a fetch reads on rather than seeking again
+# how long a read of a whole topic may take (read_to_end's default, 120 s, is for the
+# engine's small topics; a gigabyte view topic on a busy machine takes longer)
+SCAN_SECONDS = 3600.0
 # a consumer that reads single records: no prefetching past what it asked for, and no
 # wait for its queue to drain before the next fetch (fetch.queue.backoff.ms is 1 s by default)
 SMALL_FETCHES = {"enable.partition.eof": True, "fetch.wait.max.ms": 10, "queued.min.messages": 1,
@@ -34,23 +39,43 @@ SMALL_FETCHES = {"enable.partition.eof": True, "fetch.wait.max.ms": 10, "queued.
 
 @dataclass
 class Coverage:
-    """What an index read found: the view offsets wanted per partition, and from which
-    offset on each view partition is indexed (absent: not at all)."""
+    """What an index read found: the view offsets wanted per partition, and the view
+    offset ranges [first, end) the index records name, per partition in offset order."""
 
     wanted: dict[int, set[int]] = field(default_factory=dict)
-    indexed_from: dict[int, int] = field(default_factory=dict)
+    spans: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     entries: int = 0
 
-    def unindexed(self, view_partitions: list[int]) -> dict[int, int]:
-        """Per view partition, the offset the index starts at (a scan reads below it);
-        None-free: a partition with no index record at all is unindexed to its end (-1)."""
-        return {p: self.indexed_from.get(p, -1) for p in view_partitions}
+    def unindexed(self, view_partitions: list[int]) -> dict[int, list[tuple[int, int | None]]]:
+        """Per view partition, the offset ranges [start, end) the index does not name (end
+        None: to the partition's end), for a scan: before its first index record, after its
+        last, and between two index records more than a commit marker apart (records
+        written while provenance was off; an aborted transaction's records, which a
+        read_committed scan skips, look the same)."""
+        found: dict[int, list[tuple[int, int | None]]] = {}
+        for partition in view_partitions:
+            spans = self.spans.get(partition)
+            if not spans:
+                found[partition] = [(0, None)]
+                continue
+            ranges: list[tuple[int, int | None]] = [(0, spans[0][0])] if spans[0][0] > 0 else []
+            end = spans[0][1]
+            for first, last in spans[1:]:
+                if first > end + 1:  # (one offset: the batch's commit marker)
+                    ranges.append((end, first))
+                end = max(end, last)
+            ranges.append((end, None))
+            found[partition] = ranges
+        return found
 
     def _saw(self, entry: Entry) -> None:
         self.entries += 1
-        at = self.indexed_from.get(entry.partition)
-        if at is None or entry.first < at:
-            self.indexed_from[entry.partition] = entry.first
+        spans = self.spans.setdefault(entry.partition, [])
+        span = (entry.first, entry.first + entry.records)
+        if spans and span < spans[-1]:
+            bisect.insort(spans, span)
+        else:
+            spans.append(span)
 
 
 def _entries(settings: dict[str, Any], pipeline: Pipeline) -> Iterator[Entry] | None:
@@ -63,7 +88,7 @@ def _entries(settings: dict[str, Any], pipeline: Pipeline) -> Iterator[Entry] | 
 
 
 def _parsed(settings: dict[str, Any], topic: str) -> Iterator[Entry]:
-    for msg in read_to_end(settings, topic):
+    for msg in read_to_end(settings, topic, timeout=SCAN_SECONDS):
         value = msg.value()
         try:
             yield parse(value or b"")
@@ -86,10 +111,10 @@ def key_offsets(settings: dict[str, Any], pipeline: Pipeline, message_key: bytes
     return found
 
 
-def input_ranges(settings: dict[str, Any], pipeline: Pipeline, partition: int,
+def input_ranges(settings: dict[str, Any], pipeline: Pipeline, partitions: list[int],
                  offset: int) -> tuple[Coverage, list[tuple[int, int, int]]] | None:
-    """The view ranges (partition, first, end) of the batches that consumed source
-    `partition`'s `offset` (None: no index)."""
+    """The view ranges (partition, first, end) of the batches that consumed `offset` of
+    one of the source `partitions` (as the index numbers them; None: no index)."""
     entries = _entries(settings, pipeline)
     if entries is None:
         return None
@@ -97,7 +122,8 @@ def input_ranges(settings: dict[str, Any], pipeline: Pipeline, partition: int,
     ranges = []
     for entry in entries:
         found._saw(entry)
-        if entry.consumed(partition, offset):
+        # (no source ranges: a later stage's batch whose causes do not say; read it whole)
+        if not entry.sources or any(entry.consumed(partition, offset) for partition in partitions):
             ranges.append((entry.partition, entry.first, entry.first + entry.records))
     return found, ranges
 
@@ -140,12 +166,24 @@ def fetch_range(settings: dict[str, Any], topic: str, partition: int, first: int
     found: list[Message] = []
     if end <= first:
         return found
-    for msg in read_to_end(settings, topic, start={partition: first}, only=[partition]):
+    for msg in read_to_end(settings, topic, start={partition: first}, only=[partition], timeout=SCAN_SECONDS):
         at = msg.offset()
         if at is not None and at >= end:
             break
         found.append(msg)
     return found
+
+
+def written_since(settings: dict[str, Any], topic: str, timestamp: int) -> dict[int, int]:
+    """Per partition of `topic`, the first offset whose record timestamp is `timestamp` (ms)
+    or later, every record before it older (Kafka's time index keeps the largest timestamp
+    so far); a partition with none is left out."""
+    consumer = Consumer(consumer_config(settings, **SMALL_FETCHES))
+    try:
+        asked = [TopicPartition(topic, p, timestamp) for p in partitions_of(settings, topic)]
+        return {tp.partition: tp.offset for tp in consumer.offsets_for_times(asked, timeout=30) if tp.offset >= 0}
+    finally:
+        consumer.close()
 
 
 def view_partitions(settings: dict[str, Any], topic: str) -> list[int]:

@@ -400,7 +400,8 @@ def _join_plan(pipeline: Pipeline, partitions: int | None) -> Plan:
         by_shard = shards if view_partitioning(pipeline) == "shard" else 1
         count = None if by_shard is None or made is None else max(made, by_shard)
         topics.append(Topic(view_out.topic, "view", count, compacted=view_out.form == "upsert"))
-        # (no P.trace: a join writes no trace index yet, `refold.runtime.traceindex.indexed`)
+        if pipeline.outputs.provenance and view_partitioning(pipeline) == "shard":  # (refold.runtime.traceindex)
+            topics.append(Topic(trace_topic(pipeline), "trace", count))
     if pipeline.outputs.delta is not None:
         topics.append(Topic(pipeline.outputs.delta.topic, "delta", made))
     layout: Layout = "exchanged" if m else "co-partitioned" if paired else "merged"

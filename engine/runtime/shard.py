@@ -333,8 +333,7 @@ class ShardProcessor:
             run=self.run,
         )
         if self.materializations is not None:  # Load, Flush, Store, StartCommit
-            flat = [change for unit_changes, _ in changes for change in unit_changes]
-            driver_checkpoints = self.materializations.commit(checkpoint, flat, out.delta_rows, self.reducer.view)
+            driver_checkpoints = self.materializations.commit_units(checkpoint, changes, out.delta_rows, self.reducer.view)
             checkpoint = replace(checkpoint, driver_checkpoints=driver_checkpoints)
         commit_started = time.monotonic()
         self._commit(out, checkpoint)

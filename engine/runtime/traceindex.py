@@ -4,9 +4,12 @@ Kafka has no lookup by key, so every shard batch that writes view records also w
 in the same transaction, one record (one per `ENTRY_RECORDS` view records) to `P.trace` (partition = the shard's view
 partition, key `<writer>/<shard>`): the view partition's offsets the batch wrote, the
 64-bit hashes of the view keys it touched (sorted) with each key's records' positions
-in the batch, and the source offsets the batch consumed. `refold trace --key` reads
-the small index topic and then fetches only the named view records; `--input` reads
-only the batches whose source range holds the event (refold.cli.traceread).
+in the batch, and the source offsets the batch consumed (a later stage of a re-grouping
+view, whose input is an engine topic: the source offsets its view records' causes span;
+a join: both sources', the right one's partitions numbered `RIGHT_PARTITIONS + p`).
+`refold trace --key` reads the small index topic and then fetches only the named view
+records; `--input` reads only the batches whose source range holds the event
+(refold.cli.traceread).
 
 Why the offsets are exact: the index is written only where the shard alone writes its
 view partition (`outputs.view.partitioning: shard`, the default). Its transactional
@@ -46,6 +49,7 @@ from refold.kafka.io import consumer_config
 from refold.kafka.transactions import TransactionalWriter
 from refold.plan import checkpoint_key, tops_topic, trace_topic, view_partitioning
 from refold.recovery.records import Checkpoint
+from refold.runtime.render import CAUSE
 
 VERSION = 1
 ENTRY_RECORDS = 40_000  # view records per index record at most: 16 bytes each at worst, 640 kB
@@ -152,10 +156,31 @@ def parse(value: bytes) -> Entry:
 
 def indexed(pipeline: Pipeline) -> bool:
     """Whether the pipeline's shards write the trace index: a view output partitioned by
-    shard, with provenance on, and not a join (its plan has no `P.trace`: `refold trace`
-    does not read a join's `<topic>:<partition>:<offset>` causes yet)."""
-    return (pipeline.outputs.view is not None and pipeline.outputs.provenance
-            and view_partitioning(pipeline) == "shard" and pipeline.view.join is None)
+    shard, with provenance on (a join's too: its sources' partitions are numbered as its
+    shards number them, the right one's `RIGHT_PARTITIONS + p`)."""
+    return pipeline.outputs.view is not None and pipeline.outputs.provenance and view_partitioning(pipeline) == "shard"
+
+
+def cause_ranges(view: list[Any]) -> list[tuple[int, int, int]]:
+    """A later stage's batch: per source partition, the offsets [from, to) its view
+    records' causes span (`refold.cause` is the original input event through every
+    stage). Nothing when a cause is not `<partition>:<offset>` (the reader then reads the
+    batch's view records whole)."""
+    spans: dict[int, tuple[int, int]] = {}
+    seen: set[bytes] = set()
+    for record in view:
+        headers = record[3]
+        if not headers or headers[0][0] != CAUSE or (value := headers[0][1]) in seen:
+            continue
+        seen.add(value)
+        partition, _, offset = value.partition(b":")
+        try:
+            p, o = int(partition), int(offset)
+        except ValueError:
+            return []
+        lo, hi = spans.get(p, (o, o + 1))
+        spans[p] = (min(lo, o), max(hi, o + 1))
+    return [(p, lo, hi) for p, (lo, hi) in sorted(spans.items())]
 
 
 class IndexWriter:
@@ -168,7 +193,7 @@ class IndexWriter:
         self.topic = trace_topic(pipeline) if indexed(pipeline) else None
         self.view_topic = pipeline.outputs.view.topic if pipeline.outputs.view is not None else ""
         self.key = checkpoint_key(pipeline.writer, shard)
-        # a later stage's input is an engine topic: its batches' source ranges mean nothing to --input
+        # a later stage's input is an engine topic: its source ranges come from its records' causes
         self.sourced = pipeline.source.topic not in (pipeline.repartition_topic, tops_topic(pipeline))
         self._consumer: Consumer | None = None
         self._end: int | None = None  # one past the last batch's view records
@@ -198,6 +223,8 @@ class IndexWriter:
                     start = min(start, held.offset)
                 if to > start:
                     sources.append((partition, start, to))
+        else:
+            sources = cause_ranges(view)
         for at in range(0, len(view), ENTRY_RECORDS):  # (a record stays far below the broker's 1 MB default)
             value = build_entry(view[at:at + ENTRY_RECORDS], self.shard, first + at, after.batch, sources)
             writer.send(self.topic, self.key, value, partition=self.shard)
