@@ -4,7 +4,7 @@ The crash points are in the shards' Spark tasks (`refold.runtime.hooks`); the en
 runs on `local[1]` here, so the shards' tasks of a batch run one after the other, in
 shard order, and "the first shard to reach batch 3" is shard 0.
 
-Two tests here, and the global Top-N test killed at each point (in `make test` it is
+Three tests here, and the global Top-N test killed at each point (in `make test` it is
 killed inside a transaction only), are marked slow (`make test-slow`, which CI runs
 after `make test`): each repeats a proof that a faster test in `make test` makes.
 
@@ -20,6 +20,10 @@ after `make test`): each repeats a proof that a faster test in `make test` makes
   init fences the older, which stops without retrying and leaves the newer committing),
   and `test_localkafka.test_second_producer_with_the_same_id_fences_the_first` the
   broker's side of it.
+- A batch outliving its transaction timeout:
+  `test_processor.test_a_batch_outliving_its_transaction_timeout_is_replayed_not_taken_for_a_fence`
+  stalls the same transaction of the shard processor the engine runs past a 2s
+  timeout: the coordinator's abort is told from a fence, the batch replayed once.
 """
 
 from __future__ import annotations
@@ -221,6 +225,7 @@ def test_two_engines_at_once_one_is_fenced(bootstrap_servers, loaded_source, tmp
     assert_exact(load_pipeline(path), bootstrap_servers, events)
 
 
+@pytest.mark.slow  # test_processor stalls the same shard processor past its timeout (module docstring)
 def test_batch_outliving_the_transaction_timeout_is_replayed(bootstrap_servers, loaded_source, tmp_path) -> None:
     source, events = loaded_source
     path = write_pipeline(tmp_path, source, bootstrap_servers)
