@@ -3,7 +3,8 @@ the reference's (`refold.reference_causes`), for random changelogs and random ba
 cuts, through real transactions and a restart in the middle (the causes of what later
 records retract come back from `P.state`), with the Python reducers and the native
 core, grouped and Top-N, each output form; read back from the broker as written; a
-replay writes nothing again; `outputs.provenance: off` writes no headers."""
+replay writes nothing again; `outputs.provenance: off` writes no headers. The kill -9
+test checks the trace index of the same run too (`test_trace_index`'s check)."""
 
 from __future__ import annotations
 
@@ -277,9 +278,12 @@ def test_causes_after_an_exchange_and_of_an_upsert_source(bootstrap_servers, top
 def test_causes_are_byte_identical_after_kill_9_and_restarts(bootstrap_servers, topic, tmp_path) -> None:
     # the engine (Spark, local[1]) killed inside a transaction and after a commit, then run
     # to the end: its view records, headers included, are those of the same
-    # input reduced in one go without a crash (the output is a pure function of the input)
+    # input reduced in one go without a crash (the output is a pure function of the input);
+    # and its trace index: the aborted transactions' index records are not read, the
+    # replayed batches write theirs once, every trace through the index is the scan's
     from engine_runs import killed_then_finished
     from test_crash import write_pipeline
+    from test_trace_index import assert_index_answers_as_the_scan
 
     from refold.config import load_pipeline
 
@@ -307,6 +311,7 @@ def test_causes_are_byte_identical_after_kill_9_and_restarts(bootstrap_servers, 
     assert view == written(clean.outputs.view.topic)
     assert sum(len(records) for records in view.values()) > 100
     assert all(headers for records in view.values() for _key, _value, headers in records)
+    assert assert_index_answers_as_the_scan(crashed, settings_, source, inputs=10) == sum(map(len, view.values()))
 
 
 @pytest.mark.parametrize("view", [GROUPED, TOP_N], ids=["grouped", "topn"])
