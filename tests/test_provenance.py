@@ -377,3 +377,38 @@ def test_a_global_top_n_in_shards_names_the_reference_cause(bootstrap_servers, t
     assert pipeline.outputs.view is not None
     got = [(msg.key(), msg.headers()) for msg in read_to_end(settings_, pipeline.outputs.view.topic)]
     assert got == want
+
+
+@pytest.mark.parametrize("window", [{"tumble": "10ms"}, {"hop": {"size": "10ms", "slide": "5ms"}},
+                                    {"session": {"gap": "10ms"}}], ids=["tumble", "hop", "session"])
+def test_a_tumble_or_hop_views_records_name_their_cause_and_a_session_views_none(window) -> None:
+    # docs/SEMANTICS.md, Provenance: a tumble or hop view's records as a grouped view's
+    # (its retractions name what they retract); a session view's carry no headers yet
+    from refold.reduce import make_reducer
+    from refold.runtime.native import native_core
+    from refold.runtime.render import Renderer
+
+    pipeline = parse_pipeline({"pipeline": "w", "source": {"topic": "s"}, "outputs": {"view": {"topic": "v"}},
+                               "view": {"key": ["g"], "columns": {"n": {"count": "*"}},
+                                        "window": {"time": "ts", **window}}})
+    rows = [(Op.APPEND, {"g": 0, "id": i, "ts": 1_000 + 4 * i}) for i in range(4)]
+    rows.append((Op.RETRACT, {"g": 0, "id": 1, "ts": 1_004}))
+    events = [SourceEvent(op, row, (offset, 0, offset)) for offset, (op, row) in enumerate(rows)]
+    python = make_reducer(pipeline.view)
+    py_records = Renderer(pipeline).view([(python.apply([event]), event.row["ts"]) for event in events])
+    core = native_core(pipeline)
+    assert core is not None
+    _rejected, native_records, _delta, _state = core.apply_batch([((event, None),) for event in events])
+    assert [(k, v, h) for k, v, _ts, h in native_records] == [(k, v, h) for k, v, _ts, h in py_records]
+    headers = [(orjson.loads(value)["op"], dict(h or [])) for _key, value, _ts, h in py_records]
+    assert len(headers) > len(events)
+    if "session" in window:
+        assert all(h == {} for _op, h in headers)
+        return
+    latest: dict[bytes, bytes] = {}
+    for (op, h), (key, *_rest) in zip(headers, py_records, strict=True):
+        assert h["refold.cause"] in {b"0:%d" % offset for offset in range(len(events))}
+        if op in ("-C", "-R"):
+            assert h["refold.retracts"] == latest[key]
+        else:
+            latest[key] = h["refold.cause"]
