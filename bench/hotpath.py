@@ -62,9 +62,8 @@ from bench.run import pipeline
 from refold.config import Pipeline, ViewSpec
 from refold.dev.testing import Workload, generate
 from refold.kafka.io import TopicSpec, ensure_topics
-from refold.recovery.records import Checkpoint
-from refold.reduce import make_reducer
-from refold.runtime.batch import InputRecord, Unit
+from refold.recovery.records import Checkpoint, first_checkpoint
+from refold.runtime.batch import InputRecord
 from refold.runtime.batch import Outgoing as _Outgoing
 from refold.runtime.native import why_not
 from refold.runtime.processor import BatchProcessor, ShardProcessor
@@ -102,11 +101,15 @@ class MemoryDryShard(DryShard):
     def resume(self) -> bool:
         return True
 
-    def restore(self) -> None:  # an empty reducer, the checkpoint of a first start
-        self.checkpoint = self._first_checkpoint()
-        self.reducer = make_reducer(self.pipeline.view)
+    def restore(self) -> None:  # an empty reducer (or core) holding every key, the checkpoint of a first start
+        self.checkpoint = first_checkpoint(self.pipeline, self.shard)
+        self._forget_reducer()
+        self.held_all = True
 
-    def _load(self, units: Sequence[Unit]) -> None:
+    def _over_cache(self, wanted: set[Any]) -> bool:
+        return False  # it never starts empty again: nothing to load the keys back from
+
+    def _load(self, touched: set[Any], *, forget: bool = True) -> None:
         pass
 
     def _stamp(self, state: Sequence[tuple[bytes, bytes | None]], checkpoint: Checkpoint) -> None:

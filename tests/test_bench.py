@@ -69,3 +69,19 @@ def test_bench_clean_deletes_the_benches_topics_and_their_files(kafka_broker: An
     if data is not None:
         assert _left(data, set(made)) == []
         assert _left(data, {kept})
+
+
+
+def test_the_hot_path_bench_sends_the_same_records_from_memory_as_from_the_store(kafka_broker: Any, capsys) -> None:
+    """`python -m bench.hotpath --store memory` overrides the shard's store and loading
+    (`MemoryDryShard`): its reducer and its native core hold every key across batches,
+    and send what the shards over their stores send."""
+    from bench.hotpath import main
+
+    sent = {}
+    for store, cores in (("memory", "python,native"), ("rocksdb", "native")):
+        assert main(["--store", store, "--events", "2000", "--keys", "300", "--batch", "500", "--repeat", "1",
+                     "--core", cores]) == 0
+        sent[store] = [line.split(", ")[1] for line in capsys.readouterr().err.splitlines() if " run 1: " in line]
+    assert len(sent["memory"]) == 2 and len(set(sent["memory"])) == 1, sent
+    assert sent["rocksdb"] == sent["memory"][:1], sent

@@ -4,7 +4,7 @@ The crash points are in the shards' Spark tasks (`refold.runtime.hooks`); the en
 runs on `local[1]` here, so the shards' tasks of a batch run one after the other, in
 shard order, and "the first shard to reach batch 3" is shard 0.
 
-Two tests here, and the global Top-N test killed at each point (in `make test` it is
+Three tests here, and the global Top-N test killed at each point (in `make test` it is
 killed inside a transaction only), are marked slow (`make test-slow`, which CI runs
 after `make test`): each repeats a proof that a faster test in `make test` makes.
 
@@ -20,6 +20,10 @@ after `make test`): each repeats a proof that a faster test in `make test` makes
   init fences the older, which stops without retrying and leaves the newer committing),
   and `test_localkafka.test_second_producer_with_the_same_id_fences_the_first` the
   broker's side of it.
+- A batch outliving its transaction timeout:
+  `test_processor.test_a_batch_outliving_its_transaction_timeout_is_replayed_not_taken_for_a_fence`
+  stalls the same transaction of the shard processor the engine runs past a 2s
+  timeout: the coordinator's abort is told from a fence, the batch replayed once.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import yaml
 from engine_runs import assert_exact, load_source
 
 from refold.config import load_pipeline
-from refold.recovery.restore import load_checkpoint, load_checkpoints
+from refold.recovery.restore import load_checkpoints
 from refold.runtime.exchange import view_pipeline
 from refold.runtime.tops import rank_pipeline
 from refold.spark.job import spark_checkpoint_dir
@@ -109,24 +113,35 @@ def loaded_source(bootstrap_servers: str, topic) -> tuple[str, int]:
 
 
 def test_kill_9_at_each_point_then_restart(bootstrap_servers, loaded_source, tmp_path) -> None:
-    # One pipeline killed three times, at each point of a batch in turn (decoded, nothing
-    # sent; records sent, not committed; committed, not yet in the local store or Spark's
-    # checkpoint), each restart going on from what the one before committed. After the
-    # kill inside the transaction, Spark's checkpoint folder is lost too: the next run
-    # starts from what Kafka says.
+    # One pipeline killed three times, at each point of a batch in turn, each restart
+    # going on from what the one before committed:
+    # - right after the commit of batch 1 (not yet in the local store or Spark's
+    #   checkpoint): batches are atomic per shard, so the shard whose task ran first
+    #   committed its part of batch 1 and the two others did not; the restarts run their
+    #   parts (and nothing of the first's) again;
+    # - inside that shard's transaction of its batch 2 (records sent, not committed), and
+    #   Spark's checkpoint folder lost too: the next run starts from what Kafka says;
+    # - in its batch 3, decoded, nothing sent.
     source, events = loaded_source
     path = write_pipeline(tmp_path, source, bootstrap_servers)
     pipeline = load_pipeline(path)
-    for crash, committed in (("mid_batch:2", 1), ("in_txn:3", 2), ("after_commit:4", 4)):
+    settings = {"bootstrap.servers": bootstrap_servers}
+    first = -1  # the shard whose task ran first, the only one to get to batches 2 and 3 first
+    for crash, batch in (("after_commit:1", 1), ("in_txn:2", 1), ("mid_batch:3", 2)):
         code, err = finish(start_engine(path, crash=crash))
         assert code == -9, f"{crash}: {err[-2000:]}"
-        before = load_checkpoint(pipeline, {"bootstrap.servers": bootstrap_servers})
-        assert before is not None and before.batch == committed, (crash, before)
+        shards = {index: c for index, c in load_checkpoints(pipeline, settings).items() if c.batch > 0}
+        if first < 0:  # its part of batch 1 committed, nothing of the others'
+            [(first, checkpoint)] = shards.items()
+            assert checkpoint.batch == 1 and set(checkpoint.offsets) == {first}, shards
+        assert shards[first].batch == batch, (crash, shards)  # what it had committed before the kill
+        assert all(c.batch <= batch for c in shards.values()), (crash, shards)
         if crash.startswith("in_txn"):
             shutil.rmtree(spark_checkpoint_dir(pipeline))
     code, err = finish(start_engine(path))
     assert code == 0, err[-3000:]
     assert_exact(pipeline, bootstrap_servers, events)
+    assert sorted(load_checkpoints(pipeline, settings)) == [0, 1, 2]
 
 
 @pytest.mark.parametrize("crashes", [
@@ -178,25 +193,6 @@ def test_a_regrouping_grouped_view_killed_at_each_point_then_restarted(bootstrap
     assert sorted(load_checkpoints(view_pipeline(pipeline.model_copy(update={"shards": 3})), settings)) == [0, 1, 2]
 
 
-def test_kill_9_between_two_shards_commits_of_one_batch(bootstrap_servers, loaded_source, tmp_path) -> None:
-    # Batches are atomic per shard: the shard whose task ran first committed its part of
-    # batch 1, the two others did not; the restart runs their parts (and nothing of the
-    # first's) again.
-    source, events = loaded_source
-    path = write_pipeline(tmp_path, source, bootstrap_servers)
-    code, err = finish(start_engine(path, crash="after_commit:1"))
-    assert code == -9, err[-2000:]
-    pipeline = load_pipeline(path)
-    settings = {"bootstrap.servers": bootstrap_servers}
-    shards = {index: c for index, c in load_checkpoints(pipeline, settings).items() if c.batch > 0}
-    [(first, checkpoint)] = shards.items()
-    assert checkpoint.batch == 1 and set(checkpoint.offsets) == {first}
-    code, err = finish(start_engine(path))
-    assert code == 0, err[-3000:]
-    assert_exact(pipeline, bootstrap_servers, events)
-    assert sorted(load_checkpoints(pipeline, settings)) == [0, 1, 2]
-
-
 @pytest.mark.slow  # test_processor's zombie test fences the same processor (module docstring)
 def test_two_engines_at_once_one_is_fenced(bootstrap_servers, loaded_source, tmp_path) -> None:
     source, events = loaded_source
@@ -221,6 +217,7 @@ def test_two_engines_at_once_one_is_fenced(bootstrap_servers, loaded_source, tmp
     assert_exact(load_pipeline(path), bootstrap_servers, events)
 
 
+@pytest.mark.slow  # test_processor stalls the same shard processor past its timeout (module docstring)
 def test_batch_outliving_the_transaction_timeout_is_replayed(bootstrap_servers, loaded_source, tmp_path) -> None:
     source, events = loaded_source
     path = write_pipeline(tmp_path, source, bootstrap_servers)

@@ -78,7 +78,9 @@ def message_key(value: bytes, column: str = "player_name") -> bytes:
     return orjson.dumps({column: row[column]}) if isinstance(row, dict) and row.get(column) else b"k"
 
 
-def run(pipeline: Pipeline, bootstrap: str, spark: Any, idle: float = 2.0) -> Any:
+def run(pipeline: Pipeline, bootstrap: str, spark: Any, idle: float = 1.0) -> Any:
+    # every test's input is in the source before the run: the run ends once Spark's query
+    # has no data available and has had none for `idle` seconds
     return run_pipeline(pipeline, bootstrap, until_idle=idle, spark=spark, quiet=True)
 
 

@@ -97,6 +97,41 @@ def test_a_zombie_fenced_while_it_sends_stops_and_leaves_the_new_instance_alone(
             successor.close()
 
 
+def test_a_batch_outliving_its_transaction_timeout_is_replayed_not_taken_for_a_fence(bootstrap_servers, topic,
+                                                                                   monkeypatch, caplog) -> None:
+    # The first transaction stays open past transaction.timeout.ms (2s; the test broker
+    # looks for timed-out transactions every 2s): the coordinator aborts it and bumps
+    # the epoch, which the client reports as a fence. Past its own timeout it is not
+    # another instance: the shard re-creates its producer, reads its checkpoint back
+    # from Kafka and runs the batch again, once. (`make test-slow`'s
+    # test_crash.test_batch_outliving_the_transaction_timeout_is_replayed runs the same
+    # through `refold run`.)
+    from refold.runtime.hooks import Hooks
+
+    monkeypatch.setenv("REFOLD_TRANSACTION_TIMEOUT_MS", "2000")
+    settings = {"bootstrap.servers": bootstrap_servers}
+    source = topic(partitions=1)
+    pipeline = _sharded(settings, source, 1)
+    records = [_record(0, o, "ab"[o % 2]) for o in range(20)]
+    processor = BatchProcessor(pipeline, settings, hooks=Hooks(stall_seconds=7))
+    try:
+        with caplog.at_level("WARNING", logger="refold.runtime.shard"):
+            stats = processor.process(records)
+        assert stats is not None and stats.records_in == 20
+        assert processor.aborts == 1
+        assert processor.process(records) is None  # committed once: nothing to replay
+    finally:
+        processor.close()
+    assert "re-initialising from Kafka" in caplog.text and "another instance" not in caplog.text, caplog.text
+    checkpoint = load_checkpoint(pipeline, settings)
+    assert checkpoint is not None and checkpoint.records_in == 20 and checkpoint.batch == 1
+    assert pipeline.outputs.view is not None
+    view = [orjson.loads(m.value()) for m in read_to_end(settings, pipeline.outputs.view.topic)]
+    for k in "ab":  # once each: the aborted transaction's records are not read
+        assert [r["n"] for r in view if r["k"] == k and r["op"] != "-C"] == list(range(1, 11))
+    assert len(view) == 38
+
+
 def _sharded(settings: dict, source: str, partitions: int, view: dict | None = None):
     name = f"ps{uuid.uuid4().hex[:8]}"
     pipeline = parse_pipeline({"pipeline": name, "kafka": settings, "source": {"topic": source, "format": "jsonl"},

@@ -3,7 +3,8 @@ the reference's (`refold.reference_causes`), for random changelogs and random ba
 cuts, through real transactions and a restart in the middle (the causes of what later
 records retract come back from `P.state`), with the Python reducers and the native
 core, grouped and Top-N, each output form; read back from the broker as written; a
-replay writes nothing again; `outputs.provenance: off` writes no headers."""
+replay writes nothing again; `outputs.provenance: off` writes no headers. The kill -9
+test checks the trace index of the same run too (`test_trace_index`'s check)."""
 
 from __future__ import annotations
 
@@ -277,9 +278,12 @@ def test_causes_after_an_exchange_and_of_an_upsert_source(bootstrap_servers, top
 def test_causes_are_byte_identical_after_kill_9_and_restarts(bootstrap_servers, topic, tmp_path) -> None:
     # the engine (Spark, local[1]) killed inside a transaction and after a commit, then run
     # to the end: its view records, headers included, are those of the same
-    # input reduced in one go without a crash (the output is a pure function of the input)
+    # input reduced in one go without a crash (the output is a pure function of the input);
+    # and its trace index: the aborted transactions' index records are not read, the
+    # replayed batches write theirs once, every trace through the index is the scan's
     from engine_runs import killed_then_finished
     from test_crash import write_pipeline
+    from test_trace_index import assert_index_answers_as_the_scan
 
     from refold.config import load_pipeline
 
@@ -307,6 +311,7 @@ def test_causes_are_byte_identical_after_kill_9_and_restarts(bootstrap_servers, 
     assert view == written(clean.outputs.view.topic)
     assert sum(len(records) for records in view.values()) > 100
     assert all(headers for records in view.values() for _key, _value, headers in records)
+    assert assert_index_answers_as_the_scan(crashed, settings_, source, inputs=10) == sum(map(len, view.values()))
 
 
 @pytest.mark.parametrize("view", [GROUPED, TOP_N], ids=["grouped", "topn"])
@@ -372,3 +377,38 @@ def test_a_global_top_n_in_shards_names_the_reference_cause(bootstrap_servers, t
     assert pipeline.outputs.view is not None
     got = [(msg.key(), msg.headers()) for msg in read_to_end(settings_, pipeline.outputs.view.topic)]
     assert got == want
+
+
+@pytest.mark.parametrize("window", [{"tumble": "10ms"}, {"hop": {"size": "10ms", "slide": "5ms"}},
+                                    {"session": {"gap": "10ms"}}], ids=["tumble", "hop", "session"])
+def test_a_tumble_or_hop_views_records_name_their_cause_and_a_session_views_none(window) -> None:
+    # docs/SEMANTICS.md, Provenance: a tumble or hop view's records as a grouped view's
+    # (its retractions name what they retract); a session view's carry no headers yet
+    from refold.reduce import make_reducer
+    from refold.runtime.native import native_core
+    from refold.runtime.render import Renderer
+
+    pipeline = parse_pipeline({"pipeline": "w", "source": {"topic": "s"}, "outputs": {"view": {"topic": "v"}},
+                               "view": {"key": ["g"], "columns": {"n": {"count": "*"}},
+                                        "window": {"time": "ts", **window}}})
+    rows = [(Op.APPEND, {"g": 0, "id": i, "ts": 1_000 + 4 * i}) for i in range(4)]
+    rows.append((Op.RETRACT, {"g": 0, "id": 1, "ts": 1_004}))
+    events = [SourceEvent(op, row, (offset, 0, offset)) for offset, (op, row) in enumerate(rows)]
+    python = make_reducer(pipeline.view)
+    py_records = Renderer(pipeline).view([(python.apply([event]), event.row["ts"]) for event in events])
+    core = native_core(pipeline)
+    assert core is not None
+    _rejected, native_records, _delta, _state = core.apply_batch([((event, None),) for event in events])
+    assert [(k, v, h) for k, v, _ts, h in native_records] == [(k, v, h) for k, v, _ts, h in py_records]
+    headers = [(orjson.loads(value)["op"], dict(h or [])) for _key, value, _ts, h in py_records]
+    assert len(headers) > len(events)
+    if "session" in window:
+        assert all(h == {} for _op, h in headers)
+        return
+    latest: dict[bytes, bytes] = {}
+    for (op, h), (key, *_rest) in zip(headers, py_records, strict=True):
+        assert h["refold.cause"] in {b"0:%d" % offset for offset in range(len(events))}
+        if op in ("-C", "-R"):
+            assert h["refold.retracts"] == latest[key]
+        else:
+            latest[key] = h["refold.cause"]

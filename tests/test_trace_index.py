@@ -4,7 +4,10 @@ changelogs and random batch cuts through real transactions, every kind of shard 
 writes a view (grouped, Top-N, windowed; co-partitioned, merged, a re-grouping view's
 stage 2 and a global Top-N's stage 3, `--input` included), the Python reducers and the
 native core; the index names every committed view record once; a replay writes no index
-record again; a pipeline without an index falls back to the scan and says so."""
+record again; a pipeline without an index falls back to the scan and says so. After a
+kill -9 of the engine and its replay,
+`test_provenance.test_causes_are_byte_identical_after_kill_9_and_restarts` checks the
+index of that run with `assert_index_answers_as_the_scan`."""
 
 from __future__ import annotations
 
@@ -190,18 +193,3 @@ def test_an_entry_reads_back_as_built() -> None:
     assert entry.offsets_of(key_hash(b'{"g":99}')) == []
     with pytest.raises(ValueError):
         parse(b"\x02" + value[1:])
-
-
-@pytest.mark.spark
-def test_the_index_after_kill_9_and_replay(bootstrap_servers, topic, tmp_path) -> None:
-    # the engine (Spark) killed inside a transaction and right after a commit, then run to
-    # the end: the aborted transactions' index records are not read, the replayed batches
-    # write theirs once, and every trace through the index is the scan's
-    from engine_runs import killed_then_finished
-
-    from refold.config import load_pipeline
-
-    settings_ = {"bootstrap.servers": bootstrap_servers}
-    path, source = killed_then_finished(bootstrap_servers, topic, tmp_path)
-    pipeline = load_pipeline(path)
-    assert assert_index_answers_as_the_scan(pipeline, settings_, source, inputs=10) > 100

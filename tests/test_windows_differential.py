@@ -102,8 +102,9 @@ def test_tumble_and_hop_deltas_are_the_reference_deltas(data: st.DataObject) -> 
 
 # through the shards, on the real broker ---------------------------------------------------
 
-@pytest.mark.kafka
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+@pytest.mark.kafka  # 10 examples, each a shard on the broker; the space of views and changelogs is the
+# in-memory tests' above (150 and 60 examples of the same strategies)
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.data_too_large])
 @given(data=st.data())
 def test_a_windowed_views_shard_writes_what_the_reference_writes(bootstrap_servers: str, data: st.DataObject) -> None:

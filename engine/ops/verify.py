@@ -212,8 +212,8 @@ def verify(pipeline: Pipeline, settings: Mapping[str, Any], *, exact_order: bool
         expected = reference_table(pipeline.view, records)
         if homes is not None:
             for partition, items in records.items():
-                homes.update((_group_of(row, grouping), partition) for _k, _kind, row, before, _t in items
-                             for row in (row, before) if row is not None)
+                _add_homes(homes, (row for _k, _kind, row, before, _t in items for row in (row, before)
+                                   if row is not None), grouping, partition)
         del records
     else:
         partitions, report.dead_letters = read_source(pipeline, settings)
@@ -223,7 +223,7 @@ def verify(pipeline: Pipeline, settings: Mapping[str, Any], *, exact_order: bool
             _compare_dead_letters(report, pipeline, settings, _letters_of(pipeline, settled, partitions, expected))
         if homes is not None:
             for partition, events in partitions.items():
-                homes.update((_group_of(event.row, grouping), partition) for event in events)
+                _add_homes(homes, (event.row for event in events), grouping, partition)
         del partitions  # the input is no longer needed: free it before the outputs are read
     report.dead_letters += len(expected.rejected)
     if changelog:
@@ -349,6 +349,18 @@ def _compare_tables(report: Report, pipeline: Pipeline, want: Mapping[Any, Any])
 
 def _group_of(row: Mapping[str, Any], grouping: tuple[str, ...]) -> tuple[Any, ...]:
     return tuple(row.get(column) for column in grouping)
+
+
+def _add_homes(homes: dict[tuple[Any, ...], int], rows: Iterable[Mapping[str, Any]], grouping: tuple[str, ...],
+               partition: int) -> None:
+    """Each row's group lives in `partition`; a row whose key is a list or an object
+    is a dead letter (no group of the view), left out."""
+    for row in rows:
+        group = _group_of(row, grouping)
+        try:
+            homes[group] = partition
+        except TypeError:  # unhashable: a key that is not a scalar
+            continue
 
 
 def _check_partitions(report: Report, pipeline: Pipeline, homes: Mapping[tuple[Any, ...], int],

@@ -302,7 +302,9 @@ def _wait(query: Any, progress: Progress, until_idle: float | None) -> None:
 def _raise_failure(progress: Progress, query: Any) -> None:
     """A failed batch's error (as it came when it is Refold's), else the query's."""
     if progress.failure is not None:
-        failure = progress.failure
+        # let go of it before it is raised here: it takes the caller's frames into its
+        # traceback, and foreachBatch's function (which py4j may keep for long) holds progress
+        failure, progress.failure = progress.failure, None
         if isinstance(failure, RefoldError):
             raise failure
         said = logs.first_line(failure) if logs.from_spark(failure) else failure  # a JVM error's message carries its stack
@@ -335,6 +337,18 @@ class _Batches:
     def __call__(self, frame: Any, batch_id: int) -> None:
         if self.progress.failure is not None:
             raise RefoldError(f"the engine stopped after a failed batch: {self.progress.failure}")
+        try:
+            self._batch(frame, batch_id)
+            return
+        except BaseException as exc:
+            if exc is not self.progress.failure:
+                raise
+        # Spark gets an exception of its own, raised outside the handler (no __context__):
+        # pyspark keeps what foreachBatch raised as long as py4j keeps the function, and
+        # the failure goes on to run_pipeline's caller, whose frames it then holds
+        raise RefoldError(f"the batch failed: {self.progress.failure}")
+
+    def _batch(self, frame: Any, batch_id: int) -> None:
         began = time.monotonic()
         task = ShardTask(self.pipeline, self.settings, self.hooks, self.start.run,
                          self.start.checkpoint_partitions, self.first,
