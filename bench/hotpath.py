@@ -30,6 +30,7 @@ when none is running.
     python -m bench.hotpath [--events 200000] [--keys 20000] [--batch 100000] [--repeat 2]
                             [--store rocksdb|memory] [--core python,native]
                             [--view grouped|top_n|tumble|hop|session] [--lateness 10m]
+                            [--window-size 1h]
     python -m bench.hotpath --view join [--orders 100000] [--customers 10000] [--batch 10000]
 
 `--core` runs each reduction core in turn (`spark.core`; default both, then their
@@ -39,7 +40,11 @@ ratio): `python` the Python reducer, `native` the Rust core (`refold_native`).
 over a time column `at` each row carries (its `+A`'s event time, kept by its `-R`/`-C`):
 tumble 1m, hop 1m every 30s, session gap 30s (no delta output: a session view has
 none), with `--lateness` (default none: no window closes). A core that does not run
-the view is said so and left out.
+the view is said so and left out. The 200,000 events' times span about 33 minutes, so
+tumbling 1m windows make about 124,000 (key, window) pairs of 20,000 keys, most
+holding one event: each event mostly opens a window, a new key of the grouped core.
+`--window-size 1h` puts the whole run in one window, as many pairs as the grouped view
+has keys: the windowed twin of `--view grouped` (the windows' own cost alone).
 
 `--view join` runs the join's reducers alone, in memory, without a broker
 (`bench.hotpath_join`: its own options).
@@ -160,9 +165,14 @@ def input_records(workload: Workload, partitions: int, windowed: bool = False) -
     return records
 
 
-def windowed_spec(spec: Pipeline, kind: str, lateness: str | None) -> Pipeline:
-    """The bench's grouped view per `kind` window over `at` (a session view: no delta output)."""
+def windowed_spec(spec: Pipeline, kind: str, lateness: str | None, size: str | None = None) -> Pipeline:
+    """The bench's grouped view per `kind` window over `at` (a session view: no delta output);
+    `size` a tumbling window's other than 1m."""
     window: dict[str, Any] = {"time": "at", **WINDOWS[kind]}
+    if size is not None:
+        if kind != "tumble":
+            raise ValueError("--window-size: a tumbling window's only")
+        window["tumble"] = size
     if lateness is not None:
         window["lateness"] = lateness
     data = spec.model_dump(mode="json", exclude_unset=True)
@@ -196,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
                              "best 3 scores; tumble, hop, session: the grouped view per window of the rows' time")
     parser.add_argument("--lateness", default=None,
                         help="a windowed view's lateness (e.g. 10m; default none: no window closes)")
+    parser.add_argument("--window-size", default=None,
+                        help="--view tumble: the window's size (default 1m; 1h: one window holds the whole run, "
+                             "as many (key, window) pairs as the grouped view has keys)")
     args = parser.parse_args(argv)
     cores = [core.strip() for core in args.core.split(",") if core.strip()]
 
@@ -220,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                     spec = spec.model_copy(update={"view": TOP_N_VIEW,  # no delta output: grouped views only
                                                    "outputs": spec.outputs.model_copy(update={"delta": None})})
                 elif windowed:
-                    spec = windowed_spec(spec, args.view, args.lateness)
+                    spec = windowed_spec(spec, args.view, args.lateness, args.window_size)
                     if core == "native" and (reason := why_not(spec)) is not None:
                         print(f"native core: not run ({reason})", file=sys.stderr)
                         break

@@ -35,6 +35,12 @@ use crate::core::{Core, Fail, Plan, RestoreFail, Router};
 use crate::topn::{TopN, TopPlan};
 use crate::window::{Headers, SessionCore, WindowCore as FixedCore, WindowOut, WindowPlan, Windowed};
 
+// the cores' allocator: each new view key, window and row is a few small allocations
+// (its state, its rows' map, its key's JSON), which mimalloc serves at about half
+// glibc malloc's CPU (the windowed hot path: one new key per event)
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 create_exception!(
     refold_native,
     Unsupported,
