@@ -28,7 +28,7 @@ faults together take two of the three replicas:
                      and started again in turn, the next one once every partition
                      is in sync;
 - `partition`        a random broker cut off from the other brokers and from every
-                     client for 15-25 s (past the brokers' 9 s session timeout: the
+                     client for 15-25 s (past the brokers' 6 s session timeout: the
                      controllers fence it and its partitions get new leaders), then
                      healed (`refold.dev.netpartition`: iptables rules on the loopback,
                      the node in a cgroup of its own; a node running outside one is
