@@ -109,7 +109,7 @@ def inject_kafka(kind: str, target: Engine, rng: random.Random, home: Path, sett
             "leader_kill_checkpoints": pipeline.checkpoints_topic,
         }[kind]
         partition = rng.choice(sorted(partitions_of(settings, topic)))
-        watch = _NextCommit(target)
+        watch = NextCommit(target)
 
         def killed() -> None:
             watch.start()
@@ -158,7 +158,7 @@ def inject_kafka(kind: str, target: Engine, rng: random.Random, home: Path, sett
     return recovery
 
 
-class _NextCommit:
+class NextCommit:
     """Times an engine's next committed batch from a moment on, in a thread of its own
     (the broker's restart goes on meanwhile): the checkpoint's batch number polled every
     0.2 s until it passes the one committed before the moment."""
