@@ -31,26 +31,31 @@ import time
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from refold.dev import kafkacluster
 from refold.dev.chaosengine import ChaosResult, Engine
-from refold.dev.chaoskafka import NextCommit, inject_kafka, wait_in_sync
+from refold.dev.chaoskafka import NextCommit, inject_kafka, leader_of, wait_in_sync
 from refold.dev.chaospipelines import chunks, half_of, produce_chunk, write_pipelines
 from refold.dev.testing import Workload, generate
+from refold.kafka.transactions import java_string_hash
 from refold.model import jsonbytes
 
 PARTITIONS = 3
 
 
 def group_coordinator(settings: dict[str, Any], group: str) -> int:
-    """The broker coordinating consumer group `group`; -1 when unknown."""
-    futures = AdminClient(settings).describe_consumer_groups([group], request_timeout=10)
+    """The broker coordinating consumer group `group`: the leader of its
+    `__consumer_offsets` partition (`Utils.abs(group.hashCode) % partitions`, as the broker
+    maps it); -1 when unknown."""
     try:
-        description = futures[group].result(timeout=15)
-    except Exception:  # the coordinator moving
+        count = len(AdminClient(settings).list_topics("__consumer_offsets", timeout=10)
+                    .topics["__consumer_offsets"].partitions)
+    except (KafkaException, KeyError):
         return -1
-    return int(description.coordinator.id) if description.coordinator is not None else -1
+    code = java_string_hash(group)
+    return leader_of(settings, "__consumer_offsets", (0 if code == -(1 << 31) else abs(code)) % count) if count else -1
 
 
 def kill_group_coordinator(target: Engine, rng: random.Random, home: Path, settings: dict[str, Any],
