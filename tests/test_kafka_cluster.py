@@ -146,8 +146,8 @@ def test_partitions_of_finds_a_topic_just_created_elsewhere_and_names_a_missing_
 
     info, _home = cluster
     name = f"p-{uuid.uuid4().hex[:8]}"
-    created = AdminClient({"bootstrap.servers": info.nodes[0].bootstrap}).create_topics([NewTopic(name, 2, 3)])
-    for future in created.values():
+    admin = AdminClient({"bootstrap.servers": info.nodes[0].bootstrap})
+    for future in admin.create_topics([NewTopic(name, 2, 3)]).values():
         future.result(30)
     assert partitions_of({"bootstrap.servers": info.nodes[-1].bootstrap}, name) == [0, 1]
     started = time.monotonic()
