@@ -119,6 +119,8 @@ def inject_kafka(kind: str, target: Engine, rng: random.Random, home: Path, sett
         if _bounce(leader_of(settings, topic, partition), home, rng, say, f"the leader of {topic}[{partition}]",
                    on_kill=killed):
             recovery = watch.seconds()
+            say(f"  {kind}: " + ("next committed batch within 180s: none" if recovery is None
+                                 else f"next committed batch {recovery:.1f}s after the kill"))
         elif after_kill is not None:
             after_kill()
     elif kind == "coordinator_kill":
