@@ -1,9 +1,9 @@
 """`make bench-replication`: the price of replication, one broker against a cluster of three.
 
-The same seeded changelog (`refold.dev.testing.generate`) is produced to the local single
-broker and to a local KRaft cluster of three brokers (`refold.dev.kafkacluster`, started
-here in a temporary home on free ports: replication factor 3, `min.insync.replicas` 2,
-`acks=all`). Then, on each in turn and in one Spark session (`local[2]`):
+The same seeded changelog (`refold.dev.testing.generate`) is produced to a single broker
+and to a local KRaft cluster of three brokers (`refold.dev.kafkacluster`: replication
+factor 3, `min.insync.replicas` 2, `acks=all`), both started here, each in a temporary
+home on free ports (not the shared broker on 9092). Then, on each in turn and in one Spark session (`local[2]`):
 
 - limit: the limit pipe (`bench.limit`: consume → produce, transactional, no reduction);
 - refold: `refold run` of the contenders' grouped view, exactly once, view and delta (after
@@ -32,8 +32,7 @@ from typing import Any
 
 from bench.run import RESULTS, forget_state, pipeline, run_limit, timed_run
 from refold.cli.produce import produce
-from refold.dev import kafkacluster
-from refold.dev.localkafka import ensure_broker
+from refold.dev import kafkacluster, localkafka
 from refold.dev.testing import Workload, generate
 from refold.model import jsonbytes
 from refold.spark.job import spark_session
@@ -86,11 +85,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
 
-    single = ensure_broker(None, start_local=True)
+    # Both on free ports in homes of their own: not the shared broker on 9092, whose other
+    # topics and clients would be measured too.
+    single_home = Path(tempfile.mkdtemp(prefix="refold-bench-single-"))
     home = Path(tempfile.mkdtemp(prefix="refold-bench-cluster-"))
-    print(f"starting a local cluster of {BROKERS} brokers in {home}…", file=sys.stderr)
+    print(f"starting a local broker in {single_home} and a cluster of {BROKERS} brokers in {home}…", file=sys.stderr)
+    single = localkafka.start(localkafka.free_port(), timeout=180.0, home=single_home, quiet=True,
+                              die_with_parent=True).bootstrap
     port = kafkacluster.free_port_range(2 * BROKERS)
-    cluster = kafkacluster.start(port, BROKERS, timeout=180.0, home=home, quiet=True, die_with_parent=True)
+    try:
+        cluster = kafkacluster.start(port, BROKERS, timeout=180.0, home=home, quiet=True, die_with_parent=True)
+    except BaseException:
+        localkafka.stop(home=single_home)
+        raise
     run_id = time.strftime("%Y%m%d%H%M%S")
     workload = Workload(events=args.events, keys=args.keys, retract_share=args.retract, seed=args.seed)
     lines = [jsonbytes.dumps(r) for r in generate(workload)]
@@ -104,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         spark.stop()
         kafkacluster.stop(home=home)
+        localkafka.stop(home=single_home)
         shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(single_home, ignore_errors=True)
 
     print(f"\n{len(lines):,} events, {args.keys:,} keys, {args.retract:.0%} retractions/corrections, "
           f"{args.partitions} partitions, batch {args.batch:,}")

@@ -16,6 +16,7 @@ HOME = "REFOLD_HOME"  # Refold's working folder (local servers, jars, demo data)
 JARS = "REFOLD_JARS"  # where resolved jar sets live
 PG_BINDIR = "REFOLD_PG_BINDIR"  # the PostgreSQL server binaries for `refold pg`
 TRANSACTION_TIMEOUT_MS = "REFOLD_TRANSACTION_TIMEOUT_MS"  # the engine producer's transaction.timeout.ms
+SEND_OFFSETS_SECONDS = "REFOLD_SEND_OFFSETS_SECONDS"  # the deadline of send_offsets_to_transaction
 # Set by a driver whose Spark JVM writes to a pipe it reads (refold.spark.logs), for the
 # Python workers that JVM starts: their log records go to stderr as relay lines.
 LOG_RELAY = "REFOLD_LOG_RELAY"
@@ -68,6 +69,14 @@ def transaction_timeout_ms(default: int = 60_000) -> int:
     """The engine producer's `transaction.timeout.ms` (the chaos harness shortens it)."""
     env = _get(TRANSACTION_TIMEOUT_MS)
     return int(env) if env else default
+
+
+def send_offsets_seconds(default: float = 15.0) -> float:
+    """`$REFOLD_SEND_OFFSETS_SECONDS`: how long the transactional writer waits for
+    `send_offsets_to_transaction` before it counts the transaction as timed out
+    (docs/kafka-cluster.md, "After a broker's loss")."""
+    env = _get(SEND_OFFSETS_SECONDS)
+    return float(env) if env else default
 
 
 def log_relay() -> bool:

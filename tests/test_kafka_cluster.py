@@ -41,6 +41,7 @@ from refold.kafka.io import (
     durability_warnings,
     ensure_topics,
     open_transactions,
+    partitions_of,
     read_to_end,
 )
 from refold.plan import plan_of
@@ -135,6 +136,24 @@ def test_topics_take_three_replicas_and_weak_ones_are_named(cluster) -> None:
     config = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, name)])
     [entries] = [future.result(30) for future in config.values()]
     assert entries["min.insync.replicas"].value == "2"  # the cluster's default
+
+
+def test_partitions_of_finds_a_topic_just_created_elsewhere_and_names_a_missing_one(cluster) -> None:
+    # A broker learns of a topic another just created a moment late: asked of another
+    # broker at once, the topic is found (an engine's first start failed on its view
+    # topic so); a topic that does not exist is still refused, after that wait.
+    from refold.errors import UserError
+
+    info, _home = cluster
+    name = f"p-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": info.nodes[0].bootstrap})
+    for future in admin.create_topics([NewTopic(name, 2, 3)]).values():
+        future.result(30)
+    assert partitions_of({"bootstrap.servers": info.nodes[-1].bootstrap}, name) == [0, 1]
+    started = time.monotonic()
+    with pytest.raises(UserError, match=f"topic '{name}-missing' does not exist"):
+        partitions_of({"bootstrap.servers": info.bootstrap}, f"{name}-missing")
+    assert 5.0 <= time.monotonic() - started < 40.0
 
 
 def replicas_of(admin: AdminClient, topic: str, partitions: int) -> list[int]:

@@ -28,7 +28,7 @@ faults together take two of the three replicas:
                      and started again in turn, the next one once every partition
                      is in sync;
 - `partition`        a random broker cut off from the other brokers and from every
-                     client for 15-25 s (past the brokers' 9 s session timeout: the
+                     client for 15-25 s (past the brokers' 6 s session timeout: the
                      controllers fence it and its partitions get new leaders), then
                      healed (`refold.dev.netpartition`: iptables rules on the loopback,
                      the node in a cgroup of its own; a node running outside one is
@@ -109,7 +109,7 @@ def inject_kafka(kind: str, target: Engine, rng: random.Random, home: Path, sett
             "leader_kill_checkpoints": pipeline.checkpoints_topic,
         }[kind]
         partition = rng.choice(sorted(partitions_of(settings, topic)))
-        watch = _NextCommit(target)
+        watch = NextCommit(target)
 
         def killed() -> None:
             watch.start()
@@ -119,6 +119,8 @@ def inject_kafka(kind: str, target: Engine, rng: random.Random, home: Path, sett
         if _bounce(leader_of(settings, topic, partition), home, rng, say, f"the leader of {topic}[{partition}]",
                    on_kill=killed):
             recovery = watch.seconds()
+            say(f"  {kind}: " + ("next committed batch within 180s: none" if recovery is None
+                                 else f"next committed batch {recovery:.1f}s after the kill"))
         elif after_kill is not None:
             after_kill()
     elif kind == "coordinator_kill":
@@ -158,7 +160,7 @@ def inject_kafka(kind: str, target: Engine, rng: random.Random, home: Path, sett
     return recovery
 
 
-class _NextCommit:
+class NextCommit:
     """Times an engine's next committed batch from a moment on, in a thread of its own
     (the broker's restart goes on meanwhile): the checkpoint's batch number polled every
     0.2 s until it passes the one committed before the moment."""

@@ -120,11 +120,8 @@ def auth_failure(settings: Mapping[str, Any], err: KafkaError) -> KafkaAuthError
     """A clear error for a refused login or an untrusted certificate (no secrets in it)."""
     where = settings.get("bootstrap.servers")
     if err.code() in _TLS_CODES:
-        return KafkaAuthError(
-            f"TLS handshake with Kafka at {where} failed: {err.str()} "
-            "(check ssl.ca.location: it must hold the CA that signed the broker's certificate)",
-            kafka_error=err,
-        )
+        return KafkaAuthError(f"TLS handshake with Kafka at {where} failed: {err.str()} (check ssl.ca.location: "
+                              "it must hold the CA that signed the broker's certificate)", kafka_error=err)
     user = settings.get("sasl.username")
     mechanism = settings.get("sasl.mechanism") or settings.get("sasl.mechanisms") or "GSSAPI"
     return KafkaAuthError(
@@ -274,12 +271,8 @@ def _wait_for_topics(admin: AdminClient, names: list[str], timeout: float) -> No
     deadline = time.monotonic() + timeout
     while True:
         metadata = list_topics(admin, timeout)
-        ready = all(
-            n in metadata.topics
-            and metadata.topics[n].error is None
-            and all(p.leader >= 0 for p in metadata.topics[n].partitions.values())
-            for n in names
-        )
+        ready = all(n in metadata.topics and metadata.topics[n].error is None
+                    and all(p.leader >= 0 for p in metadata.topics[n].partitions.values()) for n in names)
         if ready or time.monotonic() > deadline:
             return
         time.sleep(0.1)
@@ -306,15 +299,21 @@ def list_topics(admin: AdminClient | Consumer | Producer, timeout: float = 30.0)
 
 
 def partitions_of(settings: Mapping[str, Any], topic: str, timeout: float = 30.0) -> list[int]:
-    """The partition ids of a topic. Raises UserError when the topic does not exist."""
+    """The partition ids of a topic. Raises UserError when the topic does not exist (on a
+    cluster, still after 5 s: a broker learns of a topic another just created a moment late)."""
     admin = admin_client({**settings, "allow.auto.create.topics": False})
-    metadata = list_topics(admin, timeout)
-    found = metadata.topics.get(topic)
-    if found is None:
-        # Under ACLs the full listing leaves out topics we may not describe; asked by
-        # name, the broker says so (and never whether the topic exists).
-        with contextlib.suppress(KafkaException):
-            found = admin.list_topics(topic, timeout=min(timeout, 10.0)).topics.get(topic)
+    settle = time.monotonic() + 5.0
+    while True:
+        metadata = list_topics(admin, timeout)
+        found = metadata.topics.get(topic)
+        if found is None:
+            # Under ACLs the full listing leaves out topics we may not describe; asked by
+            # name, the broker says so (and never whether the topic exists).
+            with contextlib.suppress(KafkaException):
+                found = admin.list_topics(topic, timeout=min(timeout, 10.0)).topics.get(topic)
+        if (found is not None and found.error is None) or len(metadata.brokers) < 2 or time.monotonic() > settle:
+            break
+        time.sleep(0.2)
     if found is not None and found.error is not None and found.error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
         raise PrerequisiteError(
             f"not authorized to describe topic {topic!r} as user {settings.get('sasl.username')!r} "

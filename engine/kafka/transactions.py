@@ -38,6 +38,7 @@ from typing import Any, NoReturn
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from refold import environment
 from refold.errors import InternalError, OperationalError, UserError
 from refold.kafka.io import consumer_config, delivery_failures, producer_config
 
@@ -50,8 +51,7 @@ _INIT_SECONDS = 60
 _FLUSH_SECONDS = 120
 _COMMIT_SECONDS = 120
 _ABORT_SECONDS = 60
-_SEND_OFFSETS_SECONDS = 30
-_SEND_OFFSETS_DEADLINE = 45  # past its own timeout: librdkafka#5456
+_SEND_OFFSETS_MARGIN = 5.0  # its own timeout is this much shorter than its deadline: librdkafka#5456
 _FATAL_CAUSE_SECONDS = 5
 _CLOSE_FLUSH_SECONDS = 5
 
@@ -300,10 +300,12 @@ class TransactionalWriter:
             ]
             if positions:
                 metadata = self._group_metadata()
+                deadline = environment.send_offsets_seconds()
+                own = max(1.0, deadline - _SEND_OFFSETS_MARGIN)
                 self._bounded(
                     "send_offsets_to_transaction",
-                    _SEND_OFFSETS_DEADLINE,
-                    lambda: producer.send_offsets_to_transaction(positions, metadata, _SEND_OFFSETS_SECONDS),
+                    deadline,
+                    lambda: producer.send_offsets_to_transaction(positions, metadata, own),
                 )
             producer.commit_transaction(_COMMIT_SECONDS)
         except (KafkaException, SystemError) as exc:
