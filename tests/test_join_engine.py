@@ -376,24 +376,9 @@ def test_a_join_killed_mid_commit_writes_each_record_once(bootstrap_servers: str
     """A join shard killed (SIGKILL) with batch 2's records sent and not committed, or
     committed and not in its store: the next run writes the reference join's changelog,
     record by record, nothing twice and nothing lost."""
-    units = _crash_units()
     pipeline = join_pipeline(f"jk{uuid.uuid4().hex[:8]}", bootstrap_servers, "left", key=["id"], grouped=False)
-    make_topics(pipeline, 2)
-    records, _ = wire(units, 2)
-    batches = [records[i:i + 7] for i in range(0, len(records), 7)]
-    script = tmp_path / "crash.py"
-    script.write_text(
-        "import pickle, sys\n"
-        "from refold.runtime.hooks import Hooks\n"
-        "from refold.runtime.processor import BatchProcessor\n"
-        "pipeline, settings, batches, where = pickle.load(open(sys.argv[1], 'rb'))\n"
-        "processor = BatchProcessor(pipeline, settings, hooks=Hooks(crash_at=f'{where}:2'))\n"
-        "for batch in batches:\n"
-        "    processor.process(batch)\n")
-    data = tmp_path / "input.pickle"
-    data.write_bytes(pickle.dumps((pipeline, {"bootstrap.servers": bootstrap_servers}, batches, where)))
-    done = subprocess.run([sys.executable, str(script), str(data)], env={**os.environ}, timeout=300, check=False)
-    assert done.returncode == -signal.SIGKILL
+    units, records = killed_in_a_subprocess(pipeline, bootstrap_servers, tmp_path, where, (
+        "processor = BatchProcessor(pipeline, settings, hooks=Hooks(crash_at=f'{where}:2'))\n"))
     run_batches(pipeline, records, [7, 14], [False])
     spec = pipeline.view.join
     assert spec is not None
@@ -422,6 +407,32 @@ def test_verify_finds_a_join_view_that_is_not_the_reference(bootstrap_servers: s
     del producer
     assert verify(pipeline, settings_).anomalies == ['view: extra {"id":99} (1 copies)']
 
+
+
+def killed_in_a_subprocess(pipeline: Pipeline, bootstrap_servers: str, tmp_path: Any, where: str,
+                           make_processor: str) -> tuple[list[Unit], list[Any]]:
+    """`_crash_units()` written to the pipeline's two sources, then processed in batches of
+    7 records by a `BatchProcessor` in a child process that `make_processor` (Python lines
+    with `pipeline`, `settings`, `where` in scope) sets up to die by SIGKILL; the units and
+    the records, for the run after it."""
+    units = _crash_units()
+    make_topics(pipeline, 2)
+    records, _ = wire(units, 2)
+    batches = [records[i:i + 7] for i in range(0, len(records), 7)]
+    script = tmp_path / "crash.py"
+    script.write_text(
+        "import pickle, sys\n"
+        "from refold.runtime.hooks import Hooks\n"
+        "from refold.runtime.processor import BatchProcessor\n"
+        "pipeline, settings, batches, where = pickle.load(open(sys.argv[1], 'rb'))\n"
+        + make_processor +
+        "for batch in batches:\n"
+        "    processor.process(batch)\n")
+    data = tmp_path / "input.pickle"
+    data.write_bytes(pickle.dumps((pipeline, {"bootstrap.servers": bootstrap_servers}, batches, where)))
+    done = subprocess.run([sys.executable, str(script), str(data)], env={**os.environ}, timeout=300, check=False)
+    assert done.returncode == -signal.SIGKILL
+    return units, records
 
 def _crash_units() -> list[Unit]:
     """Orders and customers that join, move and leave, over a few batches."""

@@ -5,11 +5,6 @@ view over it against the grouped reference, killed mid-commit, its plan."""
 
 from __future__ import annotations
 
-import os
-import pickle
-import signal
-import subprocess
-import sys
 import uuid
 from collections import Counter
 from collections.abc import Sequence
@@ -23,10 +18,10 @@ from test_join import Unit, changelogs
 from test_join import as_units as numbered
 from test_join_engine import (
     GROUPED,
-    _crash_units,
     by_partition,
     changelog,
     join_pipeline,
+    killed_in_a_subprocess,
     make_topics,
     run_batches,
     wire,
@@ -169,27 +164,12 @@ def test_an_exchanged_join_killed_mid_commit_writes_each_record_once(bootstrap_s
     """A join through the exchange killed (SIGKILL) inside batch 2's transaction of a
     stage-1 shard, or of a join shard: the next run writes each shard's reference
     changelog, record by record, nothing twice and nothing lost."""
-    units = _crash_units()
     pipeline = join_pipeline(f"jk{uuid.uuid4().hex[:8]}", bootstrap_servers, "left", key=["id"], shards=SHARDS)
-    make_topics(pipeline, 2)
-    records, _ = wire(units, 2)
-    batches = [records[i:i + 7] for i in range(0, len(records), 7)]
-    script = tmp_path / "crash.py"
-    script.write_text(
-        "import pickle, sys\n"
-        "from refold.runtime.hooks import Hooks\n"
-        "from refold.runtime.processor import BatchProcessor\n"
-        "pipeline, settings, batches, stage = pickle.load(open(sys.argv[1], 'rb'))\n"
+    units, records = killed_in_a_subprocess(pipeline, bootstrap_servers, tmp_path, stage, (
         "hooks = Hooks(crash_at='in_txn:2')\n"
-        "processor = BatchProcessor(pipeline, settings, hooks=hooks if stage == 'route' else Hooks())\n"
-        "for applier in processor.appliers.values() if stage == 'join' else ():\n"
-        "    applier.hooks = hooks\n"
-        "for batch in batches:\n"
-        "    processor.process(batch)\n")
-    data = tmp_path / "input.pickle"
-    data.write_bytes(pickle.dumps((pipeline, {"bootstrap.servers": bootstrap_servers}, batches, stage)))
-    done = subprocess.run([sys.executable, str(script), str(data)], env={**os.environ}, timeout=300, check=False)
-    assert done.returncode == -signal.SIGKILL
+        "processor = BatchProcessor(pipeline, settings, hooks=hooks if where == 'route' else Hooks())\n"
+        "for applier in processor.appliers.values() if where == 'join' else ():\n"
+        "    applier.hooks = hooks\n"))
     run_batches(pipeline, records, [7, 14], [False])
     spec = pipeline.view.join
     assert spec is not None
