@@ -396,8 +396,9 @@ def test_grouped_join_sql_equals_duckdb(units: list[Unit], kind: str) -> None:
 
 
 def test_the_runtime_refuses_a_join_in_shards_in_one_line() -> None:
-    """A join in `shards: M` validates; the engine refuses to run it, before it reads Kafka
-    or starts Spark, with one line naming shards and saying to use shards: merged."""
+    """A join in `shards: M` whose grouped view is keyed outside the join key (it would need
+    a second exchange) validates; the engine refuses to run it, before it reads Kafka or
+    starts Spark, with one line naming shards, the view key and saying to use shards: merged."""
     from refold.config import parse_pipeline
     from refold.errors import UserError
     from refold.runtime.processor import BatchProcessor
@@ -411,6 +412,7 @@ def test_the_runtime_refuses_a_join_in_shards_in_one_line() -> None:
     })
     for run in (lambda: BatchProcessor(pipeline, {"bootstrap.servers": "127.0.0.1:1"}),
                 lambda: run_pipeline(pipeline, "127.0.0.1:1")):
-        with pytest.raises(UserError, match=r"^shards: 4: a join runs co-partitioned .* use shards: merged") as raised:
+        with pytest.raises(UserError, match=r"^shards: 4: a grouped view over a join .* view.key region would need a second "
+                                                r"exchange .* use shards: merged") as raised:
             run()
         assert "\n" not in str(raised.value)
