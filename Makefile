@@ -43,7 +43,7 @@ unit: setup
 	$(PY) -m pytest tests -m "not kafka and not spark and not container and not slow" -q
 
 test: setup jars registry lint
-	$(PY) -m pytest tests -q --durations=15 -m "not container and not slow"
+	$(PY) -m pytest tests -q --durations=60 -m "not container and not slow"
 
 # The long end-to-end checks that repeat what a faster test in `make test` proves (marker
 # slow): CI runs them after make test.
