@@ -3,7 +3,8 @@ the reference reducer (`refold.reference`) and nothing of the engine's.
 
 The rules (docs/SEMANTICS.md, "Provenance"): every record a unit writes names the
 unit's cause — its first event's source partition and offset (a correction pair's
-`-C`); a `-R`/`-C` also names the cause of the record it takes back, which is the
+`-C`), whatever the view: a session view's unit that extends, merges or splits sessions,
+an `emit: final` unit whose watermark advance closes windows; a `-R`/`-C` also names the cause of the record it takes back, which is the
 cause of the latest `+A`/`+C` written for its output key. Here that is read off the
 changelog itself, unit by unit: no per-key state of the engine's is involved.
 """
@@ -27,10 +28,13 @@ class CausedChange(NamedTuple):
     retracts: Cause | None  # for a -R/-C: the cause of the record it takes back
 
 
-def reference_causes(spec: ViewSpec, units: Sequence[Sequence[SourceEvent]]) -> list[CausedChange]:
+def reference_causes(spec: ViewSpec, units: Sequence[Sequence[SourceEvent]],
+                     emit: str = "per_event") -> list[CausedChange]:
     """One shard's units (in input order) → its view changelog, each change with its
-    cause and retracted cause. Refused units write nothing."""
-    model = _model_of(spec, "per_event")
+    cause and retracted cause. Refused units write nothing. With `emit: final` (a
+    windowed view) a window's `+A` is written by the unit whose watermark advance closed
+    it, and names that unit's cause, as every record of a unit does."""
+    model = _model_of(spec, emit)
     result = ReferenceResult()
     latest: dict[tuple[Any, ...], Cause] = {}  # output key -> the cause of its latest +A/+C
     out: list[CausedChange] = []

@@ -2,7 +2,7 @@
 the reference's (`refold.reference_causes`), for random changelogs and random batch
 cuts, through real transactions and a restart in the middle (the causes of what later
 records retract come back from `P.state`), with the Python reducers and the native
-core, grouped and Top-N, each output form; read back from the broker as written; a
+core, grouped, Top-N and windowed (sessions; `emit: final`), each output form; read back from the broker as written; a
 replay writes nothing again; `outputs.provenance: off` writes no headers. The kill -9
 test checks the trace index of the same run too (`test_trace_index`'s check)."""
 
@@ -31,13 +31,17 @@ pytestmark = pytest.mark.kafka
 PARTITIONS = 2
 GROUPED = {"key": ["g"], "columns": {"total": {"sum": "score"}, "best": {"max": "score"}, "n": {"count": "*"}}}
 TOP_N = {"top_n": {"n": 2, "order_by": {"score": "desc"}, "partition_by": ["g"]}}
+# windowed over the score as event time: corrections move rows between windows and sessions
+SESSION = {**GROUPED, "window": {"time": "score", "session": {"gap": "3ms"}}}
+SESSION_CLOSING = {**GROUPED, "window": {"time": "score", "session": {"gap": "3ms"}, "lateness": "2ms"}}
+TUMBLE_CLOSING = {**GROUPED, "window": {"time": "score", "tumble": "4ms", "lateness": "3ms"}}
 
 
 def _pipeline(settings_: dict[str, Any], source: str, view: dict[str, Any], form: str, core: str,
-              provenance: bool = True) -> Pipeline:
+              provenance: bool = True, emit: str = "per_event") -> Pipeline:
     name = f"pv{uuid.uuid4().hex[:8]}"
-    outputs: dict[str, Any] = {"view": {"topic": f"{name}.view", "form": form}, "provenance": provenance}
-    if "top_n" not in view:
+    outputs: dict[str, Any] = {"view": {"topic": f"{name}.view", "form": form, "emit": emit}, "provenance": provenance}
+    if "top_n" not in view and "session" not in view.get("window", {}):
         outputs["delta"] = {"topic": f"{name}.delta"}
     pipeline = parse_pipeline({"pipeline": name, "kafka": settings_, "source": {"topic": source},
                                "view": view, "outputs": outputs, "spark": {"core": core}})
@@ -93,18 +97,25 @@ def _written(shard: Recording) -> list[tuple[bytes, str | None, Any]]:
     return out
 
 
-CASES = [(GROUPED, form, core) for form in ("changelog", "retract", "upsert") for core in ("python", "native")]
-CASES += [(TOP_N, form, core) for form in ("changelog", "retract") for core in ("python", "native")]
+CASES = [("grouped", GROUPED, form, core, "per_event") for form in ("changelog", "retract", "upsert")
+         for core in ("python", "native")]
+CASES += [("topn", TOP_N, form, core, "per_event") for form in ("changelog", "retract") for core in ("python", "native")]
+CASES += [("session", SESSION, form, core, "per_event") for form in ("changelog", "retract") for core in ("python", "native")]
+CASES += [("session-closing", SESSION_CLOSING, "upsert", "native", "per_event")]
+# emit: final (Python only): a closed window's +A names the unit whose watermark advance closed it
+CASES += [(name, view, "changelog", "python", "final") for name, view in (("tumble", TUMBLE_CLOSING),
+                                                                          ("session", SESSION_CLOSING))]
 
 
-@pytest.mark.parametrize(("view", "form", "core"), CASES,
-                         ids=[f"{'topn' if 'top_n' in v else 'grouped'}-{f}-{c}" for v, f, c in CASES])
+@pytest.mark.parametrize(("view", "form", "core", "emit"), [case[1:] for case in CASES],
+                         ids=[f"{name}-{form}-{core}-{emit}" for name, _v, form, core, emit in CASES])
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(plan=steps, data=st.data())
-def test_every_view_record_names_the_reference_cause(bootstrap_servers, topic, view, form, core, plan, data) -> None:
+def test_every_view_record_names_the_reference_cause(bootstrap_servers, topic, view, form, core, emit, plan,
+                                                     data) -> None:
     settings_ = {"bootstrap.servers": bootstrap_servers}
     source = topic(partitions=PARTITIONS)
-    pipeline = _pipeline(settings_, source, view, form, core)
+    pipeline = _pipeline(settings_, source, view, form, core, emit=emit)
     records, units = _records(plan)
     cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(records) - 1)), max_size=4)))
     batches = [records[a:b] for a, b in zip([0, *cuts], [*cuts, len(records)], strict=True) if a < b]
@@ -123,7 +134,7 @@ def test_every_view_record_names_the_reference_cause(bootstrap_servers, topic, v
     view_spec = pipeline.view
     for partition in range(PARTITIONS):
         want = [(c.change.key_json(), None if op is None else op.code, headers_of(c))
-                for op, c in in_form(reference_causes(view_spec, units[partition]), form)]
+                for op, c in in_form(reference_causes(view_spec, units[partition], emit), form)]
         assert written[partition] == want, f"partition {partition}"
     # as the broker has them: view partition = shard
     read: dict[int, list[Any]] = {p: [] for p in range(PARTITIONS)}
@@ -380,18 +391,20 @@ def test_a_global_top_n_in_shards_names_the_reference_cause(bootstrap_servers, t
 
 
 @pytest.mark.parametrize("window", [{"tumble": "10ms"}, {"hop": {"size": "10ms", "slide": "5ms"}},
-                                    {"session": {"gap": "10ms"}}], ids=["tumble", "hop", "session"])
-def test_a_tumble_or_hop_views_records_name_their_cause_and_a_session_views_none(window) -> None:
-    # docs/SEMANTICS.md, Provenance: a tumble or hop view's records as a grouped view's
-    # (its retractions name what they retract); a session view's carry no headers yet
+                                    {"session": {"gap": "5ms"}}], ids=["tumble", "hop", "session"])
+def test_a_windowed_views_records_name_their_cause_and_what_they_retract(window) -> None:
+    # docs/SEMANTICS.md, Provenance: a windowed view's records as a grouped view's: each
+    # names its unit, a -C/-R the cause of the record it takes back; a session's too, as
+    # events extend (1012), merge (1016: the sessions from 1000 and 1020) and split them
+    # (the retraction of 1004); the same headers from both cores and the reference's
     from refold.reduce import make_reducer
     from refold.runtime.native import native_core
     from refold.runtime.render import Renderer
 
+    view = {"key": ["g"], "columns": {"n": {"count": "*"}}, "window": {"time": "ts", **window}}
     pipeline = parse_pipeline({"pipeline": "w", "source": {"topic": "s"}, "outputs": {"view": {"topic": "v"}},
-                               "view": {"key": ["g"], "columns": {"n": {"count": "*"}},
-                                        "window": {"time": "ts", **window}}})
-    rows = [(Op.APPEND, {"g": 0, "id": i, "ts": 1_000 + 4 * i}) for i in range(4)]
+                               "view": view})
+    rows = [(Op.APPEND, {"g": 0, "id": i, "ts": ts}) for i, ts in enumerate([1_000, 1_004, 1_008, 1_020, 1_012, 1_016])]
     rows.append((Op.RETRACT, {"g": 0, "id": 1, "ts": 1_004}))
     events = [SourceEvent(op, row, (offset, 0, offset)) for offset, (op, row) in enumerate(rows)]
     python = make_reducer(pipeline.view)
@@ -400,11 +413,10 @@ def test_a_tumble_or_hop_views_records_name_their_cause_and_a_session_views_none
     assert core is not None
     _rejected, native_records, _delta, _state = core.apply_batch([((event, None),) for event in events])
     assert [(k, v, h) for k, v, _ts, h in native_records] == [(k, v, h) for k, v, _ts, h in py_records]
+    want = [(c.change.key_json(), headers_of(c)) for c in reference_causes(pipeline.view, [[e] for e in events])]
+    assert [(k, h) for k, _v, _ts, h in py_records] == want
     headers = [(orjson.loads(value)["op"], dict(h or [])) for _key, value, _ts, h in py_records]
     assert len(headers) > len(events)
-    if "session" in window:
-        assert all(h == {} for _op, h in headers)
-        return
     latest: dict[bytes, bytes] = {}
     for (op, h), (key, *_rest) in zip(headers, py_records, strict=True):
         assert h["refold.cause"] in {b"0:%d" % offset for offset in range(len(events))}
@@ -412,3 +424,56 @@ def test_a_tumble_or_hop_views_records_name_their_cause_and_a_session_views_none
             assert h["refold.retracts"] == latest[key]
         else:
             latest[key] = h["refold.cause"]
+    if "session" in window:  # the merge retracts the later session; the split names the merge's cause
+        assert ("-R", {"refold.cause": b"0:5", "refold.retracts": b"0:3"}) in headers
+        assert ("-C", {"refold.cause": b"0:6", "refold.retracts": b"0:5"}) in headers
+    off = parse_pipeline({"pipeline": "w", "source": {"topic": "s"}, "view": view,
+                          "outputs": {"view": {"topic": "v"}, "provenance": False}})
+    quiet = native_core(off)
+    assert quiet is not None
+    _rejected, native_records, _delta, _state = quiet.apply_batch([((event, None),) for event in events])
+    assert len(native_records) == len(py_records)
+    assert all(h is None for _k, _v, _ts, h in native_records)  # outputs.provenance: off
+
+
+@pytest.mark.parametrize("window", [{"tumble": "10ms"}, {"session": {"gap": "5ms"}}], ids=["tumble", "session"])
+def test_session_causes_come_back_from_state_and_emit_final_names_the_closing_unit(window) -> None:
+    # a restart between two units: what the second retracts is known from the `[key]`
+    # record, in both cores, either restoring the other's state; emit: final's +A names
+    # the unit whose watermark advance closed the window (the reference's rule)
+    from refold.reduce import make_reducer
+    from refold.reduce.windowed import WindowedReducer
+    from refold.runtime.native import native_core
+    from refold.runtime.render import Renderer
+
+    spec = {"key": ["g"], "columns": {"n": {"count": "*"}}, "window": {"time": "ts", **window, "lateness": "0ms"}}
+    pipeline = parse_pipeline({"pipeline": "w", "source": {"topic": "s"}, "outputs": {"view": {"topic": "v"}},
+                               "view": spec})
+    first = SourceEvent(Op.APPEND, {"g": 0, "id": 0, "ts": 1_000}, (0, 0, 7))
+    second = SourceEvent(Op.APPEND, {"g": 0, "id": 1, "ts": 1_002}, (0, 0, 8))
+    python = make_reducer(pipeline.view)
+    python.apply([first])
+    py_state = python.take_state_changes()
+    state = [(k, v) for k, v in py_state if v is not None]
+    core = native_core(pipeline)
+    assert core is not None
+    _rejected, _view, _delta, core_state = core.apply_batch([((first, None),)])
+    assert core_state == py_state  # the same records, the session's `[key]` with its cause included
+    for restored in (make_reducer(pipeline.view), native_core(pipeline)):
+        assert restored is not None
+        restored.restore(state)
+        if isinstance(restored, WindowedReducer):
+            records = Renderer(pipeline).view([(restored.apply([second]), 1_002)])
+        else:
+            records = restored.apply_batch([((second, None),)])[1]
+        assert [dict(h) for _k, _v, _ts, h in records] == [{"refold.cause": b"0:8", "refold.retracts": b"0:7"},
+                                                             {"refold.cause": b"0:8"}]
+    final = parse_pipeline({"pipeline": "w", "source": {"topic": "s"},
+                            "outputs": {"view": {"topic": "v", "emit": "final"}}, "view": spec})
+    reducer = WindowedReducer(final.view, emit="final")
+    later = SourceEvent(Op.APPEND, {"g": 0, "id": 2, "ts": 1_030}, (0, 0, 9))
+    units = [[first], [second], [later]]
+    records = Renderer(final).view([(reducer.apply(unit), unit[0].row["ts"]) for unit in units])
+    assert [dict(h) for _k, _v, _ts, h in records] == [{"refold.cause": b"0:9"}]
+    want = reference_causes(final.view, units, "final")
+    assert [(k, h) for k, _v, _ts, h in records] == [(c.change.key_json(), headers_of(c)) for c in want]

@@ -14,6 +14,8 @@ the shard's watermark, closing windows, `late` and `bad event time` refusals
 - **Session** windows keep each view key's live rows of its open sessions (one
   `LIVE_ROW` record per distinct row, keyed by the view key); sessions are computed
   from the rows' times, and a session's row by the unwindowed reducer over its rows.
+  The key's `[key]` record keeps its sessions' records' causes (`{"c": [...]}`, by time).
+- `emit: final`: a closed window's `+A` names the unit whose watermark advance closed it.
 - **The watermark**: the largest event time the shard applied (a `P.state` record of
   its own, `["wm"]`), minus `lateness`; it advances after each applied unit, and every
   open window ending at or before it closes then.
@@ -39,7 +41,7 @@ from refold.reduce.statecodec import (
     summary_key,
 )
 from refold.reduce.topn import TopNReducer
-from refold.reduce.types import DeltaRows, Rejected, SourceEvent, Tag, ViewChange
+from refold.reduce.types import Cause, Changes, DeltaRows, Rejected, SourceEvent, Tag, ViewChange
 from refold.reduce.values import diff_changes, fingerprint, key_bytes
 from refold.state.store import VIEW_RECORD_FIRST
 
@@ -129,6 +131,7 @@ class WindowedReducer:
             self.key_columns = tuple(spec.key)
             self.sessions: dict[tuple[Any, ...], _KeySessions] = {}
             self._dirty: set[tuple[tuple[Any, ...], bytes]] = set()
+            self._dirty_causes: set[tuple[Any, ...]] = set()  # keys whose sessions' causes to write
             self.inner: Any = None
         elif spec.top_n is not None:
             top_n = spec.top_n.model_copy(update={"partition_by": [*spec.top_n.partition_by, START, END]})
@@ -236,7 +239,7 @@ class WindowedReducer:
                     self._open.add(key)
                     heapq.heappush(self._closing, (_bound_ms(key[-1]), key_bytes(key), key))
         closed = self._advance(times)
-        return closed if self.final else changes
+        return _final(unit, closed) if self.final else changes
 
     # sessions -----------------------------------------------------------------------------
 
@@ -260,13 +263,13 @@ class WindowedReducer:
             if have < 0:
                 raise Rejected(Reason.NOT_LIVE, index)
             pending[(key, fp)] = have
-        before: dict[tuple[Any, ...], dict[tuple[Any, ...], dict[str, Any]]] = {}
+        before: dict[tuple[Any, ...], tuple[dict[tuple[Any, ...], dict[str, Any]], dict[tuple[Any, ...], Cause | None]]] = {}
         for event, key, fp, (t, text) in zip(unit, keys, fps, times, strict=True):
             sessions = self.sessions.get(key)
             if sessions is None:
                 sessions = self.sessions[key] = _KeySessions()
             if key not in before:
-                before[key] = dict(sessions.out)
+                before[key] = (dict(sessions.out), sessions.causes)
             if event.op.adds:
                 entry = sessions.rows.setdefault(fp, (event.row, [], t, text))
                 entry[1].append(event.tag)
@@ -277,15 +280,24 @@ class WindowedReducer:
                 if not tags:
                     del sessions.rows[fp]
             self._dirty.add((key, fp))
-        changes: list[ViewChange] = []
-        for key, old in before.items():
+        cause = unit[0].tag[1], unit[0].tag[2]  # the unit's cause
+        changes = Changes(cause)
+        for key, (old, old_causes) in before.items():
             new = self._resession(key)
-            if not self.final:
-                changes.extend(self._diff(old, new))
-        if len(before) > 1:
-            changes.sort(key=lambda c: key_bytes(c.key))  # (one record per key and op kind; -C before +C kept)
+            diff = self._diff(old, new)
+            written = {change.key for change in diff if change.op.adds}
+            sessions = self.sessions.get(key)
+            if sessions is not None:  # a session whose record changed now names this unit
+                sessions.causes = {out_key: cause if out_key in written else old_causes.get(out_key) for out_key in new}
+            self._dirty_causes.add(key)
+            changes.extend(diff)
+            changes.retracts.extend(None if change.op.adds else old_causes.get(change.key) for change in diff)
+        if len(before) > 1:  # (one record per key and op kind; -C before +C kept: the sort is stable)
+            paired = sorted(zip(changes, changes.retracts, strict=True), key=lambda p: key_bytes(p[0].key))
+            changes[:] = [change for change, _ in paired]
+            changes.retracts[:] = [retracted for _, retracted in paired]
         closed = self._advance(times)
-        return closed if self.final else changes
+        return _final(unit, closed) if self.final else changes
 
     def _diff(self, old: dict[tuple[Any, ...], dict[str, Any]], new: dict[tuple[Any, ...], dict[str, Any]]
               ) -> list[ViewChange]:
@@ -352,6 +364,9 @@ class WindowedReducer:
             return []
         old = sessions.out
         new = self._resession(key)
+        self._dirty_causes.add(key)
+        if key in self.sessions:
+            sessions.causes = {out_key: sessions.causes.get(out_key) for out_key in new}
         names = (*self.key_columns, START)
         return [ViewChange(Op.APPEND, out_key, row, names) for out_key, row in old.items() if out_key not in new]
 
@@ -375,7 +390,16 @@ class WindowedReducer:
                 else:
                     row, tags, _t, _text = entry
                     records.append((row_key(kj, fp), state_value("LIVE_ROW", kj, len(tags), row, tags)))
+            for key in self._dirty_causes:  # `[key]`: the causes of its sessions' records, in time order
+                kj = key_bytes(key)
+                sessions = self.sessions.get(key)
+                if sessions is None:
+                    records.append((summary_key(kj), None))
+                    continue
+                causes = [list(c) if c is not None else None for c in map(sessions.causes.get, sessions.out)]
+                records.append((summary_key(kj), state_value("KEY_SUMMARY", kj, len(causes), {"c": causes}, ())))
             self._dirty = set()
+            self._dirty_causes = set()
         if self._max_changed and self.max_time is not None:
             records.append((WATERMARK_KEY, state_value("KEY_SUMMARY", WATERMARK_KEY, self.max_time, None, ())))
             self._max_changed = False
@@ -406,8 +430,11 @@ class WindowedReducer:
                     heapq.heappush(self._closing, (_bound_ms(key[-1]), key_bytes(key), key))
             return
         touched: set[tuple[Any, ...]] = set()
+        known: dict[tuple[Any, ...], list[Any]] = {}  # the causes of each key's sessions (absent in older state)
         for record_key, value in rest:
             record = decode_state(value)
+            if record["kind"] == "KEY_SUMMARY":
+                known[record["key"]] = record["values"]["c"]
             if record["kind"] != "LIVE_ROW":
                 continue
             key, row, tags = record["key"], record["values"], list(record["tags"])
@@ -417,12 +444,23 @@ class WindowedReducer:
             sessions.rows[row_fingerprint(record_key)] = (row, tags, *found)
             touched.add(key)
         for key in touched:
-            self._resession(key)
+            out = self._resession(key)
+            causes = known.get(key, [])
+            self.sessions[key].causes = {out_key: (c[0], c[1]) if c is not None else None
+                                         for out_key, c in zip(out, causes, strict=False)}
 
     def view(self) -> dict[tuple[Any, ...], dict[str, Any]]:
         if self.inner is not None:
             return self.inner.view()
         return {out_key: dict(row) for sessions in self.sessions.values() for out_key, row in sessions.out.items()}
+
+
+def _final(unit: Sequence[SourceEvent], closed: list[ViewChange]) -> Changes:
+    """`emit: final`: the windows a unit's watermark advance closed, named by its cause."""
+    changes = Changes((unit[0].tag[1], unit[0].tag[2]))
+    changes.extend(closed)
+    changes.retracts.extend([None] * len(closed))
+    return changes
 
 
 _Member = tuple[dict[str, Any], list[Tag], int, bool]  # a distinct live row, its copies' tags, its time, text or not
@@ -431,11 +469,12 @@ _Member = tuple[dict[str, Any], list[Tag], int, bool]  # a distinct live row, it
 class _KeySessions:
     """One view key's live rows in open sessions, and its sessions' current rows."""
 
-    __slots__ = ("out", "rows", "values")
+    __slots__ = ("causes", "out", "rows", "values")
 
     def __init__(self) -> None:
         self.rows: dict[bytes, _Member] = {}
         self.out: dict[tuple[Any, ...], dict[str, Any]] = {}  # output key -> row
+        self.causes: dict[tuple[Any, ...], Cause | None] = {}  # output key -> the cause of its record (None: unknown)
         self.values: dict[tuple[Any, ...], dict[str, Any]] = {}  # each session's rows and copies -> its values
 
     def split(self, gap: int) -> list[list[tuple[bytes, _Member]]]:

@@ -111,7 +111,7 @@ def native_core(pipeline: Pipeline) -> Any | None:
     if view.window is not None:
         window = view.window
         session = {"gap": window.gap_ms} if window.kind == "session" else {}  # (a gap makes session windows)
-        return refold_native.WindowCore(
+        core = refold_native.WindowCore(
             list(view.key),
             [(name, spec.agg, spec.column) for name, spec in view.columns.items()],
             form,
@@ -122,7 +122,7 @@ def native_core(pipeline: Pipeline) -> Any | None:
             window.lateness_ms,
             **session,
         )
-    if view.top_n is not None:
+    elif view.top_n is not None:
         top_n = view.top_n
         columns = None if top_n.columns is None else list(top_n.columns)
         core = refold_native.TopNCore(top_n.n, list(top_n.order_by.items()), list(top_n.partition_by), columns, form)

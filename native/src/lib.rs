@@ -364,6 +364,12 @@ impl WindowCore {
         self.core.view(py)
     }
 
+    /// Whether view and delta records carry cause headers (`outputs.provenance`; on).
+    #[setter]
+    fn set_provenance(&mut self, on: bool) {
+        self.core.set_provenance(on);
+    }
+
     fn __len__(&self) -> usize {
         self.core.len()
     }

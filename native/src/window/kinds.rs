@@ -47,6 +47,14 @@ impl Windowed {
         each!(self, core => core.view(py))
     }
 
+    /// Whether view and delta records carry cause headers (`outputs.provenance`).
+    pub fn set_provenance(&mut self, on: bool) {
+        match self {
+            Windowed::Fixed(core) => core.set_provenance(on),
+            Windowed::Session(core) => core.provenance = on,
+        }
+    }
+
     pub fn len(&self) -> usize {
         each!(self, core => core.len())
     }

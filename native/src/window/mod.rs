@@ -156,6 +156,10 @@ impl WindowCore {
         self.inner.len()
     }
 
+    pub fn set_provenance(&mut self, on: bool) {
+        self.inner.provenance = on;
+    }
+
     pub fn view<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         self.inner.view(py)
     }

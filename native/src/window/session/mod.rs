@@ -9,6 +9,9 @@
 //! and each one's old sessions diffed against its new ones (a merge retracts the
 //! sessions merged, a split by a retraction retracts the one split). The `P.state`
 //! records are the live rows (`LIVE_ROW` under the view key) and the watermark's.
+//! A unit's records name its cause; each session keeps the cause of its current record
+//! (what a later `-C`/`-R` of it retracts), written per view key as its `[key]`
+//! `KEY_SUMMARY` record (`{"c": [...]}`, the sessions in time order).
 //! Closing a session forgets its rows; an event for a closed session is `late`.
 
 mod restore;
@@ -23,10 +26,10 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use super::time::{event_time_of, EventTime};
 use super::{set, shown, time_text, Headers, WindowOut, BAD_TIME, END, LATE, START, WATERMARK_KEY};
 use crate::core::{
-    fingerprint, push_view_records, read_units, refused_records, reject, touched_or_none, units_of, BatchOut, Core, Ev, Fail,
+    fingerprint, push_view_records, Cause, read_units, refused_records, reject, touched_or_none, units_of, BatchOut, Core, Ev, Fail,
     Form, Fp, KeyColumns, Plan, ReadOut, RestoreFail, UnitRecords, NOT_LIVE,
 };
-use crate::json::write_str;
+use crate::json::{write_int, write_str};
 use crate::statecodec::{self, Tag, KEY_SUMMARY, LIVE_ROW};
 use crate::value::{Row, Unsup, Value};
 
@@ -52,6 +55,8 @@ struct Session {
     row: Row,
     fps: Vec<Fp>,
     values: Vec<Value>,
+    /// the cause of the session's current view record (None: unknown)
+    cause: Option<Cause>,
 }
 
 /// `_KeySessions`: one view key's values, live rows and current sessions.
@@ -75,6 +80,10 @@ pub struct SessionCore {
     lateness: Option<i64>,
     sessions: FxHashMap<Box<[u8]>, KeySessions>,
     dirty: FxHashSet<(Box<[u8]>, Fp)>,
+    /// keys whose sessions' causes to write (`[key]`)
+    dirty_causes: FxHashSet<Box<[u8]>>,
+    /// cause headers on the view records (`outputs.provenance`)
+    pub provenance: bool,
     seq: u64,
     max_time: Option<i64>,
     max_changed: bool,
@@ -86,8 +95,9 @@ pub struct SessionCore {
     converted: Option<(Py<PyAny>, Vec<Vec<Ev>>)>,
 }
 
-/// A session's change: its output key's JSON, op code, whether it adds, its row.
-type Change = (Vec<u8>, &'static [u8], bool, Row);
+/// A session's change: its output key's JSON, op code, whether it adds, its row, the
+/// cause of the record it retracts.
+type Change = (Vec<u8>, &'static [u8], bool, Row, Option<Cause>);
 
 /// `time_value`: a bound as the row's time is written; None past years 1-9999.
 fn bound(ms: i64, text: bool) -> Option<Value> {
@@ -118,6 +128,8 @@ impl SessionCore {
             lateness,
             sessions: FxHashMap::default(),
             dirty: FxHashSet::default(),
+            dirty_causes: FxHashSet::default(),
+            provenance: true,
             seq: 0,
             max_time: None,
             max_changed: false,
@@ -200,12 +212,15 @@ impl SessionCore {
             }
             self.dirty.insert((key.clone(), *fp));
         }
+        let cause = (events[0].tag.1, events[0].tag.2);
         let mut changes: Vec<Change> = Vec::new();
         for key in &touched {
             let old = self.sessions.get_mut(*key).map(|s| std::mem::take(&mut s.out)).unwrap_or_default();
             let changed: Vec<Fp> = keys.iter().zip(&fps).filter(|(k, _)| &k[..] == *key).map(|(_, fp)| *fp).collect();
             self.resession(key, &old, &changed)?;
-            diff(&mut changes, old, self.sessions.get(*key).map_or(&[][..], |s| &s.out[..]));
+            let new = self.sessions.get_mut(*key).map_or(&mut [][..], |s| &mut s.out[..]);
+            diff(&mut changes, old, new, cause);
+            self.dirty_causes.insert((*key).into());
         }
         if touched.len() > 1 {
             changes.sort_by(|a, b| a.0.cmp(&b.0)); // stable: -C before its +C
@@ -270,17 +285,17 @@ impl SessionCore {
             if self.lateness.is_some() {
                 self.closing.push(Reverse((end, kj.into())));
             }
-            out.push(Session { out_key, start, end, row, fps, values });
+            out.push(Session { out_key, start, end, row, fps, values, cause: None });
         }
         sessions.out = out;
         Ok(())
     }
 
-    /// The view records of a unit's changes (`Renderer.view`: no cause, so no headers).
+    /// The view records of a unit's changes (`Renderer.view`), each with what it retracts.
     fn render<'py>(&mut self, py: Python<'py>, changes: &[Change], records: &mut UnitRecords<'py>) -> PyResult<()> {
         let Some(form) = self.form else { return Ok(()) };
         let buf = &mut self.scratch;
-        for (out_key, op, adds, row) in changes {
+        for (out_key, op, adds, row, retracts) in changes {
             // the message key: the view key's columns and the session's start
             let Ok(Value::List(parts)) = crate::json::parse(out_key) else { unreachable!("an output key's JSON") };
             let mut names: Row = Vec::with_capacity(parts.len());
@@ -313,7 +328,7 @@ impl SessionCore {
                     Some(PyBytes::new(py, buf).into_any())
                 }
             };
-            records.push((*adds, key, value, None));
+            records.push((*adds, key, value, *retracts));
         }
         Ok(())
     }
@@ -359,7 +374,8 @@ impl SessionCore {
         }
         if ended {
             let old = std::mem::take(&mut self.sessions.get_mut(kj).expect("held").out);
-            self.resession(kj, &old, &[])?;
+            self.resession(kj, &old, &[])?; // (the sessions left keep their causes)
+            self.dirty_causes.insert(kj.into());
         }
         Ok(())
     }
@@ -377,7 +393,7 @@ impl SessionCore {
             records.clear();
             let cause = (events[0].tag.1, events[0].tag.2);
             match self.apply_unit(py, events, &mut records) {
-                Ok(ts) => push_view_records(py, &mut out.view, &records, ts, cause, false, retract)?,
+                Ok(ts) => push_view_records(py, &mut out.view, &records, ts, cause, self.provenance, retract)?,
                 Err(Fail::Reject(rejected)) => {
                     headers.push(if rejected.reason == LATE { self.headers.take().unwrap_or_default() } else { Vec::new() });
                     out.rejected.push((unit_index, rejected));
@@ -401,6 +417,35 @@ impl SessionCore {
                 write_row(&mut json, &m.row);
                 let mut value = Vec::new();
                 statecodec::state_value(&mut value, LIVE_ROW, &kj, m.tags.len() as i64, Some(&json), &m.tags);
+                value
+            });
+            records.push((key, value));
+        }
+        for kj in self.dirty_causes.drain() {
+            // `[key]`: the causes of its sessions' records, in time order
+            let mut key = Vec::new();
+            statecodec::summary_key(&mut key, &kj);
+            let value = self.sessions.get(&kj).map(|s| {
+                json.clear();
+                json.extend_from_slice(b"{\"c\":[");
+                for (i, session) in s.out.iter().enumerate() {
+                    if i > 0 {
+                        json.push(b',');
+                    }
+                    match session.cause {
+                        Some((partition, offset)) => {
+                            json.push(b'[');
+                            write_int(&mut json, partition);
+                            json.push(b',');
+                            write_int(&mut json, offset);
+                            json.push(b']');
+                        }
+                        None => json.extend_from_slice(b"null"),
+                    }
+                }
+                json.extend_from_slice(b"]}");
+                let mut value = Vec::new();
+                statecodec::state_value(&mut value, KEY_SUMMARY, &kj, s.out.len() as i64, Some(&json), &[]);
                 value
             });
             records.push((key, value));
@@ -460,21 +505,30 @@ impl SessionCore {
     }
 }
 
-/// `_diff(old, new)`: a key's session changes, by output key.
-fn diff(changes: &mut Vec<Change>, old: Vec<Session>, new: &[Session]) {
-    let mut keys: Vec<&[u8]> = old.iter().chain(new).map(|s| s.out_key.as_slice()).collect();
+/// `_diff(old, new)`: a key's session changes, by output key, each retraction with the
+/// cause of the record it takes back; a new session whose record changed now names
+/// `cause`, one whose record stayed keeps its old cause.
+fn diff(changes: &mut Vec<Change>, old: Vec<Session>, new: &mut [Session], cause: Cause) {
+    let mut keys: Vec<Vec<u8>> = old.iter().chain(new.iter()).map(|s| s.out_key.clone()).collect();
     keys.sort_unstable();
     keys.dedup();
     for key in keys {
-        let (a, b) = (old.iter().find(|s| s.out_key == key), new.iter().find(|s| s.out_key == key));
+        let a = old.iter().find(|s| s.out_key == key);
+        let b = new.iter_mut().find(|s| s.out_key == key);
         match (a, b) {
-            (None, Some(b)) => changes.push((b.out_key.clone(), b"+A", true, b.row.clone())),
-            (Some(a), None) => changes.push((a.out_key.clone(), b"-R", false, a.row.clone())),
+            (None, Some(b)) => {
+                b.cause = Some(cause);
+                changes.push((b.out_key.clone(), b"+A", true, b.row.clone(), None));
+            }
+            (Some(a), None) => changes.push((a.out_key.clone(), b"-R", false, a.row.clone(), a.cause)),
             (Some(a), Some(b)) => {
                 let same = a.row.len() == b.row.len() && a.row.iter().zip(&b.row).all(|(x, y)| x.0 == y.0 && x.1.canon_eq(&y.1));
-                if !same {
-                    changes.push((a.out_key.clone(), b"-C", false, a.row.clone()));
-                    changes.push((b.out_key.clone(), b"+C", true, b.row.clone()));
+                if same {
+                    b.cause = a.cause;
+                } else {
+                    b.cause = Some(cause);
+                    changes.push((a.out_key.clone(), b"-C", false, a.row.clone(), a.cause));
+                    changes.push((b.out_key.clone(), b"+C", true, b.row.clone(), None));
                 }
             }
             (None, None) => {}

@@ -8,15 +8,17 @@ use rustc_hash::FxHashMap;
 use super::super::time::{event_time_of, EventTime};
 use super::super::WATERMARK_KEY;
 use super::{KeySessions, Member, SessionCore};
-use crate::core::{Fail, RestoreFail};
-use crate::statecodec::{self, LIVE_ROW};
-use crate::value::Value;
+use crate::core::{Cause, Fail, RestoreFail};
+use crate::statecodec::{self, KEY_SUMMARY, LIVE_ROW};
+use crate::value::{Unsup, Value};
 
 impl SessionCore {
-    /// `restore`: the watermark's record and the live rows' (`LIVE_ROW`) records.
+    /// `restore`: the watermark's record, the live rows' (`LIVE_ROW`) records and each
+    /// key's sessions' causes (`[key]`, absent in state written before they were kept).
     pub fn restore(&mut self, _py: Python<'_>, records: &Bound<'_, PyAny>) -> Result<(), RestoreFail> {
         let not = |why: &str| RestoreFail::NotState(why.to_owned());
         let mut touched: Vec<Box<[u8]>> = Vec::new();
+        let mut causes: FxHashMap<Box<[u8]>, Vec<Option<Cause>>> = FxHashMap::default();
         for item in records.try_iter().map_err(Fail::Py)? {
             let item = item.map_err(Fail::Py)?;
             let key = item.get_item(0).map_err(Fail::Py)?;
@@ -28,6 +30,26 @@ impl SessionCore {
             let record = statecodec::decode_state(value)?;
             if key == WATERMARK_KEY {
                 self.max_time = Some(record.count);
+                continue;
+            }
+            if record.kind == KEY_SUMMARY {
+                let bad = || Fail::Unsup(Unsup::new("a session key's summary the core does not read"));
+                let Some(Value::Dict(values)) = &record.values else { return Err(bad().into()) };
+                let Some((_, Value::List(list))) = values.iter().find(|(n, _)| &**n == "c") else { return Err(bad().into()) };
+                let mut known = Vec::with_capacity(list.len());
+                for item in list {
+                    known.push(match item {
+                        Value::Null => None,
+                        Value::List(pair) => match pair.as_slice() {
+                            [Value::Int(partition), Value::Int(offset)] => Some((*partition, *offset)),
+                            _ => return Err(bad().into()),
+                        },
+                        _ => return Err(bad().into()),
+                    });
+                }
+                let mut kj = Vec::new();
+                record.key.write(&mut kj, false);
+                causes.insert(kj.into(), known);
                 continue;
             }
             if record.kind != LIVE_ROW {
@@ -56,6 +78,11 @@ impl SessionCore {
         }
         for kj in touched {
             self.resession(&kj, &[], &[])?;
+            if let (Some(known), Some(sessions)) = (causes.get(&kj), self.sessions.get_mut(&kj)) {
+                for (session, cause) in sessions.out.iter_mut().zip(known) {
+                    session.cause = *cause;
+                }
+            }
         }
         Ok(())
     }
