@@ -438,7 +438,7 @@ def test_a_windowed_views_records_name_their_cause_and_what_they_retract(window)
             assert h["refold.retracts"] == latest[key]
         else:
             latest[key] = h["refold.cause"]
-    if "session" in window:  # the merge retracts the later session; the split names the merge's cause
+    if "session" in window:  # the merge retracts the later session window; the split names the merge's cause
         assert ("-R", {"refold.cause": b"0:5", "refold.retracts": b"0:3"}) in headers
         assert ("-C", {"refold.cause": b"0:6", "refold.retracts": b"0:5"}) in headers
     off = parse_pipeline({"pipeline": "w", "source": {"topic": "s"}, "view": view,
