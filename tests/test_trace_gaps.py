@@ -10,12 +10,12 @@ from typing import Any
 
 import orjson
 import pytest
+from test_trace_outputs import _run
 
 from refold.cli import trace
 from refold.config import Pipeline, parse_pipeline
 from refold.kafka.io import ensure_topics, read_to_end
 from refold.runtime.batch import InputRecord
-from refold.runtime.processor import BatchProcessor
 from refold.spark.job import engine_topics
 
 pytestmark = pytest.mark.kafka
@@ -28,14 +28,6 @@ def _pipeline(settings_: dict[str, Any], name: str, source: str, provenance: boo
         "pipeline": name, "kafka": settings_, "source": {"topic": source, "key": ["g"]},
         "view": {"key": ["g"], "columns": {"total": {"sum": "score"}}},
         "outputs": {"view": {"topic": f"{name}.view"}, "provenance": provenance}})
-
-
-def _run(pipeline: Pipeline, settings_: dict[str, Any], records: list[InputRecord]) -> None:
-    processor = BatchProcessor(pipeline, settings_)
-    try:
-        processor.process(records)
-    finally:
-        processor.close()
 
 
 def test_records_written_with_provenance_off_are_scanned(bootstrap_servers: str, topic: Any) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 import pytest
 from confluent_kafka import Producer
+from test_trace_index import _scanned
 
 from refold.cli import trace, traceread
 from refold.config import Pipeline, parse_pipeline
@@ -74,18 +75,6 @@ def _run(pipeline: Pipeline, settings_: dict[str, Any], records: list[InputRecor
                 processor.process(records[start:end])
     finally:
         processor.close()
-
-
-def _scanned(pipeline: Pipeline, settings_: dict[str, Any]) -> tuple[dict[bytes, list[Any]], dict[bytes, list[Any]]]:
-    """The view records by message key and by cause, as a full scan finds them."""
-    assert pipeline.outputs.view is not None
-    by_key: dict[bytes, list[Any]] = {}
-    by_cause: dict[bytes, list[Any]] = {}
-    for msg in read_to_end(settings_, pipeline.outputs.view.topic):
-        where = (msg.partition(), msg.offset())
-        by_key.setdefault(msg.key(), []).append(where)
-        by_cause.setdefault(dict(msg.headers() or [])["refold.cause"], []).append(where)
-    return by_key, by_cause
 
 
 def _answers_as_the_scan(pipeline: Pipeline, settings_: dict[str, Any]) -> int:
