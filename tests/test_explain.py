@@ -37,7 +37,8 @@ def test_the_tree_names_each_stage_its_shards_ids_and_topics() -> None:
                  "3. rank: rank (1 shard, merging every input partition)",
                  "writer 0.view: transactional ids board-0.view-<shard>, checkpoints 0.view/<shard> in board.checkpoints",
                  "writer 0.top: transactional ids board-0.top-<shard>, checkpoints 0.top/<shard> in board.checkpoints",
-                 "the driver closes each batch in board.repartition (transactional id board-0-close)",
+                 "the driver closes each batch in board.repartition, then, once every stage-2 shard committed, in "
+                 "board.tops (transactional id board-0-close)",
                  "board.repartition  routed units, a partition per stage-2 shard: 3 partitions",
                  "board.tops.state   stage 3's state: 1 partition, compacted"):
         assert line in tree, line

@@ -113,6 +113,18 @@ def run_batches(pipeline: Pipeline, records: list[InputRecord], cuts: list[int],
         processor.close()
 
 
+def run_drawn(pipeline: Pipeline, units: Sequence[Unit], data: st.DataObject, cuts: int = 5,
+              restarts: int = 4) -> list[tuple[int, int, int]]:
+    """The units written to the pipeline's two sources (two partitions each, `wire`) and
+    run in batches cut where `data` draws (at most `cuts` cuts), restarting after the
+    batches it draws (a cycle of at most `restarts`); each unit's first record."""
+    make_topics(pipeline, 2)
+    records, firsts = wire(units, 2)
+    drawn = data.draw(st.lists(st.integers(0, len(records)), max_size=cuts))
+    run_batches(pipeline, records, drawn, data.draw(st.lists(st.booleans(), min_size=1, max_size=restarts)))
+    return firsts
+
+
 def written(pipeline: Pipeline) -> list[bytes]:
     settings_ = {"bootstrap.servers": pipeline.kafka_settings()["bootstrap.servers"]}
     assert pipeline.outputs.view is not None
@@ -149,10 +161,7 @@ def check_merged_join(bootstrap_servers: str, units: list[Unit], kind: str, data
     refused unit is a dead letter naming its own topic, partition and offset."""
     key = data.draw(st.sampled_from([None, ["id"]]))
     pipeline = join_pipeline(f"je{uuid.uuid4().hex[:8]}", bootstrap_servers, kind, key=key, spark={"core": core})
-    make_topics(pipeline, 2)
-    records, firsts = wire(units, 2)
-    cuts = data.draw(st.lists(st.integers(0, len(records)), max_size=5))
-    run_batches(pipeline, records, cuts, data.draw(st.lists(st.booleans(), min_size=1, max_size=4)))
+    firsts = run_drawn(pipeline, units, data)
     spec = pipeline.view.join
     assert spec is not None
     expected = reference_join(spec, units)
@@ -173,7 +182,7 @@ def check_merged_join(bootstrap_servers: str, units: list[Unit], kind: str, data
                              for i, reason in expected.rejected)
     assert all(reason == Reason.NOT_LIVE for _, reason in expected.rejected)
     checkpoint = load_checkpoints(pipeline, {"bootstrap.servers": bootstrap_servers})[0]
-    assert checkpoint.records_in == len(records)  # every record once, the replay none
+    assert checkpoint.records_in == sum(len(events) for _side, events in units)  # every record once, the replay none
     assert set(checkpoint.offsets) <= {0, 1, RIGHT_PARTITIONS, RIGHT_PARTITIONS + 1}
 
 
@@ -187,10 +196,7 @@ def test_a_grouped_view_over_a_merged_join_is_the_reference_over_the_reference_j
     reference grouped view over the reference join's records; a joined row with a null
     region is a dead letter (`null key`) of the source record that made it."""
     pipeline = join_pipeline(f"jg{uuid.uuid4().hex[:8]}", bootstrap_servers, kind, key=["id"], grouped=True)
-    make_topics(pipeline, 2)
-    records, _ = wire(units, 2)
-    cuts = data.draw(st.lists(st.integers(0, len(records)), max_size=5))
-    run_batches(pipeline, records, cuts, data.draw(st.lists(st.booleans(), min_size=1, max_size=4)))
+    run_drawn(pipeline, units, data)
     spec = pipeline.view.join
     assert spec is not None
     joined = reference_join(spec, units)

@@ -22,9 +22,8 @@ from test_join_engine import (
     changelog,
     join_pipeline,
     killed_in_a_subprocess,
-    make_topics,
     run_batches,
-    wire,
+    run_drawn,
 )
 
 from refold.config import ViewSpec, parse_pipeline
@@ -83,10 +82,7 @@ def test_an_exchanged_join_writes_the_reference_join_shard_by_shard(bootstrap_se
     pipeline = join_pipeline(f"jx{uuid.uuid4().hex[:8]}", bootstrap_servers, kind, key=["id"], shards=SHARDS)
     plan = plan_of(pipeline, 2)
     assert plan.layout == "exchanged" and [s.name for s in plan.stages] == ["route", "join"]
-    make_topics(pipeline, 2)
-    records, firsts = wire(units, 2)
-    cuts = data.draw(st.lists(st.integers(0, len(records)), max_size=5))
-    run_batches(pipeline, records, cuts, data.draw(st.lists(st.booleans(), min_size=1, max_size=4)))
+    firsts = run_drawn(pipeline, units, data)
     spec = pipeline.view.join
     assert spec is not None
     parts = by_partition(pipeline, f"{pipeline.pipeline}.view")
@@ -128,16 +124,71 @@ def test_a_grouped_view_over_an_exchanged_join_is_the_grouped_reference(bootstra
     dumped = pipeline.model_dump(by_alias=True, exclude={"source"}, exclude_none=True)
     pipeline = parse_pipeline({**dumped, "view": {"join": dumped["view"]["join"], **BY_CUSTOMER}})
     assert pipeline.run_refusal() is None
-    make_topics(pipeline, 2)
-    records, _ = wire(units, 2)
-    cuts = data.draw(st.lists(st.integers(0, len(records)), max_size=4))
-    run_batches(pipeline, records, cuts, data.draw(st.lists(st.booleans(), min_size=1, max_size=3)))
+    run_drawn(pipeline, units, data, 4, 3)
     spec = pipeline.view.join
     assert spec is not None
     moves_split = split_moves(reference_join(spec, units).changes)
     expected = reference_changelog(ViewSpec.model_validate(BY_CUSTOMER), numbered(moves_split))
     written = [m.value() for part in by_partition(pipeline, f"{pipeline.pipeline}.view").values() for m in part]
     assert folded(written) == folded(changelog(expected.changes))
+
+
+def source_units(spec: Any, units: Sequence[Unit]) -> list[int]:
+    """The source unit that made each of the reference join's records, by index."""
+    made: list[int] = []
+    for index in range(len(units)):
+        made += [index] * (len(reference_join(spec, units[:index + 1]).changes) - len(made))
+    return made
+
+
+@pytest.mark.kafka
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                                                HealthCheck.data_too_large])
+@given(units=changelogs(), kind=st.sampled_from(["inner", "left", "full"]), data=st.data())
+def test_a_grouped_view_keyed_outside_the_join_key_goes_through_a_second_exchange(
+        bootstrap_servers: str, units: list[Unit], kind: str, data: st.DataObject) -> None:
+    """Revenue per region over the join in three shards: the join shards route the joined
+    rows by region through `P.regroup` to three stage-3 shards. The view's rows are the
+    reference grouped view's over the reference join; each refused unit (by the join, or a
+    joined row with a null region) is a dead letter of its source record; when no
+    correction moves a row to another join key, each stage-3 shard's view partition is the
+    reference's changelog of its regions, record by record, each naming its source event."""
+    pipeline = join_pipeline(f"jr{uuid.uuid4().hex[:8]}", bootstrap_servers, kind, key=["id"], grouped=True,
+                             shards=SHARDS)
+    assert pipeline.run_refusal() is None
+    assert [s.name for s in plan_of(pipeline, 2).stages] == ["route", "join", "reduce"]
+    firsts = run_drawn(pipeline, units, data, 4, 3)
+    spec = pipeline.view.join
+    assert spec is not None
+    joined = reference_join(spec, units)
+    grouped = numbered(split_moves(joined.changes))  # the grouped view's units, each tagged with its first record
+    view = ViewSpec.model_validate(GROUPED)
+    expected = reference_changelog(view, grouped)
+    parts = by_partition(pipeline, f"{pipeline.pipeline}.view")
+    assert folded([m.value() for part in parts.values() for m in part]) == folded(changelog(expected.changes))
+    made_by = source_units(spec, units)
+    topics = (f"{pipeline.pipeline}.orders", f"{pipeline.pipeline}.customers")
+
+    def named(unit: int) -> tuple[str, int, int]:
+        side, partition, offset = firsts[unit]
+        return topics[side], partition, offset
+
+    if moves(units):
+        return  # (a moved row's halves are units of their own from stage 1 on, each named by its own record)
+    letters = [(*named(i), reason) for i, reason in joined.rejected]
+    letters += [(*named(made_by[grouped[i][0].tag[2]]), reason) for i, reason in expected.rejected]
+    written_letters = [decode_dead_letter(m.value()) for m in read_to_end({"bootstrap.servers": bootstrap_servers},
+                                                                          pipeline.dlq_topic)]
+    assert sorted((d.topic, d.partition, d.offset, d.reason) for d in written_letters) == sorted(letters)
+    causes: list[bytes] = []  # each view record's source event, in the reference's order
+    for count, unit in enumerate(grouped):
+        made = len(reference_changelog(view, grouped[:count + 1]).changes) - len(causes)
+        causes += [":".join(map(str, named(made_by[unit[0].tag[2]]))).encode()] * made
+    for m in range(SHARDS):
+        mine = [i for i, change in enumerate(expected.changes)
+                if shard_of(key_bytes((change.row.get("region"),)), SHARDS) == m]
+        assert [r.value() for r in parts.get(m, [])] == changelog([expected.changes[i] for i in mine])
+        assert [dict(r.headers() or [])["refold.cause"] for r in parts.get(m, [])] == [causes[i] for i in mine]
 
 
 def split_moves(changes: Sequence[ViewChange]) -> list[ViewChange]:

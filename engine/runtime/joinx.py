@@ -39,17 +39,16 @@ import orjson
 
 from refold.config import Pipeline
 from refold.connectors.runtime import Executor, Materializations
-from refold.model.changelog import Op
-from refold.plan import stage2_shards, view_pipeline
+from refold.plan import regroups_join, stage2_shards, view_pipeline
 from refold.recovery.records import PendingRecord
-from refold.reduce import SourceEvent
 from refold.reduce.values import key_bytes
 from refold.runtime.batch import InputRecord, Outgoing, Unit, Units
 from refold.runtime.exchange import ExchangeReader, shard_of
+from refold.runtime.joingroup import JoinedRouter, source_record
 from refold.runtime.joins import JoinShardProcessor, SideDeadLetters, side_of
 from refold.runtime.render import UnitChanges
 
-__all__ = ["JoinApplyProcessor", "JoinRouteProcessor", "JoinRouter"]
+__all__ = ["JoinApplyProcessor", "JoinExchangeReader", "JoinRouteProcessor", "JoinRouter"]
 
 
 class JoinRouter:
@@ -126,16 +125,16 @@ class JoinExchangeReader(ExchangeReader):
         super().__init__()
         self.letters = list(letters)
         self.tables = [None, None]  # (no table sides: a join through the exchange reads changelogs)
+        self.order: dict[tuple[int, int], list[Any]] = {}  # a unit's (partition, offset) -> [its close, merge key]
 
     def read(self, fresh: Sequence[InputRecord], pending: Mapping[int, PendingRecord], out: Outgoing) -> Units:
         read = super().read(fresh, pending, out)
-        units = [tuple((event, _source_record(event)) for event, _record in unit) for unit in read.units]
+        self.order = {}
+        for unit in read.units:
+            close, merge_key, _id = self.meta[unit[0][1].offset]
+            self.order[unit[0][0].tag[1:]] = [close, merge_key]
+        units = [tuple((event, source_record(event)) for event, _record in unit) for unit in read.units]
         return Units(units, read.pending, read.tombstones)
-
-
-def _source_record(event: SourceEvent) -> InputRecord:
-    _time, partition, offset = event.tag
-    return InputRecord(partition, offset, None, orjson.dumps({"op": Op(event.op).code, **event.row}), None)
 
 
 class JoinApplyProcessor(JoinShardProcessor):
@@ -144,9 +143,23 @@ class JoinApplyProcessor(JoinShardProcessor):
     def __init__(self, pipeline: Pipeline, settings: dict[str, Any], shard: int = 0, *args: Any,
                  **kwargs: Any) -> None:
         super().__init__(view_pipeline(pipeline), settings, shard, *args, **kwargs)
+        self.regroup = JoinedRouter(self.pipeline) if regroups_join(self.pipeline) else None
 
     def _make_reader(self) -> Any:
         return JoinExchangeReader(super()._make_reader().letters)
+
+    def _new_reducer(self) -> Any:
+        reducers = super()._new_reducer()
+        if regroups_join(self.pipeline):  # the grouped view is stage 3's (refold.runtime.joingroup)
+            reducers.grouped = None
+        return reducers
+
+    def _reduce(self, units: Sequence[Unit], out: Outgoing) -> list[UnitChanges]:
+        joined = super()._reduce(units, out)
+        if self.regroup is None:
+            return joined
+        self.regroup.route(self.reader, units, joined, out)  # (stage 3 reduces them)
+        return []
 
     def _consumed(self, offsets: Mapping[int, int]) -> dict[str, dict[int, int]]:
         return {self.topic: dict(offsets)}
