@@ -27,7 +27,6 @@ from test_join_engine import (
 )
 
 from refold.config import ViewSpec, parse_pipeline
-from refold.errors import UserError
 from refold.kafka.io import read_to_end
 from refold.model.changelog import Op
 from refold.ops.explain import explain
@@ -39,7 +38,6 @@ from refold.reduce.values import key_bytes
 from refold.reference import reference_changelog
 from refold.reference_joins import reference_join
 from refold.runtime.exchange import shard_of
-from refold.runtime.processor import BatchProcessor
 
 SHARDS = 3
 BY_CUSTOMER = {"key": ["ck"], "columns": GROUPED["columns"]}  # grouped by the orders' join column
@@ -230,10 +228,35 @@ def test_an_exchanged_join_killed_mid_commit_writes_each_record_once(bootstrap_s
         assert [r.value() for r in parts.get(m, [])] == changelog(reference_join(spec, mine).changes)
 
 
+@pytest.mark.kafka
+def test_a_regrouping_join_killed_inside_a_stage_3_commit_writes_each_record_once(bootstrap_servers: str,
+                                                                                 tmp_path: Any) -> None:
+    """Revenue per region over a join in three shards, killed (SIGKILL) inside batch 2's
+    transaction of a stage-3 shard: the next run writes each stage-3 shard's reference
+    changelog of its regions, record by record, nothing twice and nothing lost."""
+    pipeline = join_pipeline(f"jq{uuid.uuid4().hex[:8]}", bootstrap_servers, "left", key=["id"], grouped=True,
+                             shards=SHARDS)
+    units, records = killed_in_a_subprocess(pipeline, bootstrap_servers, tmp_path, "group", (
+        "hooks = Hooks(crash_at='in_txn:2')\n"
+        "processor = BatchProcessor(pipeline, settings)\n"
+        "for grouper in processor.groupers.values():\n"
+        "    grouper.hooks = hooks\n"))
+    run_batches(pipeline, records, [7, 14], [False])
+    spec = pipeline.view.join
+    assert spec is not None
+    expected = reference_changelog(ViewSpec.model_validate(GROUPED), numbered(reference_join(spec, units).changes))
+    parts = by_partition(pipeline, f"{pipeline.pipeline}.view")
+    assert sum(len(part) for part in parts.values()) == len(expected.changes) > 0
+    for m in range(SHARDS):
+        mine = [c for c in expected.changes if shard_of(key_bytes((c.row.get("region"),)), SHARDS) == m]
+        assert [r.value() for r in parts.get(m, [])] == changelog(mine)
+
+
 def test_an_exchanged_joins_plan_routes_by_join_key() -> None:
     """`refold explain`'s plan of a join in shards: 3: stage 1 per partition pair of both
     sources, `P.repartition` of 3 partitions, 3 join shards under `<writer>.view`, the
-    driver's close; a grouped view keyed outside the join key is refused by name."""
+    driver's close; a grouped view keyed outside the join key adds a stage 3 of 3 shards
+    under `<writer>.group` reading `P.regroup`, which the driver closes after stage 2."""
     pipeline = join_pipeline("jz", "127.0.0.1:1", "left", key=["id"], shards=3)
     plan = plan_of(pipeline, 2)
     assert plan.layout == "exchanged" and plan.stage2_shards == 3 and plan.close_id == "jz-0-close"
@@ -248,7 +271,23 @@ def test_an_exchanged_joins_plan_routes_by_join_key() -> None:
            "shards through jz.repartition" in text
     assert "2. join: join (3 shards" in text
     grouped = join_pipeline("jw", "127.0.0.1:1", "left", key=["id"], grouped=True, shards=3)
-    refusal = grouped.run_refusal() or ""
-    assert refusal.startswith("shards: 3: a grouped view over a join in shards") and "second exchange" in refusal
-    with pytest.raises(UserError, match="second exchange"):
-        BatchProcessor(grouped, {"bootstrap.servers": "127.0.0.1:1"})
+    assert grouped.run_refusal() is None
+    plan = plan_of(grouped, 2)
+    route, join, reduce = plan.stages
+    assert plan.regrouped and join.outputs == ("jw.regroup", "jw.dlq") and join.state_topic == "jw.state"
+    assert reduce.inputs == ("jw.regroup",) and reduce.writer == "0.group" and reduce.shards == 3
+    assert reduce.outputs == ("jw.view", "jw.dlq") and reduce.state_topic == "jw.regroup.state"
+    assert reduce.transactional_ids == ("jw-0.group-0", "jw-0.group-1", "jw-0.group-2")
+    drawn = explain(grouped)  # `refold explain`
+    for line in ("# shards: stage 1 one per partition pair of jw.orders and jw.customers, routed by join key to 3 join "
+                 "shards through jw.repartition, their joined rows routed by region to 3 shards of the grouped view "
+                 "through jw.regroup",
+                 "2. join: join → route (3 shards, shard p reads partition p of its input)",
+                 "writes jw.regroup, jw.dlq; state in jw.state",
+                 "3. reduce: reduce (3 shards, shard p reads partition p of its input)",
+                 "writer 0.group: transactional ids jw-0.group-<shard>, checkpoints 0.group/<shard> in jw.checkpoints",
+                 "writes jw.view, jw.dlq; state in jw.regroup.state",
+                 "the driver closes each batch in jw.repartition, then, once every stage-2 shard committed, in "
+                 "jw.regroup (transactional id jw-0-close)",
+                 "jw.regroup ", "joined rows by view key, a partition per stage-3 shard: 3 partitions"):
+        assert line in drawn, line
