@@ -69,18 +69,21 @@ def renamed(units: Sequence[Unit]) -> list[Unit]:
              if side else events) for side, events in units]
 
 
-def wire(units: Sequence[Unit], partitions: int) -> tuple[list[InputRecord], list[tuple[int, int, int]]]:
+def wire(units: Sequence[Unit], partitions: int, right: int | None = None) -> tuple[list[InputRecord],
+                                                                                    list[tuple[int, int, int]]]:
     """The units as the two topics' records, in the order they were made (the timestamp
     counts it up, so the engine merges both sources back into this order); each unit's
     first record as (side, partition, offset). A row goes to partition `cust`/`cid` mod
-    `partitions` (0 for a null), keyed as `refold produce --key` keys it."""
+    `partitions` (`right`: the right source's, when it has another count; 0 for a null),
+    keyed as `refold produce --key` keys it."""
+    counts = (partitions, right or partitions)
     offsets: dict[int, int] = {}
     records: list[InputRecord] = []
     firsts = []
     for side, events in units:
         column = ("cust", "cid" if "cid" in events[0].row or "cust" not in events[0].row else "cust")[side]
         first = events[0].row.get(column)  # (a -C and its +C in one partition: the first's)
-        partition = (first % partitions if isinstance(first, int) else 0) + side * RIGHT_PARTITIONS
+        partition = (first % counts[side] if isinstance(first, int) else 0) + side * RIGHT_PARTITIONS
         for index, event in enumerate(events):
             offset = offsets.get(partition, 0)
             offsets[partition] = offset + 1
@@ -397,7 +400,7 @@ def test_verify_finds_a_join_view_that_is_not_the_reference(bootstrap_servers: s
     a record too many is an anomaly."""
     pipeline = join_pipeline(f"jv{uuid.uuid4().hex[:8]}", bootstrap_servers, "full")
     make_topics(pipeline, 2)
-    records, _ = wire(_crash_units(), 2)
+    records, _ = wire(crash_units(), 2)
     settings_ = {"bootstrap.servers": bootstrap_servers}
     producer = Producer(settings_)
     topics = [source.topic for source in pipeline.sources.values()]
@@ -417,11 +420,11 @@ def test_verify_finds_a_join_view_that_is_not_the_reference(bootstrap_servers: s
 
 def killed_in_a_subprocess(pipeline: Pipeline, bootstrap_servers: str, tmp_path: Any, where: str,
                            make_processor: str) -> tuple[list[Unit], list[Any]]:
-    """`_crash_units()` written to the pipeline's two sources, then processed in batches of
+    """`crash_units()` written to the pipeline's two sources, then processed in batches of
     7 records by a `BatchProcessor` in a child process that `make_processor` (Python lines
     with `pipeline`, `settings`, `where` in scope) sets up to die by SIGKILL; the units and
     the records, for the run after it."""
-    units = _crash_units()
+    units = crash_units()
     make_topics(pipeline, 2)
     records, _ = wire(units, 2)
     batches = [records[i:i + 7] for i in range(0, len(records), 7)]
@@ -440,7 +443,7 @@ def killed_in_a_subprocess(pipeline: Pipeline, bootstrap_servers: str, tmp_path:
     assert done.returncode == -signal.SIGKILL
     return units, records
 
-def _crash_units() -> list[Unit]:
+def crash_units() -> list[Unit]:
     """Orders and customers that join, move and leave, over a few batches."""
     from refold.reduce import SourceEvent
 
@@ -460,7 +463,7 @@ def test_refold_status_shows_both_sources_of_a_join(bootstrap_servers: str, caps
     `R<p>`) and a lag table per source."""
     pipeline = join_pipeline(f"jt{uuid.uuid4().hex[:8]}", bootstrap_servers, "inner")
     make_topics(pipeline, 2)
-    records, _ = wire(_crash_units(), 2)
+    records, _ = wire(crash_units(), 2)
     settings_ = {"bootstrap.servers": bootstrap_servers}
     producer = Producer(settings_)  # the records in the topics at the offsets `wire` gave them, for the lag
     topics = [source.topic for source in pipeline.sources.values()]
@@ -493,7 +496,7 @@ def test_each_side_is_read_with_its_own_source_settings(bootstrap_servers: str, 
     pipeline = parse_pipeline({**base.model_dump(by_alias=True, exclude={"source"}, exclude_none=True),
                                "sources": sources})
     make_topics(pipeline, 2)
-    units = _crash_units()
+    units = crash_units()
     records, _ = wire(units, 2)
     codec = AvroCodec(str(schema))
     avro = []

@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 import pytest
+from confluent_kafka import Producer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_join import Unit, changelogs
@@ -20,17 +21,21 @@ from test_join_engine import (
     GROUPED,
     by_partition,
     changelog,
+    crash_units,
     join_pipeline,
     killed_in_a_subprocess,
+    make_topics,
     run_batches,
     run_drawn,
+    wire,
 )
 
 from refold.config import ViewSpec, parse_pipeline
-from refold.kafka.io import read_to_end
+from refold.kafka.io import TopicSpec, ensure_topics, read_to_end
 from refold.model.changelog import Op
 from refold.ops.explain import explain
-from refold.plan import plan_of
+from refold.ops.status import print_status
+from refold.plan import RIGHT_PARTITIONS, plan_of
 from refold.plan.draw import tree
 from refold.recovery.records import decode_dead_letter
 from refold.reduce import ViewChange
@@ -250,6 +255,47 @@ def test_a_regrouping_join_killed_inside_a_stage_3_commit_writes_each_record_onc
     for m in range(SHARDS):
         mine = [c for c in expected.changes if shard_of(key_bytes((c.row.get("region"),)), SHARDS) == m]
         assert [r.value() for r in parts.get(m, [])] == changelog(mine)
+
+
+@pytest.mark.kafka
+def test_refold_status_of_a_regrouping_join_shows_each_stage(bootstrap_servers: str,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """`refold status` of revenue per region over a join in three shards, its right source
+    in three partitions and its left in two: stage 1's three shards (shard 2 reads the
+    right source's partition 2 alone), then each later stage's shards and its lag; the
+    view is the reference grouped view over the reference join."""
+    pipeline = join_pipeline(f"js{uuid.uuid4().hex[:8]}", bootstrap_servers, "left", key=["id"], grouped=True,
+                             shards=SHARDS)
+    settings_ = {"bootstrap.servers": bootstrap_servers}
+    ensure_topics(settings_, [TopicSpec(f"{pipeline.pipeline}.customers", 3)])
+    make_topics(pipeline, 2)
+    units = crash_units()
+    records, _ = wire(units, 2, 3)
+    assert {r.partition for r in records} == {0, 1, RIGHT_PARTITIONS, RIGHT_PARTITIONS + 1, RIGHT_PARTITIONS + 2}
+    producer = Producer(settings_)  # the records in the topics at the offsets `wire` gave them, for the lag
+    topics = [source.topic for source in pipeline.sources.values()]
+    for record in records:
+        producer.produce(topics[record.partition >= RIGHT_PARTITIONS], record.value, record.key,
+                         partition=record.partition % RIGHT_PARTITIONS)
+    assert producer.flush(30) == 0
+    del producer
+    run_batches(pipeline, records, [9], [False])
+    spec = pipeline.view.join
+    assert spec is not None
+    expected = reference_changelog(ViewSpec.model_validate(GROUPED), numbered(reference_join(spec, units).changes))
+    written = [m.value() for part in by_partition(pipeline, f"{pipeline.pipeline}.view").values() for m in part]
+    assert folded(written) == folded(changelog(expected.changes))
+    assert print_status(pipeline)
+    shown = capsys.readouterr().out
+    assert f"source {pipeline.pipeline}.orders (L) joined with {pipeline.pipeline}.customers (R)" in shown
+    first = shown[:shown.index("stage 2")]
+    assert "R2:" in first and "    2  R2 " in first  # shard 2: the right source's partition 2 alone
+    assert f"stage 2 (writer 0.view) from {pipeline.pipeline}.repartition" in shown
+    assert f"stage 3 (writer 0.group) from {pipeline.pipeline}.regroup" in shown
+    assert shown.count("total lag 0") == 4  # both sources, P.repartition, P.regroup
+    for stage in ("stage 2", "stage 3"):
+        part = shown[shown.index(stage):]
+        assert all(f"\n  {m:>5}  {m:<12}" in part for m in range(SHARDS)), part
 
 
 def test_an_exchanged_joins_plan_routes_by_join_key() -> None:

@@ -136,7 +136,10 @@ def run_pipeline(
         partitions = partitions_of(settings, topic)
     except UserError as exc:
         raise UserError(f"source.topic: {exc}") from exc
-    plan = settle_plan(pipeline, settings, len(partitions))  # the pipeline's shape, read from here on
+    count = len(partitions)
+    if pipeline.view.join is not None and isinstance(pipeline.shards, int):  # stage 1: a shard per partition of either
+        count = max(count, check_join_partitions(pipeline, settings, count))
+    plan = settle_plan(pipeline, settings, count)  # the pipeline's shape, read from here on
     pipeline = plan.pipeline
     right = None  # a join's right source: (topic, partitions)
     if pipeline.view.join is not None:
