@@ -28,7 +28,6 @@ from test_join import as_units as numbered
 from refold.cli.produce import produce
 from refold.codecs.avro import AvroCodec
 from refold.config import Pipeline, ViewSpec, load_pipeline, parse_pipeline
-from refold.errors import UserError
 from refold.kafka.io import TopicSpec, ensure_topics, read_to_end
 from refold.model.changelog import ChangelogEvent, Op
 from refold.model.reasons import Reason
@@ -264,13 +263,11 @@ def test_a_join_plan_has_a_join_stage() -> None:
     assert plan_of(join_pipeline("js", "127.0.0.1:1", "inner", keyed=True, shards="merged"), 4).layout == "merged"
 
 
-def test_a_grouped_view_over_a_join_in_shards_keyed_off_the_join_key_is_refused_in_one_line() -> None:
-    pipeline = join_pipeline("jx", "127.0.0.1:1", "inner", shards=3, grouped=True)
-    refusal = pipeline.run_refusal()
-    assert refusal is not None and refusal.startswith("shards: 3: a grouped view over a join in shards")
-    assert "shards: merged" in refusal and "\n" not in refusal
-    with pytest.raises(UserError, match=r"^shards: 3"):
-        BatchProcessor(pipeline, {"bootstrap.servers": "127.0.0.1:1"})
+def test_a_join_without_a_grouped_view_is_not_netted_per_batch() -> None:
+    """`emit: per_batch` over a join without a grouped view is refused in one line; a
+    grouped view over a join in shards keyed off the join key is not (it runs through a
+    second exchange: tests/test_join_exchange.py)."""
+    assert join_pipeline("jx", "127.0.0.1:1", "inner", shards=3, grouped=True).run_refusal() is None
     plain = join_pipeline("jn", "127.0.0.1:1", "inner")
     netted = parse_pipeline({**plain.model_dump(by_alias=True, exclude={"source", "shards"}, exclude_none=True),
                              "outputs": {"view": {"topic": "v", "emit": "per_batch"}}})
@@ -316,17 +313,18 @@ def _orders_and_customers(seed: int, move: bool) -> tuple[list[dict[str, Any]], 
 
 @pytest.mark.kafka
 @pytest.mark.spark
-@pytest.mark.parametrize("layout", ["merged", "co-partitioned", "exchanged"])
+@pytest.mark.parametrize("layout", ["merged", "co-partitioned", "exchanged", "regrouped"])
 def test_a_join_runs_in_spark_and_ends_with_duckdbs_table(bootstrap_servers: str, spark: Any, topic: Any,
                                                           tmp_path: Any, layout: str) -> None:
     """Revenue per region (per customer and region: co-partitioned, and through the
-    exchange in `shards: 2`) of orders joined with customers, in SQL, run by `refold run`
-    (local[2]) to its end: the view topic's final table is DuckDB's for the same query
-    over both sides' live rows."""
+    exchange in `shards: 2`; per region through both exchanges, the customers in three
+    partitions) of orders joined with customers, in SQL, run by `refold run` (local[2])
+    to its end: the view topic's final table is DuckDB's for the same query over both
+    sides' live rows."""
     keyed = layout == "co-partitioned"
     orders, customers, live_orders, live_customers = _orders_and_customers(7, move=not keyed)
     settings_ = {"bootstrap.servers": bootstrap_servers}
-    order_topic, customer_topic = topic(partitions=2), topic(partitions=2)
+    order_topic, customer_topic = topic(partitions=2), topic(partitions=3 if layout == "regrouped" else 2)
     # messages keyed by the join column (`refold produce --key`), a pair's halves alike
     produce(settings_, order_topic, [orjson.dumps(r) for r in orders], ["id"] if not keyed else ["cust"],
             progress=False, per_transaction=50)
@@ -342,14 +340,15 @@ def test_a_join_runs_in_spark_and_ends_with_duckdbs_table(bootstrap_servers: str
         "pipeline": name, "kafka": settings_,
         "sources": {"orders": {"topic": order_topic, "key": ["id"] if not keyed else ["cust"]},
                     "customers": {"topic": customer_topic, "key": [right]}},
-        "view": {"sql": sql} if layout == "merged" else {"sql": sql.replace("c.region", "o.cust, c.region")
-                                                          .replace("c.cid", "c.cust" if keyed else "c.cid")},
-        **({"shards": 2} if layout == "exchanged" else {}),
+        "view": {"sql": sql} if layout in ("merged", "regrouped") else {
+            "sql": sql.replace("c.region", "o.cust, c.region").replace("c.cid", "c.cust" if keyed else "c.cid")},
+        **({"shards": 2} if layout in ("exchanged", "regrouped") else {}),
         "outputs": {"view": {"topic": f"{name}.view"}},
         "trigger": "200ms", "max_batch_events": 120,
         "spark": {"master": "local[2]", "checkpoint_dir": str(tmp_path / "spark")},
     })
-    assert plan_of(pipeline, 2).layout == layout
+    plan = plan_of(pipeline, 2)
+    assert plan.layout == layout.replace("regrouped", "exchanged") and plan.regrouped == (layout == "regrouped")
     run_pipeline(pipeline, bootstrap_servers, until_idle=3.0, spark=spark, quiet=True)
     table: dict[bytes, dict[str, Any]] = {}
     for message in read_to_end(settings_, f"{name}.view"):

@@ -239,8 +239,11 @@ class ShardTask:
         """A new processor of the shard (its writer initialised, its checkpoint read, its
         store brought to it), kept for the worker's next tasks. FencedError when a newer
         engine run has claimed the shard."""
-        kind = {"view": ShardProcessor, "route": RouteProcessor, "apply": ApplyProcessor, "top": RankProcessor}[self.stage]
-        if self.pipeline.view.join is not None:
+        kind: type[ShardProcessor] = ShardProcessor
+        if self.pipeline.view.join is None:
+            kind = {"view": ShardProcessor, "route": RouteProcessor, "apply": ApplyProcessor,
+                    "top": RankProcessor}[self.stage]
+        else:
             kind = {"route": JoinRouteProcessor, "apply": JoinApplyProcessor, "group": RegroupProcessor}.get(
                 self.stage, JoinShardProcessor)
         processor = kind(
