@@ -284,12 +284,6 @@ class Pipeline(_Model):
         join = self.view.join
         if join is None:
             return None
-        for name in (join.left, join.right):
-            source = self.sources[name]
-            if (source.form != "changelog" or source.format == "debezium-json") and isinstance(self.shards, int):
-                return (f"sources.{name}: a join in shards: {self.shards} reads changelog sources (form: changelog, "
-                        "jsonl or avro) yet; a table source (form upsert, debezium-json) joins merged or "
-                        "co-partitioned: leave shards out")
         if self.outputs.materialize:
             return "outputs.materialize: not supported for joins (view.join) yet"
         if not self.view.key and self.outputs.view is not None and self.outputs.view.emit == "per_batch":

@@ -11,10 +11,14 @@ sources:
    (`refold.runtime.joins.JoinUnitReader`) and sends each unit to `P.repartition`
    partition `shard_of(join key)` (`refold.runtime.exchange.shard_of` of the side's
    join columns' values), one record per shard it touches, with its events' tags and
-   its merge key, as stage 1 of a re-grouping view writes them. It holds no state:
-   a retraction of a row the side does not hold is refused by stage 2, which holds the
-   rows. One transaction: the routed records, the dead letters of records that do not
-   decode, the checkpoint, both sources' offsets.
+   its merge key, as stage 1 of a re-grouping view writes them. It holds no join
+   state: a retraction of a row the side does not hold is refused by stage 2, which
+   holds the rows. A table side (`form: upsert`, `debezium-json`) keeps each message
+   key's last row here, in the shard's store and `P.rows` partition p (as a merged
+   join's shard keeps them, `refold.runtime.jointables`), and routes the events its
+   record makes against it (a new key `+A`, a changed row `-C`/`+C`, a tombstone `-R`).
+   One transaction: the routed records, the dead letters of records that do not decode,
+   the last rows' changes, the checkpoint, both sources' offsets.
 2. **The driver closes the batch** (`Closer`), as for a re-grouping view.
 3. **Stage 2, shard m** (`JoinApplyProcessor`, writer `<writer>.view`): reads partition
    m of `P.repartition` through the close (`read_closed`), merges each segment by merge
@@ -41,6 +45,7 @@ from refold.config import Pipeline
 from refold.connectors.runtime import Executor, Materializations
 from refold.plan import regroups_join, stage2_shards, view_pipeline
 from refold.recovery.records import PendingRecord
+from refold.reduce import Rejected
 from refold.reduce.values import key_bytes
 from refold.runtime.batch import InputRecord, Outgoing, Unit, Units
 from refold.runtime.exchange import ExchangeReader, shard_of
@@ -98,22 +103,41 @@ class JoinRouteProcessor(JoinShardProcessor):
         return None
 
     def _touched(self, units: Sequence[Unit]) -> set[Any]:
+        """No view keys; a table side's keys' last rows loaded from the store."""
+        if any(self.reader.tables):
+            assert self.store is not None
+            keys = {item.key for unit in units if (item := self.reader.item_of(unit)) is not None
+                    and item.key is not None}
+            self.last_rows.load(self.store, keys, self.pipeline.spark.state_cache_keys)
         return set()
 
     def _reduce(self, units: Sequence[Unit], out: Outgoing) -> list[UnitChanges]:
         """Each unit routed with its merge key: the greatest first tag of the shard's units
         up to its own (`refold.runtime.exchange.merge_keys`; both sides' units are one
-        stream here, merged by tag)."""
+        stream here, merged by tag). A table side's record is routed as the events it
+        makes against its key's last row, which it then replaces."""
         greatest: Any = None
         for unit in units:
             first = unit[0][0].tag
             if greatest is None or first > greatest:
                 greatest = first
+            item = self.reader.item_of(unit)
+            if item is not None:
+                try:
+                    events = self.last_rows.unit(item)
+                except Rejected as rejected:  # (a Debezium `before` that cannot be the row)
+                    self.reader.letters[side_of(item.record.partition)].add(out, item.record, rejected.reason,
+                                                                            rejected.detail)
+                    continue
+                self.last_rows.put(item)
+                if not events:
+                    continue
+                unit = tuple((event, item.record) for event in events)
             out.route(self.reducer.routed(unit, list(greatest)))
         return []
 
     def _render(self, changes: Sequence[UnitChanges], out: Outgoing) -> None:
-        out.state = []
+        out.state = self.last_rows.take_state_changes()  # (a table side's last rows, in P.rows)
 
 
 class JoinExchangeReader(ExchangeReader):
