@@ -23,8 +23,10 @@ sources:
 3. **Stage 2, shard m** (`JoinApplyProcessor`, writer `<writer>.view`): reads partition
    m of `P.repartition` through the close (`read_closed`), merges each segment by merge
    key (`ExchangeReader`) and joins each unit as a join's shard does (the native
-   `JoinCore` or the `JoinReducer`; the grouped view over the join in the same shard,
-   whose key holds the left side's join columns, so each view key lies in one shard).
+   `JoinCore` or the `JoinReducer`; the grouped view over the join in the same shard
+   when its key holds the left side's join columns, so each view key lies in one shard;
+   keyed elsewhere, the joined rows go on by view key to a stage 3:
+   `refold.runtime.joingroup`).
    Its dead letters name the side's topic, the event's source partition and offset
    (its value is the event as JSON: the source record stays in the source topic);
    each record it writes names the source event that caused it.
