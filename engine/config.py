@@ -284,19 +284,6 @@ class Pipeline(_Model):
         join = self.view.join
         if join is None:
             return None
-        for name in (join.left, join.right):
-            source = self.sources[name]
-            if (source.form != "changelog" or source.format == "debezium-json") and isinstance(self.shards, int):
-                return (f"sources.{name}: a join in shards: {self.shards} reads changelog sources (form: changelog, "
-                        "jsonl or avro) yet; a table source (form upsert, debezium-json) joins merged or "
-                        "co-partitioned: leave shards out")
-        if isinstance(self.shards, int) and self.view.key:
-            left = {column for name, side, column in join.outputs if side == 0 and name in self.view.key}
-            if not set(join.sides_on[0]) <= left:
-                return (f"shards: {self.shards}: a grouped view over a join in shards groups by columns that hold "
-                        f"the join columns of {join.left} ({', '.join(join.sides_on[0])}); view.key "
-                        f"{', '.join(self.view.key)} would need a second exchange after the join, not built yet: "
-                        "use shards: merged (or leave shards out)")
         if self.outputs.materialize:
             return "outputs.materialize: not supported for joins (view.join) yet"
         if not self.view.key and self.outputs.view is not None and self.outputs.view.emit == "per_batch":

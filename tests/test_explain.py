@@ -22,10 +22,16 @@ GLOBAL_TOP_N = {"pipeline": "board", "shards": 3, "source": {"topic": "scores", 
                 "view": {"top_n": {"n": 3, "order_by": {"score": "desc"}, "columns": ["player", "score"]}},
                 "outputs": {"view": {"topic": "board.view"}}}
 
+REGIONS = {"pipeline": "regions", "shards": 3,
+           "sources": {"orders": {"topic": "orders", "format": "jsonl"}, "customers": {"topic": "customers", "format": "jsonl"}},
+           "view": {"sql": "SELECT c.region, SUM(o.amount) AS revenue FROM orders o JOIN customers c ON o.cust = c.id "
+                           "GROUP BY c.region"},
+           "outputs": {"view": {"topic": "regions.view"}}}
+
 
 def _drawn() -> dict[str, Any]:
     return {"totals": load_pipeline(ROOT / "examples" / "totals.yaml"), "teams": parse_pipeline(REGROUPING),
-            "board": parse_pipeline(GLOBAL_TOP_N)}
+            "board": parse_pipeline(GLOBAL_TOP_N), "regions": parse_pipeline(REGIONS)}
 
 
 def test_the_tree_names_each_stage_its_shards_ids_and_topics() -> None:
@@ -37,7 +43,8 @@ def test_the_tree_names_each_stage_its_shards_ids_and_topics() -> None:
                  "3. rank: rank (1 shard, merging every input partition)",
                  "writer 0.view: transactional ids board-0.view-<shard>, checkpoints 0.view/<shard> in board.checkpoints",
                  "writer 0.top: transactional ids board-0.top-<shard>, checkpoints 0.top/<shard> in board.checkpoints",
-                 "the driver closes each batch in board.repartition (transactional id board-0-close)",
+                 "the driver closes each batch in board.repartition, then, once every stage-2 shard committed, in "
+                 "board.tops (transactional id board-0-close)",
                  "board.repartition  routed units, a partition per stage-2 shard: 3 partitions",
                  "board.tops.state   stage 3's state: 1 partition, compacted"):
         assert line in tree, line
@@ -60,7 +67,7 @@ def test_the_plan_has_one_stage_per_step_and_its_topics_once() -> None:
     assert teams.view_writers == 4 and not teams.ranked_globally and teams.co_partitioned
 
 
-@pytest.mark.parametrize("name", ["totals", "teams", "board"])
+@pytest.mark.parametrize("name", ["totals", "teams", "board", "regions"])
 def test_the_architecture_page_draws_the_plan_explain_draws(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     drawing = explain(_drawn()[name], drawing="mermaid")
     assert drawing.startswith("flowchart LR\n")

@@ -395,10 +395,11 @@ def test_grouped_join_sql_equals_duckdb(units: list[Unit], kind: str) -> None:
                                        option=orjson.OPT_SORT_KEYS) for row in expected.elements())
 
 
-def test_the_runtime_refuses_a_join_in_shards_in_one_line() -> None:
-    """A join in `shards: M` whose grouped view is keyed outside the join key (it would need
-    a second exchange) validates; the engine refuses to run it, before it reads Kafka or
-    starts Spark, with one line naming shards, the view key and saying to use shards: merged."""
+def test_the_runtime_refuses_a_join_it_cannot_run_in_one_line() -> None:
+    """A join whose grouped view takes `FIRST` of the joined rows (they have no input
+    order of their own) validates; the engine refuses to run it, before it reads Kafka
+    or starts Spark, with one line naming the column. (A join in `shards: M` with a view
+    keyed outside the join key runs: tests/test_join_exchange.py.)"""
     from refold.config import parse_pipeline
     from refold.errors import UserError
     from refold.runtime.processor import BatchProcessor
@@ -407,12 +408,12 @@ def test_the_runtime_refuses_a_join_in_shards_in_one_line() -> None:
     pipeline = parse_pipeline({
         "pipeline": "revenue", "outputs": {"view": {"topic": "revenue"}}, "shards": 4,
         "sources": {"orders": {"topic": "orders"}, "customers": {"topic": "customers"}},
-        "view": {"sql": "SELECT c.region, SUM(o.amount) AS revenue FROM orders o JOIN customers c "
+        "view": {"sql": "SELECT c.region, FIRST(o.amount) AS first_amount FROM orders o JOIN customers c "
                         "ON o.cust = c.cid GROUP BY c.region"},
     })
     for run in (lambda: BatchProcessor(pipeline, {"bootstrap.servers": "127.0.0.1:1"}),
                 lambda: run_pipeline(pipeline, "127.0.0.1:1")):
-        with pytest.raises(UserError, match=r"^shards: 4: a grouped view over a join .* view.key region would need a second "
-                                                r"exchange .* use shards: merged") as raised:
+        with pytest.raises(UserError, match=r"^view.columns.first_amount: first orders rows by their input "
+                                            r"event; over a join's rows it is not supported yet$") as raised:
             run()
         assert "\n" not in str(raised.value)

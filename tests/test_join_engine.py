@@ -28,7 +28,6 @@ from test_join import as_units as numbered
 from refold.cli.produce import produce
 from refold.codecs.avro import AvroCodec
 from refold.config import Pipeline, ViewSpec, load_pipeline, parse_pipeline
-from refold.errors import UserError
 from refold.kafka.io import TopicSpec, ensure_topics, read_to_end
 from refold.model.changelog import ChangelogEvent, Op
 from refold.model.reasons import Reason
@@ -69,18 +68,21 @@ def renamed(units: Sequence[Unit]) -> list[Unit]:
              if side else events) for side, events in units]
 
 
-def wire(units: Sequence[Unit], partitions: int) -> tuple[list[InputRecord], list[tuple[int, int, int]]]:
+def wire(units: Sequence[Unit], partitions: int, right: int | None = None) -> tuple[list[InputRecord],
+                                                                                    list[tuple[int, int, int]]]:
     """The units as the two topics' records, in the order they were made (the timestamp
     counts it up, so the engine merges both sources back into this order); each unit's
     first record as (side, partition, offset). A row goes to partition `cust`/`cid` mod
-    `partitions` (0 for a null), keyed as `refold produce --key` keys it."""
+    `partitions` (`right`: the right source's, when it has another count; 0 for a null),
+    keyed as `refold produce --key` keys it."""
+    counts = (partitions, right or partitions)
     offsets: dict[int, int] = {}
     records: list[InputRecord] = []
     firsts = []
     for side, events in units:
         column = ("cust", "cid" if "cid" in events[0].row or "cust" not in events[0].row else "cust")[side]
         first = events[0].row.get(column)  # (a -C and its +C in one partition: the first's)
-        partition = (first % partitions if isinstance(first, int) else 0) + side * RIGHT_PARTITIONS
+        partition = (first % counts[side] if isinstance(first, int) else 0) + side * RIGHT_PARTITIONS
         for index, event in enumerate(events):
             offset = offsets.get(partition, 0)
             offsets[partition] = offset + 1
@@ -111,6 +113,18 @@ def run_batches(pipeline: Pipeline, records: list[InputRecord], cuts: list[int],
         processor.process(records)  # a replay of everything: it writes nothing
     finally:
         processor.close()
+
+
+def run_drawn(pipeline: Pipeline, units: Sequence[Unit], data: st.DataObject, cuts: int = 5,
+              restarts: int = 4) -> list[tuple[int, int, int]]:
+    """The units written to the pipeline's two sources (two partitions each, `wire`) and
+    run in batches cut where `data` draws (at most `cuts` cuts), restarting after the
+    batches it draws (a cycle of at most `restarts`); each unit's first record."""
+    make_topics(pipeline, 2)
+    records, firsts = wire(units, 2)
+    drawn = data.draw(st.lists(st.integers(0, len(records)), max_size=cuts))
+    run_batches(pipeline, records, drawn, data.draw(st.lists(st.booleans(), min_size=1, max_size=restarts)))
+    return firsts
 
 
 def written(pipeline: Pipeline) -> list[bytes]:
@@ -149,10 +163,7 @@ def check_merged_join(bootstrap_servers: str, units: list[Unit], kind: str, data
     refused unit is a dead letter naming its own topic, partition and offset."""
     key = data.draw(st.sampled_from([None, ["id"]]))
     pipeline = join_pipeline(f"je{uuid.uuid4().hex[:8]}", bootstrap_servers, kind, key=key, spark={"core": core})
-    make_topics(pipeline, 2)
-    records, firsts = wire(units, 2)
-    cuts = data.draw(st.lists(st.integers(0, len(records)), max_size=5))
-    run_batches(pipeline, records, cuts, data.draw(st.lists(st.booleans(), min_size=1, max_size=4)))
+    firsts = run_drawn(pipeline, units, data)
     spec = pipeline.view.join
     assert spec is not None
     expected = reference_join(spec, units)
@@ -173,7 +184,7 @@ def check_merged_join(bootstrap_servers: str, units: list[Unit], kind: str, data
                              for i, reason in expected.rejected)
     assert all(reason == Reason.NOT_LIVE for _, reason in expected.rejected)
     checkpoint = load_checkpoints(pipeline, {"bootstrap.servers": bootstrap_servers})[0]
-    assert checkpoint.records_in == len(records)  # every record once, the replay none
+    assert checkpoint.records_in == sum(len(events) for _side, events in units)  # every record once, the replay none
     assert set(checkpoint.offsets) <= {0, 1, RIGHT_PARTITIONS, RIGHT_PARTITIONS + 1}
 
 
@@ -187,10 +198,7 @@ def test_a_grouped_view_over_a_merged_join_is_the_reference_over_the_reference_j
     reference grouped view over the reference join's records; a joined row with a null
     region is a dead letter (`null key`) of the source record that made it."""
     pipeline = join_pipeline(f"jg{uuid.uuid4().hex[:8]}", bootstrap_servers, kind, key=["id"], grouped=True)
-    make_topics(pipeline, 2)
-    records, _ = wire(units, 2)
-    cuts = data.draw(st.lists(st.integers(0, len(records)), max_size=5))
-    run_batches(pipeline, records, cuts, data.draw(st.lists(st.booleans(), min_size=1, max_size=4)))
+    run_drawn(pipeline, units, data)
     spec = pipeline.view.join
     assert spec is not None
     joined = reference_join(spec, units)
@@ -255,13 +263,11 @@ def test_a_join_plan_has_a_join_stage() -> None:
     assert plan_of(join_pipeline("js", "127.0.0.1:1", "inner", keyed=True, shards="merged"), 4).layout == "merged"
 
 
-def test_a_grouped_view_over_a_join_in_shards_keyed_off_the_join_key_is_refused_in_one_line() -> None:
-    pipeline = join_pipeline("jx", "127.0.0.1:1", "inner", shards=3, grouped=True)
-    refusal = pipeline.run_refusal()
-    assert refusal is not None and refusal.startswith("shards: 3: a grouped view over a join in shards")
-    assert "shards: merged" in refusal and "\n" not in refusal
-    with pytest.raises(UserError, match=r"^shards: 3"):
-        BatchProcessor(pipeline, {"bootstrap.servers": "127.0.0.1:1"})
+def test_a_join_without_a_grouped_view_is_not_netted_per_batch() -> None:
+    """`emit: per_batch` over a join without a grouped view is refused in one line; a
+    grouped view over a join in shards keyed off the join key is not (it runs through a
+    second exchange: tests/test_join_exchange.py)."""
+    assert join_pipeline("jx", "127.0.0.1:1", "inner", shards=3, grouped=True).run_refusal() is None
     plain = join_pipeline("jn", "127.0.0.1:1", "inner")
     netted = parse_pipeline({**plain.model_dump(by_alias=True, exclude={"source", "shards"}, exclude_none=True),
                              "outputs": {"view": {"topic": "v", "emit": "per_batch"}}})
@@ -307,17 +313,18 @@ def _orders_and_customers(seed: int, move: bool) -> tuple[list[dict[str, Any]], 
 
 @pytest.mark.kafka
 @pytest.mark.spark
-@pytest.mark.parametrize("layout", ["merged", "co-partitioned", "exchanged"])
+@pytest.mark.parametrize("layout", ["merged", "co-partitioned", "exchanged", "regrouped"])
 def test_a_join_runs_in_spark_and_ends_with_duckdbs_table(bootstrap_servers: str, spark: Any, topic: Any,
                                                           tmp_path: Any, layout: str) -> None:
     """Revenue per region (per customer and region: co-partitioned, and through the
-    exchange in `shards: 2`) of orders joined with customers, in SQL, run by `refold run`
-    (local[2]) to its end: the view topic's final table is DuckDB's for the same query
-    over both sides' live rows."""
+    exchange in `shards: 2`; per region through both exchanges, the customers in three
+    partitions) of orders joined with customers, in SQL, run by `refold run` (local[2])
+    to its end: the view topic's final table is DuckDB's for the same query over both
+    sides' live rows."""
     keyed = layout == "co-partitioned"
     orders, customers, live_orders, live_customers = _orders_and_customers(7, move=not keyed)
     settings_ = {"bootstrap.servers": bootstrap_servers}
-    order_topic, customer_topic = topic(partitions=2), topic(partitions=2)
+    order_topic, customer_topic = topic(partitions=2), topic(partitions=3 if layout == "regrouped" else 2)
     # messages keyed by the join column (`refold produce --key`), a pair's halves alike
     produce(settings_, order_topic, [orjson.dumps(r) for r in orders], ["id"] if not keyed else ["cust"],
             progress=False, per_transaction=50)
@@ -333,14 +340,15 @@ def test_a_join_runs_in_spark_and_ends_with_duckdbs_table(bootstrap_servers: str
         "pipeline": name, "kafka": settings_,
         "sources": {"orders": {"topic": order_topic, "key": ["id"] if not keyed else ["cust"]},
                     "customers": {"topic": customer_topic, "key": [right]}},
-        "view": {"sql": sql} if layout == "merged" else {"sql": sql.replace("c.region", "o.cust, c.region")
-                                                          .replace("c.cid", "c.cust" if keyed else "c.cid")},
-        **({"shards": 2} if layout == "exchanged" else {}),
+        "view": {"sql": sql} if layout in ("merged", "regrouped") else {
+            "sql": sql.replace("c.region", "o.cust, c.region").replace("c.cid", "c.cust" if keyed else "c.cid")},
+        **({"shards": 2} if layout in ("exchanged", "regrouped") else {}),
         "outputs": {"view": {"topic": f"{name}.view"}},
         "trigger": "200ms", "max_batch_events": 120,
         "spark": {"master": "local[2]", "checkpoint_dir": str(tmp_path / "spark")},
     })
-    assert plan_of(pipeline, 2).layout == layout
+    plan = plan_of(pipeline, 2)
+    assert plan.layout == layout.replace("regrouped", "exchanged") and plan.regrouped == (layout == "regrouped")
     run_pipeline(pipeline, bootstrap_servers, until_idle=3.0, spark=spark, quiet=True)
     table: dict[bytes, dict[str, Any]] = {}
     for message in read_to_end(settings_, f"{name}.view"):
@@ -391,7 +399,7 @@ def test_verify_finds_a_join_view_that_is_not_the_reference(bootstrap_servers: s
     a record too many is an anomaly."""
     pipeline = join_pipeline(f"jv{uuid.uuid4().hex[:8]}", bootstrap_servers, "full")
     make_topics(pipeline, 2)
-    records, _ = wire(_crash_units(), 2)
+    records, _ = wire(crash_units(), 2)
     settings_ = {"bootstrap.servers": bootstrap_servers}
     producer = Producer(settings_)
     topics = [source.topic for source in pipeline.sources.values()]
@@ -411,11 +419,11 @@ def test_verify_finds_a_join_view_that_is_not_the_reference(bootstrap_servers: s
 
 def killed_in_a_subprocess(pipeline: Pipeline, bootstrap_servers: str, tmp_path: Any, where: str,
                            make_processor: str) -> tuple[list[Unit], list[Any]]:
-    """`_crash_units()` written to the pipeline's two sources, then processed in batches of
+    """`crash_units()` written to the pipeline's two sources, then processed in batches of
     7 records by a `BatchProcessor` in a child process that `make_processor` (Python lines
     with `pipeline`, `settings`, `where` in scope) sets up to die by SIGKILL; the units and
     the records, for the run after it."""
-    units = _crash_units()
+    units = crash_units()
     make_topics(pipeline, 2)
     records, _ = wire(units, 2)
     batches = [records[i:i + 7] for i in range(0, len(records), 7)]
@@ -434,7 +442,7 @@ def killed_in_a_subprocess(pipeline: Pipeline, bootstrap_servers: str, tmp_path:
     assert done.returncode == -signal.SIGKILL
     return units, records
 
-def _crash_units() -> list[Unit]:
+def crash_units() -> list[Unit]:
     """Orders and customers that join, move and leave, over a few batches."""
     from refold.reduce import SourceEvent
 
@@ -454,7 +462,7 @@ def test_refold_status_shows_both_sources_of_a_join(bootstrap_servers: str, caps
     `R<p>`) and a lag table per source."""
     pipeline = join_pipeline(f"jt{uuid.uuid4().hex[:8]}", bootstrap_servers, "inner")
     make_topics(pipeline, 2)
-    records, _ = wire(_crash_units(), 2)
+    records, _ = wire(crash_units(), 2)
     settings_ = {"bootstrap.servers": bootstrap_servers}
     producer = Producer(settings_)  # the records in the topics at the offsets `wire` gave them, for the lag
     topics = [source.topic for source in pipeline.sources.values()]
@@ -487,7 +495,7 @@ def test_each_side_is_read_with_its_own_source_settings(bootstrap_servers: str, 
     pipeline = parse_pipeline({**base.model_dump(by_alias=True, exclude={"source"}, exclude_none=True),
                                "sources": sources})
     make_topics(pipeline, 2)
-    units = _crash_units()
+    units = crash_units()
     records, _ = wire(units, 2)
     codec = AvroCodec(str(schema))
     avro = []

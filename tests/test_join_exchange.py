@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 import pytest
+from confluent_kafka import Producer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_join import Unit, changelogs
@@ -20,19 +21,21 @@ from test_join_engine import (
     GROUPED,
     by_partition,
     changelog,
+    crash_units,
     join_pipeline,
     killed_in_a_subprocess,
     make_topics,
     run_batches,
+    run_drawn,
     wire,
 )
 
 from refold.config import ViewSpec, parse_pipeline
-from refold.errors import UserError
-from refold.kafka.io import read_to_end
+from refold.kafka.io import TopicSpec, ensure_topics, read_to_end
 from refold.model.changelog import Op
 from refold.ops.explain import explain
-from refold.plan import plan_of
+from refold.ops.status import print_status
+from refold.plan import RIGHT_PARTITIONS, plan_of
 from refold.plan.draw import tree
 from refold.recovery.records import decode_dead_letter
 from refold.reduce import ViewChange
@@ -40,7 +43,6 @@ from refold.reduce.values import key_bytes
 from refold.reference import reference_changelog
 from refold.reference_joins import reference_join
 from refold.runtime.exchange import shard_of
-from refold.runtime.processor import BatchProcessor
 
 SHARDS = 3
 BY_CUSTOMER = {"key": ["ck"], "columns": GROUPED["columns"]}  # grouped by the orders' join column
@@ -83,10 +85,7 @@ def test_an_exchanged_join_writes_the_reference_join_shard_by_shard(bootstrap_se
     pipeline = join_pipeline(f"jx{uuid.uuid4().hex[:8]}", bootstrap_servers, kind, key=["id"], shards=SHARDS)
     plan = plan_of(pipeline, 2)
     assert plan.layout == "exchanged" and [s.name for s in plan.stages] == ["route", "join"]
-    make_topics(pipeline, 2)
-    records, firsts = wire(units, 2)
-    cuts = data.draw(st.lists(st.integers(0, len(records)), max_size=5))
-    run_batches(pipeline, records, cuts, data.draw(st.lists(st.booleans(), min_size=1, max_size=4)))
+    firsts = run_drawn(pipeline, units, data)
     spec = pipeline.view.join
     assert spec is not None
     parts = by_partition(pipeline, f"{pipeline.pipeline}.view")
@@ -128,16 +127,71 @@ def test_a_grouped_view_over_an_exchanged_join_is_the_grouped_reference(bootstra
     dumped = pipeline.model_dump(by_alias=True, exclude={"source"}, exclude_none=True)
     pipeline = parse_pipeline({**dumped, "view": {"join": dumped["view"]["join"], **BY_CUSTOMER}})
     assert pipeline.run_refusal() is None
-    make_topics(pipeline, 2)
-    records, _ = wire(units, 2)
-    cuts = data.draw(st.lists(st.integers(0, len(records)), max_size=4))
-    run_batches(pipeline, records, cuts, data.draw(st.lists(st.booleans(), min_size=1, max_size=3)))
+    run_drawn(pipeline, units, data, 4, 3)
     spec = pipeline.view.join
     assert spec is not None
     moves_split = split_moves(reference_join(spec, units).changes)
     expected = reference_changelog(ViewSpec.model_validate(BY_CUSTOMER), numbered(moves_split))
     written = [m.value() for part in by_partition(pipeline, f"{pipeline.pipeline}.view").values() for m in part]
     assert folded(written) == folded(changelog(expected.changes))
+
+
+def source_units(spec: Any, units: Sequence[Unit]) -> list[int]:
+    """The source unit that made each of the reference join's records, by index."""
+    made: list[int] = []
+    for index in range(len(units)):
+        made += [index] * (len(reference_join(spec, units[:index + 1]).changes) - len(made))
+    return made
+
+
+@pytest.mark.kafka
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                                                HealthCheck.data_too_large])
+@given(units=changelogs(), kind=st.sampled_from(["inner", "left", "full"]), data=st.data())
+def test_a_grouped_view_keyed_outside_the_join_key_goes_through_a_second_exchange(
+        bootstrap_servers: str, units: list[Unit], kind: str, data: st.DataObject) -> None:
+    """Revenue per region over the join in three shards: the join shards route the joined
+    rows by region through `P.regroup` to three stage-3 shards. The view's rows are the
+    reference grouped view's over the reference join; each refused unit (by the join, or a
+    joined row with a null region) is a dead letter of its source record; when no
+    correction moves a row to another join key, each stage-3 shard's view partition is the
+    reference's changelog of its regions, record by record, each naming its source event."""
+    pipeline = join_pipeline(f"jr{uuid.uuid4().hex[:8]}", bootstrap_servers, kind, key=["id"], grouped=True,
+                             shards=SHARDS)
+    assert pipeline.run_refusal() is None
+    assert [s.name for s in plan_of(pipeline, 2).stages] == ["route", "join", "reduce"]
+    firsts = run_drawn(pipeline, units, data, 4, 3)
+    spec = pipeline.view.join
+    assert spec is not None
+    joined = reference_join(spec, units)
+    grouped = numbered(split_moves(joined.changes))  # the grouped view's units, each tagged with its first record
+    view = ViewSpec.model_validate(GROUPED)
+    expected = reference_changelog(view, grouped)
+    parts = by_partition(pipeline, f"{pipeline.pipeline}.view")
+    assert folded([m.value() for part in parts.values() for m in part]) == folded(changelog(expected.changes))
+    made_by = source_units(spec, units)
+    topics = (f"{pipeline.pipeline}.orders", f"{pipeline.pipeline}.customers")
+
+    def named(unit: int) -> tuple[str, int, int]:
+        side, partition, offset = firsts[unit]
+        return topics[side], partition, offset
+
+    if moves(units):
+        return  # (a moved row's halves are units of their own from stage 1 on, each named by its own record)
+    letters = [(*named(i), reason) for i, reason in joined.rejected]
+    letters += [(*named(made_by[grouped[i][0].tag[2]]), reason) for i, reason in expected.rejected]
+    written_letters = [decode_dead_letter(m.value()) for m in read_to_end({"bootstrap.servers": bootstrap_servers},
+                                                                          pipeline.dlq_topic)]
+    assert sorted((d.topic, d.partition, d.offset, d.reason) for d in written_letters) == sorted(letters)
+    causes: list[bytes] = []  # each view record's source event, in the reference's order
+    for count, unit in enumerate(grouped):
+        made = len(reference_changelog(view, grouped[:count + 1]).changes) - len(causes)
+        causes += [":".join(map(str, named(made_by[unit[0].tag[2]]))).encode()] * made
+    for m in range(SHARDS):
+        mine = [i for i, change in enumerate(expected.changes)
+                if shard_of(key_bytes((change.row.get("region"),)), SHARDS) == m]
+        assert [r.value() for r in parts.get(m, [])] == changelog([expected.changes[i] for i in mine])
+        assert [dict(r.headers() or [])["refold.cause"] for r in parts.get(m, [])] == [causes[i] for i in mine]
 
 
 def split_moves(changes: Sequence[ViewChange]) -> list[ViewChange]:
@@ -179,10 +233,76 @@ def test_an_exchanged_join_killed_mid_commit_writes_each_record_once(bootstrap_s
         assert [r.value() for r in parts.get(m, [])] == changelog(reference_join(spec, mine).changes)
 
 
+@pytest.mark.kafka
+def test_a_regrouping_join_killed_inside_a_stage_3_commit_writes_each_record_once(bootstrap_servers: str,
+                                                                                 tmp_path: Any) -> None:
+    """Revenue per region over a join in three shards, killed (SIGKILL) inside batch 2's
+    transaction of a stage-3 shard: the next run writes each stage-3 shard's reference
+    changelog of its regions, record by record, nothing twice and nothing lost."""
+    pipeline = join_pipeline(f"jq{uuid.uuid4().hex[:8]}", bootstrap_servers, "left", key=["id"], grouped=True,
+                             shards=SHARDS)
+    units, records = killed_in_a_subprocess(pipeline, bootstrap_servers, tmp_path, "group", (
+        "hooks = Hooks(crash_at='in_txn:2')\n"
+        "processor = BatchProcessor(pipeline, settings)\n"
+        "for grouper in processor.groupers.values():\n"
+        "    grouper.hooks = hooks\n"))
+    run_batches(pipeline, records, [7, 14], [False])
+    spec = pipeline.view.join
+    assert spec is not None
+    expected = reference_changelog(ViewSpec.model_validate(GROUPED), numbered(reference_join(spec, units).changes))
+    parts = by_partition(pipeline, f"{pipeline.pipeline}.view")
+    assert sum(len(part) for part in parts.values()) == len(expected.changes) > 0
+    for m in range(SHARDS):
+        mine = [c for c in expected.changes if shard_of(key_bytes((c.row.get("region"),)), SHARDS) == m]
+        assert [r.value() for r in parts.get(m, [])] == changelog(mine)
+
+
+@pytest.mark.kafka
+def test_refold_status_of_a_regrouping_join_shows_each_stage(bootstrap_servers: str,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """`refold status` of revenue per region over a join in three shards, its right source
+    in three partitions and its left in two: stage 1's three shards (shard 2 reads the
+    right source's partition 2 alone), then each later stage's shards and its lag; the
+    view is the reference grouped view over the reference join."""
+    pipeline = join_pipeline(f"js{uuid.uuid4().hex[:8]}", bootstrap_servers, "left", key=["id"], grouped=True,
+                             shards=SHARDS)
+    settings_ = {"bootstrap.servers": bootstrap_servers}
+    ensure_topics(settings_, [TopicSpec(f"{pipeline.pipeline}.customers", 3)])
+    make_topics(pipeline, 2)
+    units = crash_units()
+    records, _ = wire(units, 2, 3)
+    assert {r.partition for r in records} == {0, 1, RIGHT_PARTITIONS, RIGHT_PARTITIONS + 1, RIGHT_PARTITIONS + 2}
+    producer = Producer(settings_)  # the records in the topics at the offsets `wire` gave them, for the lag
+    topics = [source.topic for source in pipeline.sources.values()]
+    for record in records:
+        producer.produce(topics[record.partition >= RIGHT_PARTITIONS], record.value, record.key,
+                         partition=record.partition % RIGHT_PARTITIONS)
+    assert producer.flush(30) == 0
+    del producer
+    run_batches(pipeline, records, [9], [False])
+    spec = pipeline.view.join
+    assert spec is not None
+    expected = reference_changelog(ViewSpec.model_validate(GROUPED), numbered(reference_join(spec, units).changes))
+    written = [m.value() for part in by_partition(pipeline, f"{pipeline.pipeline}.view").values() for m in part]
+    assert folded(written) == folded(changelog(expected.changes))
+    assert print_status(pipeline)
+    shown = capsys.readouterr().out
+    assert f"source {pipeline.pipeline}.orders (L) joined with {pipeline.pipeline}.customers (R)" in shown
+    first = shown[:shown.index("stage 2")]
+    assert "R2:" in first and "    2  R2 " in first  # shard 2: the right source's partition 2 alone
+    assert f"stage 2 (writer 0.view) from {pipeline.pipeline}.repartition" in shown
+    assert f"stage 3 (writer 0.group) from {pipeline.pipeline}.regroup" in shown
+    assert shown.count("total lag 0") == 4  # both sources, P.repartition, P.regroup
+    for stage in ("stage 2", "stage 3"):
+        part = shown[shown.index(stage):]
+        assert all(f"\n  {m:>5}  {m:<12}" in part for m in range(SHARDS)), part
+
+
 def test_an_exchanged_joins_plan_routes_by_join_key() -> None:
     """`refold explain`'s plan of a join in shards: 3: stage 1 per partition pair of both
     sources, `P.repartition` of 3 partitions, 3 join shards under `<writer>.view`, the
-    driver's close; a grouped view keyed outside the join key is refused by name."""
+    driver's close; a grouped view keyed outside the join key adds a stage 3 of 3 shards
+    under `<writer>.group` reading `P.regroup`, which the driver closes after stage 2."""
     pipeline = join_pipeline("jz", "127.0.0.1:1", "left", key=["id"], shards=3)
     plan = plan_of(pipeline, 2)
     assert plan.layout == "exchanged" and plan.stage2_shards == 3 and plan.close_id == "jz-0-close"
@@ -197,7 +317,23 @@ def test_an_exchanged_joins_plan_routes_by_join_key() -> None:
            "shards through jz.repartition" in text
     assert "2. join: join (3 shards" in text
     grouped = join_pipeline("jw", "127.0.0.1:1", "left", key=["id"], grouped=True, shards=3)
-    refusal = grouped.run_refusal() or ""
-    assert refusal.startswith("shards: 3: a grouped view over a join in shards") and "second exchange" in refusal
-    with pytest.raises(UserError, match="second exchange"):
-        BatchProcessor(grouped, {"bootstrap.servers": "127.0.0.1:1"})
+    assert grouped.run_refusal() is None
+    plan = plan_of(grouped, 2)
+    route, join, reduce = plan.stages
+    assert plan.regrouped and join.outputs == ("jw.regroup", "jw.dlq") and join.state_topic == "jw.state"
+    assert reduce.inputs == ("jw.regroup",) and reduce.writer == "0.group" and reduce.shards == 3
+    assert reduce.outputs == ("jw.view", "jw.dlq") and reduce.state_topic == "jw.regroup.state"
+    assert reduce.transactional_ids == ("jw-0.group-0", "jw-0.group-1", "jw-0.group-2")
+    drawn = explain(grouped)  # `refold explain`
+    for line in ("# shards: stage 1 one per partition pair of jw.orders and jw.customers, routed by join key to 3 join "
+                 "shards through jw.repartition, their joined rows routed by region to 3 shards of the grouped view "
+                 "through jw.regroup",
+                 "2. join: join → route (3 shards, shard p reads partition p of its input)",
+                 "writes jw.regroup, jw.dlq; state in jw.state",
+                 "3. reduce: reduce (3 shards, shard p reads partition p of its input)",
+                 "writer 0.group: transactional ids jw-0.group-<shard>, checkpoints 0.group/<shard> in jw.checkpoints",
+                 "writes jw.view, jw.dlq; state in jw.regroup.state",
+                 "the driver closes each batch in jw.repartition, then, once every stage-2 shard committed, in "
+                 "jw.regroup (transactional id jw-0-close)",
+                 "jw.regroup ", "joined rows by view key, a partition per stage-3 shard: 3 partitions"):
+        assert line in drawn, line

@@ -12,15 +12,26 @@ from typing import Any
 import orjson
 import pytest
 from test_join import Unit
-from test_join_engine import changelog, join_pipeline, make_topics, run_batches, written
+from test_join import as_units as numbered
+from test_join_engine import (
+    GROUPED,
+    by_partition,
+    changelog,
+    join_pipeline,
+    make_topics,
+    run_batches,
+    written,
+)
+from test_join_exchange import SHARDS, folded, shard_of_unit
 
-from refold.config import Pipeline, parse_pipeline
+from refold.config import Pipeline, ViewSpec, parse_pipeline
 from refold.kafka.io import read_to_end
 from refold.model.changelog import Op
 from refold.model.reasons import Reason
-from refold.plan import RIGHT_PARTITIONS
+from refold.plan import RIGHT_PARTITIONS, plan_of
 from refold.recovery.records import decode_dead_letter
 from refold.reduce import SourceEvent
+from refold.reference import reference_changelog
 from refold.reference_joins import reference_join
 from refold.runtime.batch import InputRecord
 
@@ -134,6 +145,51 @@ def test_a_debezium_source_in_a_join_writes_the_reference_join_of_its_table(boot
          Reason.BEFORE_DIFFERS)]
 
 
-def test_a_table_source_in_a_join_through_the_exchange_is_refused_by_name() -> None:
-    refusal = upsert_join("127.0.0.1:1", "inner", shards=2).run_refusal() or ""
-    assert refusal.startswith("sources.customers: a join in shards: 2 reads changelog sources")
+@pytest.mark.kafka
+@pytest.mark.parametrize(("seed", "kind"), [(5, "inner"), (6, "left"), (7, "full")])
+def test_an_upsert_source_in_a_join_through_the_exchange_writes_the_reference_join(bootstrap_servers: str,
+                                                                                   seed: int, kind: str) -> None:
+    """The upsert topic of customers in a join in three shards: stage 1 keeps each
+    customer's last row (in `P.rows`) and routes what its record changes; each join
+    shard's view partition is the reference join's changelog of its join keys, record by
+    record, with batch cuts and restarts."""
+    pipeline = upsert_join(bootstrap_servers, kind, shards=SHARDS)
+    assert pipeline.run_refusal() is None
+    make_topics(pipeline, 2)
+    records, units = histories(seed)
+    rng = random.Random(seed)
+    run_batches(pipeline, records, [rng.randrange(len(records)) for _ in range(4)], [False, True])
+    spec = pipeline.view.join
+    assert spec is not None
+    parts = by_partition(pipeline, f"{pipeline.pipeline}.view")
+    assert sum(len(part) for part in parts.values()) > 0
+    for m in range(SHARDS):
+        mine = [(side, events) for side, events in units if shard_of_unit(side, events) == m]
+        assert [r.value() for r in parts.get(m, [])] == changelog(reference_join(spec, mine).changes)
+
+
+@pytest.mark.kafka
+def test_a_debezium_source_in_a_regrouping_join_is_the_grouped_reference(bootstrap_servers: str) -> None:
+    """Customers as Debezium's events, revenue per region over a left join in three
+    shards (through both exchanges): the view is the reference grouped view over the
+    reference join of the table's changelog; an update whose `before` is not the
+    customer's row is a dead letter of the customers topic, written by stage 1."""
+    pipeline = upsert_join(bootstrap_servers, "left", debezium=True, shards=SHARDS, grouped=True)
+    assert pipeline.run_refusal() is None and plan_of(pipeline, 2).regrouped
+    make_topics(pipeline, 2)
+    for seed in range(4, 40):  # (a history whose last step is a refused update)
+        records, units = histories(seed, debezium=True)
+        if b"mars" in (records[-1].value or b""):
+            break
+    run_batches(pipeline, records, [len(records) // 3, len(records) // 2], [True])
+    spec = pipeline.view.join
+    assert spec is not None
+    joined = reference_join(spec, units)
+    expected = reference_changelog(ViewSpec.model_validate(GROUPED), numbered(joined.changes))
+    view = [m.value() for part in by_partition(pipeline, f"{pipeline.pipeline}.view").values() for m in part]
+    assert folded(view) == folded(changelog(expected.changes)) != {}
+    letters = [decode_dead_letter(m.value()) for m in read_to_end({"bootstrap.servers": bootstrap_servers},
+                                                                  pipeline.dlq_topic)]
+    customers = pipeline.sources["customers"].topic
+    assert [(d.topic, d.partition, d.offset, d.reason) for d in letters if d.reason == Reason.BEFORE_DIFFERS] == [
+        (customers, records[-1].partition - RIGHT_PARTITIONS, records[-1].offset, Reason.BEFORE_DIFFERS)]

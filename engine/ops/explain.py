@@ -92,8 +92,11 @@ def summary(plan: Plan) -> str:
     if view.join is not None:
         topics = " and ".join(s.topic for s in plan.sources)
         if plan.layout == "exchanged":
+            regroup = "" if not plan.regrouped else \
+                (f", their joined rows routed by {', '.join(view.key)} to {plan.stages[2].shards} shards of the "
+                 f"grouped view through {plan.stages[2].inputs[0]}")
             lines.append(f"# shards: stage 1 one per partition pair of {topics}, routed by join key to "
-                         f"{plan.stages[1].shards} join shards through {plan.stages[1].inputs[0]}")
+                         f"{plan.stages[1].shards} join shards through {plan.stages[1].inputs[0]}{regroup}")
         else:
             lines.append(f"# shards: one per partition pair of {topics} (both keyed by their join columns)"
                          if plan.layout == "co-partitioned" else f"# shards: one, merging every partition of {topics}")

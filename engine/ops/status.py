@@ -77,6 +77,10 @@ def committed_plan(pipeline: Pipeline, settings: dict[str, Any]) -> tuple[Plan, 
     whatever the file asks now), and every stage writer's checkpoints by shard."""
     committed = load_writers(pipeline, settings, stage_writers(pipeline))
     partitions = len(partitions_of(settings, pipeline.source.topic))
+    if pipeline.view.join is not None:  # a join in shards: M is laid out by its join shards' checkpoints
+        joined = committed[stage_writers(pipeline)[1]]
+        laid_out = pipeline.model_copy(update={"shards": max(joined) + 1}) if joined else pipeline
+        return plan_of(laid_out, partitions), committed
     try:
         laid_out = settle_shards(pipeline.model_copy(update={"shards": None}), committed, partitions)
     except UserError:  # state an earlier Refold laid out otherwise: as the file says
@@ -86,7 +90,7 @@ def committed_plan(pipeline: Pipeline, settings: dict[str, Any]) -> tuple[Plan, 
 
 def later_stages(pipeline: Pipeline, settings: dict[str, Any]) -> list[StageStatus]:
     """The plan's stages after the first (a re-grouping view's stage 2, a global Top-N's
-    stage 3) that committed, with their checkpoints (none for any other view)."""
+    stage 3, a join's join shards and a regrouping join's stage 3) that committed, with their checkpoints (none for any other view)."""
     stages = []
     plan, committed = committed_plan(pipeline, settings)
     for number, stage in enumerate(plan.later, 2):

@@ -6,7 +6,8 @@ from refold.plan.plan import Plan, Stage, Topic
 
 _ROLES = {"source": "source", "repartition": "routed units, a partition per stage-2 shard",
           "rows": "stage 1's live rows per message key", "tops": "the stage-2 shards' local tops",
-          "tops state": "stage 3's state", "view": "view", "trace": "trace index, partition = view partition", "delta": "delta", "dead letters": "dead letters",
+          "tops state": "stage 3's state", "regroup": "joined rows by view key, a partition per stage-3 shard",
+          "regroup state": "stage 3's state, partition = shard", "view": "view", "trace": "trace index, partition = view partition", "delta": "delta", "dead letters": "dead letters",
           "state": "state, partition = shard", "checkpoints": "a record per stage writer and shard"}
 
 
@@ -49,7 +50,9 @@ def tree(plan: Plan) -> str:
         lines.append(f"│  {stem}   reads {', '.join(stage.inputs)}")
         lines.append(f"│  {stem}   writes {', '.join(stage.outputs)}; state in {stage.state_topic}")
     if plan.close_id is not None:
-        lines.append(f"├─ the driver closes each batch in {plan.stages[1].inputs[0]} "
+        later = "".join(f", then, once every stage-{n - 1} shard committed, in {stage.inputs[0]}"
+                        for n, stage in enumerate(plan.stages[2:], 3))
+        lines.append(f"├─ the driver closes each batch in {plan.stages[1].inputs[0]}{later} "
                      f"(transactional id {plan.close_id})")
     lines.append("└─ topics")
     width = max(len(topic.name) for topic in plan.topics)

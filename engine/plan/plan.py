@@ -25,6 +25,10 @@ The stages a view runs in today (`Stage.name`):
 - `route` → `join` (a join in `shards: M`, `refold.runtime.joinx`): stage 1 shard p
   decodes partition p of both sources and routes each unit by join key through
   `P.repartition`; stage 2's M shards join (and reduce the grouped view over the join).
+- `route` → `join` → `reduce` (a join in `shards: M` whose grouped view is keyed
+  outside the left side's join columns, `refold.runtime.joingroup`): stage 2's shards
+  route the joined rows by view key through `P.regroup` (M partitions); stage 3's M
+  shards reduce the grouped view; the driver closes `P.regroup` after stage 2.
 
 A stage's shard s has the transactional id `<prefix>-<writer>-<s>`, its checkpoint
 record `<writer>/<s>` in `P.checkpoints` and its state in partition s of its state
@@ -168,10 +172,38 @@ def rank_pipeline(pipeline: Pipeline) -> Pipeline:
     return pipeline.model_copy(update={"writer": f"{pipeline.writer}.top", "source": source})
 
 
-def stage_writers(pipeline: Pipeline) -> tuple[str, str, str]:
+def regroups_join(pipeline: Pipeline) -> bool:
+    """Whether a join in `shards: M` has a grouped view keyed outside the left side's join
+    columns: its joined rows go through a second exchange (`P.regroup`) to a stage 3."""
+    join = pipeline.view.join
+    if join is None or not stage2_shards(pipeline) or not pipeline.view.key:
+        return False
+    left = {column for name, side, column in join.outputs if side == 0 and name in pipeline.view.key}
+    return not set(join.sides_on[0]) <= left
+
+
+def regroup_topic(pipeline: Pipeline) -> str:
+    """A regrouping join's joined rows routed by view key, a partition per stage-3 shard."""
+    return f"{pipeline.pipeline}.regroup"
+
+
+def regroup_state_topic(pipeline: Pipeline) -> str:
+    """A regrouping join's stage-3 state (the grouped view's), a partition per shard."""
+    return f"{pipeline.pipeline}.regroup.state"
+
+
+def regroup_pipeline(pipeline: Pipeline) -> Pipeline:
+    """Stage 3's pipeline of a regrouping join: the same view and outputs, its input
+    `P.regroup`, its writer `<writer>.group` (its transactional ids, checkpoints, stores)."""
+    source = pipeline.source.model_copy(update={"topic": regroup_topic(pipeline)})
+    return pipeline.model_copy(update={"writer": f"{pipeline.writer}.group", "source": source})
+
+
+def stage_writers(pipeline: Pipeline) -> tuple[str, str, str, str]:
     """The writers a pipeline's stages may commit under, whatever its layout:
-    `<writer>`, `<writer>.view`, `<writer>.top` (what `P.checkpoints` is read for)."""
-    return (pipeline.writer, f"{pipeline.writer}.view", f"{pipeline.writer}.top")
+    `<writer>`, `<writer>.view`, `<writer>.top`, `<writer>.group` (what `P.checkpoints`
+    is read for)."""
+    return (pipeline.writer, f"{pipeline.writer}.view", f"{pipeline.writer}.top", f"{pipeline.writer}.group")
 
 
 # The value --------------------------------------------------------------------------------
@@ -183,7 +215,7 @@ class Topic:
     to make, or not known before the source's partitions are) and whether compacted."""
 
     name: str
-    role: str  # source, repartition, rows, tops, tops state, view, delta, dead letters, state, checkpoints
+    role: str  # source, repartition, rows, tops, tops state, regroup, regroup state, view, delta, dead letters, ...
     partitions: int | None
     compacted: bool = False
 
@@ -210,7 +242,7 @@ class Stage:
     one per source partition, known once the source's partitions are), its writer and
     its pipeline (the config its shards run with: its writer and input topic)."""
 
-    name: str  # view, route, reduce, rank, join
+    name: str  # view, route, reduce, rank, join (a regrouping join: route, join, reduce)
     steps: tuple[str, ...]  # decode, validate, route, reduce, rank, join
     pipeline: Pipeline
     inputs: tuple[str, ...]
@@ -264,6 +296,11 @@ class Plan:
     @property
     def ranked_globally(self) -> bool:
         return self.stages[-1].name == "rank"
+
+    @property
+    def regrouped(self) -> bool:
+        """A join's grouped view reduced in a stage 3 (`regroups_join`)."""
+        return len(self.stages) == 3 and self.stages[-1].name == "reduce"
 
     @property
     def stage2_shards(self) -> int:
@@ -386,10 +423,18 @@ def _join_plan(pipeline: Pipeline, partitions: int | None) -> Plan:
     if m:  # through the exchange: stage 1 routes partition p of both sources by join key
         route = Stage("route", ("decode", "validate", "route"), pipeline, inputs,
                       (pipeline.repartition_topic, dlq), pipeline.rows_topic, partitions, True)
-        stages = (route, Stage("join", steps[2:], view_pipeline(pipeline), (pipeline.repartition_topic,),
-                               (*outputs, dlq), state, m, True))
         exchange = [Topic(pipeline.repartition_topic, "repartition", m),
                     Topic(pipeline.rows_topic, "rows", made, compacted=True)]
+        if regroups_join(pipeline):  # the joined rows through a second exchange, by view key
+            regroup, regroup_state = regroup_topic(pipeline), regroup_state_topic(pipeline)
+            stages = (route, Stage("join", ("join", "route"), view_pipeline(pipeline), (pipeline.repartition_topic,),
+                                   (regroup, dlq), state, m, True),
+                      Stage("reduce", ("reduce",), regroup_pipeline(pipeline), (regroup,), (*outputs, dlq),
+                            regroup_state, m, True))
+            exchange += [Topic(regroup, "regroup", m), Topic(regroup_state, "regroup state", m, compacted=True)]
+        else:
+            stages = (route, Stage("join", steps[2:], view_pipeline(pipeline), (pipeline.repartition_topic,),
+                                   (*outputs, dlq), state, m, True))
     else:
         stages = (Stage("join", steps, pipeline, inputs, (*outputs, dlq), state, shards, paired),)
     topics = [*(Topic(s.topic, "source", s.partitions) for s in sources),

@@ -164,9 +164,10 @@ def check_plan_view_partitions(plan: Plan, settings: Mapping[str, Any]) -> None:
 
 def exchange_topics(pipeline: Pipeline, partitions: int) -> list[TopicSpec]:
     """A re-grouping view's own topics, as the plan has them: `P.repartition`, `P.rows`
-    (and a global Top-N's `P.tops`, `P.tops.state`). `partitions`: what the engine
+    (and a global Top-N's `P.tops`, `P.tops.state`; a regrouping join's `P.regroup`,
+    `P.regroup.state`). `partitions`: what the engine
     makes its topics with."""
-    roles = ("repartition", "rows", "tops", "tops state")
+    roles = ("repartition", "rows", "tops", "tops state", "regroup", "regroup state")
     return [topic.spec() for topic in plan_of(pipeline, partitions).topics if topic.role in roles]
 
 
@@ -195,7 +196,7 @@ def _earlier_layout(pipeline: Pipeline, committed: dict[str, dict[int, Checkpoin
 def _check_ranked(pipeline: Pipeline, committed: dict[str, dict[int, Checkpoint]]) -> None:
     """UserError for a global Top-N that committed in shards before stage 3 ranked it
     (its stage 3): its rows all lie in one stage-2 shard, not by message key."""
-    _writer, view_writer, rank_writer = stage_writers(pipeline)
+    _writer, view_writer, rank_writer, _group_writer = stage_writers(pipeline)
     if any(c.batch > 0 for c in committed[view_writer].values()) and not committed[rank_writer]:
         raise UserError(
             f"shards: pipeline {pipeline.pipeline!r} (writer {pipeline.writer!r}) is a global Top-N whose state an "

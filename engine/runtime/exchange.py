@@ -63,6 +63,7 @@ from refold.plan import (
     close_id,
     message_key,
     ranked_globally,
+    regroup_topic,
     stage2_shards,
     tops_topic,
     view_pipeline,
@@ -280,19 +281,21 @@ class Closer:
         self.writer.initialise()  # fences an older run's driver
         self.closed = 0
 
-    def close(self, run: int, tops: bool = False) -> bytes:
+    def close(self, run: int, tops: bool = False, regroup: bool = False) -> bytes:
         """Close the batch: the close record, committed to every `P.repartition`
-        partition (`tops`: to `P.tops`, after every stage-2 shard committed)."""
+        partition (`tops`: to `P.tops`; `regroup`: to every `P.regroup` partition, a
+        regrouping join's; both after every stage-2 shard committed)."""
         self.closed += 1
         value = close_value(run, self.closed)
         writer = self.writer
+        topic = regroup_topic(self.pipeline) if regroup else self.pipeline.repartition_topic
         for attempt in range(1, CLOSE_ATTEMPTS + 1):
             try:
                 writer.begin()
                 if tops:
                     writer.send(tops_topic(self.pipeline), None, value, partition=0)
                 for shard in range(0 if tops else stage2_shards(self.pipeline)):
-                    writer.send(self.pipeline.repartition_topic, None, value, partition=shard)
+                    writer.send(topic, None, value, partition=shard)
                 writer.commit()
                 return value
             except TransactionFailed as exc:

@@ -11,16 +11,22 @@ sources:
    (`refold.runtime.joins.JoinUnitReader`) and sends each unit to `P.repartition`
    partition `shard_of(join key)` (`refold.runtime.exchange.shard_of` of the side's
    join columns' values), one record per shard it touches, with its events' tags and
-   its merge key, as stage 1 of a re-grouping view writes them. It holds no state:
-   a retraction of a row the side does not hold is refused by stage 2, which holds the
-   rows. One transaction: the routed records, the dead letters of records that do not
-   decode, the checkpoint, both sources' offsets.
+   its merge key, as stage 1 of a re-grouping view writes them. It holds no join
+   state: a retraction of a row the side does not hold is refused by stage 2, which
+   holds the rows. A table side (`form: upsert`, `debezium-json`) keeps each message
+   key's last row here, in the shard's store and `P.rows` partition p (as a merged
+   join's shard keeps them, `refold.runtime.jointables`), and routes the events its
+   record makes against it (a new key `+A`, a changed row `-C`/`+C`, a tombstone `-R`).
+   One transaction: the routed records, the dead letters of records that do not decode,
+   the last rows' changes, the checkpoint, both sources' offsets.
 2. **The driver closes the batch** (`Closer`), as for a re-grouping view.
 3. **Stage 2, shard m** (`JoinApplyProcessor`, writer `<writer>.view`): reads partition
    m of `P.repartition` through the close (`read_closed`), merges each segment by merge
    key (`ExchangeReader`) and joins each unit as a join's shard does (the native
-   `JoinCore` or the `JoinReducer`; the grouped view over the join in the same shard,
-   whose key holds the left side's join columns, so each view key lies in one shard).
+   `JoinCore` or the `JoinReducer`; the grouped view over the join in the same shard
+   when its key holds the left side's join columns, so each view key lies in one shard;
+   keyed elsewhere, the joined rows go on by view key to a stage 3:
+   `refold.runtime.joingroup`).
    Its dead letters name the side's topic, the event's source partition and offset
    (its value is the event as JSON: the source record stays in the source topic);
    each record it writes names the source event that caused it.
@@ -39,17 +45,17 @@ import orjson
 
 from refold.config import Pipeline
 from refold.connectors.runtime import Executor, Materializations
-from refold.model.changelog import Op
-from refold.plan import stage2_shards, view_pipeline
+from refold.plan import regroups_join, stage2_shards, view_pipeline
 from refold.recovery.records import PendingRecord
-from refold.reduce import SourceEvent
+from refold.reduce import Rejected
 from refold.reduce.values import key_bytes
 from refold.runtime.batch import InputRecord, Outgoing, Unit, Units
 from refold.runtime.exchange import ExchangeReader, shard_of
+from refold.runtime.joingroup import JoinedRouter, source_record
 from refold.runtime.joins import JoinShardProcessor, SideDeadLetters, side_of
 from refold.runtime.render import UnitChanges
 
-__all__ = ["JoinApplyProcessor", "JoinRouteProcessor", "JoinRouter"]
+__all__ = ["JoinApplyProcessor", "JoinExchangeReader", "JoinRouteProcessor", "JoinRouter"]
 
 
 class JoinRouter:
@@ -99,22 +105,41 @@ class JoinRouteProcessor(JoinShardProcessor):
         return None
 
     def _touched(self, units: Sequence[Unit]) -> set[Any]:
+        """No view keys; a table side's keys' last rows loaded from the store."""
+        if any(self.reader.tables):
+            assert self.store is not None
+            keys = {item.key for unit in units if (item := self.reader.item_of(unit)) is not None
+                    and item.key is not None}
+            self.last_rows.load(self.store, keys, self.pipeline.spark.state_cache_keys)
         return set()
 
     def _reduce(self, units: Sequence[Unit], out: Outgoing) -> list[UnitChanges]:
         """Each unit routed with its merge key: the greatest first tag of the shard's units
         up to its own (`refold.runtime.exchange.merge_keys`; both sides' units are one
-        stream here, merged by tag)."""
+        stream here, merged by tag). A table side's record is routed as the events it
+        makes against its key's last row, which it then replaces."""
         greatest: Any = None
         for unit in units:
             first = unit[0][0].tag
             if greatest is None or first > greatest:
                 greatest = first
+            item = self.reader.item_of(unit)
+            if item is not None:
+                try:
+                    events = self.last_rows.unit(item)
+                except Rejected as rejected:  # (a Debezium `before` that cannot be the row)
+                    self.reader.letters[side_of(item.record.partition)].add(out, item.record, rejected.reason,
+                                                                            rejected.detail)
+                    continue
+                self.last_rows.put(item)
+                if not events:
+                    continue
+                unit = tuple((event, item.record) for event in events)
             out.route(self.reducer.routed(unit, list(greatest)))
         return []
 
     def _render(self, changes: Sequence[UnitChanges], out: Outgoing) -> None:
-        out.state = []
+        out.state = self.last_rows.take_state_changes()  # (a table side's last rows, in P.rows)
 
 
 class JoinExchangeReader(ExchangeReader):
@@ -126,16 +151,16 @@ class JoinExchangeReader(ExchangeReader):
         super().__init__()
         self.letters = list(letters)
         self.tables = [None, None]  # (no table sides: a join through the exchange reads changelogs)
+        self.order: dict[tuple[int, int], list[Any]] = {}  # a unit's (partition, offset) -> [its close, merge key]
 
     def read(self, fresh: Sequence[InputRecord], pending: Mapping[int, PendingRecord], out: Outgoing) -> Units:
         read = super().read(fresh, pending, out)
-        units = [tuple((event, _source_record(event)) for event, _record in unit) for unit in read.units]
+        self.order = {}
+        for unit in read.units:
+            close, merge_key, _id = self.meta[unit[0][1].offset]
+            self.order[unit[0][0].tag[1:]] = [close, merge_key]
+        units = [tuple((event, source_record(event)) for event, _record in unit) for unit in read.units]
         return Units(units, read.pending, read.tombstones)
-
-
-def _source_record(event: SourceEvent) -> InputRecord:
-    _time, partition, offset = event.tag
-    return InputRecord(partition, offset, None, orjson.dumps({"op": Op(event.op).code, **event.row}), None)
 
 
 class JoinApplyProcessor(JoinShardProcessor):
@@ -144,9 +169,23 @@ class JoinApplyProcessor(JoinShardProcessor):
     def __init__(self, pipeline: Pipeline, settings: dict[str, Any], shard: int = 0, *args: Any,
                  **kwargs: Any) -> None:
         super().__init__(view_pipeline(pipeline), settings, shard, *args, **kwargs)
+        self.regroup = JoinedRouter(self.pipeline) if regroups_join(self.pipeline) else None
 
     def _make_reader(self) -> Any:
         return JoinExchangeReader(super()._make_reader().letters)
+
+    def _new_reducer(self) -> Any:
+        reducers = super()._new_reducer()
+        if regroups_join(self.pipeline):  # the grouped view is stage 3's (refold.runtime.joingroup)
+            reducers.grouped = None
+        return reducers
+
+    def _reduce(self, units: Sequence[Unit], out: Outgoing) -> list[UnitChanges]:
+        joined = super()._reduce(units, out)
+        if self.regroup is None:
+            return joined
+        self.regroup.route(self.reader, units, joined, out)  # (stage 3 reduces them)
+        return []
 
     def _consumed(self, offsets: Mapping[int, int]) -> dict[str, dict[int, int]]:
         return {self.topic: dict(offsets)}

@@ -36,10 +36,12 @@ from refold.connectors.runtime import Executor
 from refold.errors import UserError
 from refold.kafka.io import ensure_topics, partitions_of
 from refold.kafka.transactions import FencedError
+from refold.plan import regroup_topic, regroups_join
 from refold.recovery.layout import check_view_partitions, exchange_topics, settle_layout
 from refold.runtime.batch import InputRecord
 from refold.runtime.exchange import ApplyProcessor, Closer, RouteProcessor, read_closed
 from refold.runtime.hooks import NO_HOOKS, Hooks
+from refold.runtime.joingroup import RegroupProcessor
 from refold.runtime.joins import JoinShardProcessor, check_join_partitions
 from refold.runtime.joinx import JoinApplyProcessor, JoinRouteProcessor
 from refold.runtime.shard import ATTEMPTS, BatchStats, ShardProcessor
@@ -95,6 +97,7 @@ class BatchProcessor:
         self.shards: dict[int, ShardProcessor] = {}
         self.appliers: dict[int, ShardProcessor] = {}  # a re-grouping view's stage 2, by shard
         self.ranker: ShardProcessor | None = None  # a global Top-N's stage 3 (refold.runtime.tops)
+        self.groupers: dict[int, ShardProcessor] = {}  # a regrouping join's stage 3 (refold.runtime.joingroup)
         self.closer: Closer | None = None
         self.run = int(time.time() * 1000)
         self._state_partitions = self._checkpoint_partitions = 0  # read once every shard is fenced
@@ -135,6 +138,12 @@ class BatchProcessor:
                 checkpoint_partition=index % self._checkpoint_partitions)
             applier.lock()
             applier.fence()
+        for index in range(stage2_shards(self.pipeline) if regroups_join(self.pipeline) else 0):
+            grouper = self.groupers[index] = RegroupProcessor(
+                self.pipeline, self.settings, index, self.executor, hooks=self.hooks, start=False,
+                checkpoint_partition=index % self._checkpoint_partitions)
+            grouper.lock()
+            grouper.fence()
         if ranked_globally(self.pipeline):
             ranker = self.ranker = RankProcessor(self.pipeline, self.settings, 0, self.executor, hooks=self.hooks,
                                                  start=False, checkpoint_partition=0)
@@ -155,6 +164,14 @@ class BatchProcessor:
             stats = _run_shard(applier, part)
             if stats is not None:
                 committed.append(stats)
+        if self.groupers:  # a regrouping join's stage 3, once every stage-2 shard committed
+            close = self.closer.close(self.run, regroup=True)
+            for index, grouper in self.groupers.items():
+                part = read_closed(self.settings, self.pipeline, index, grouper.offsets.get(index, 0), close,
+                                   topic=regroup_topic(self.pipeline))
+                stats = _run_shard(grouper, part)
+                if stats is not None:
+                    committed.append(stats)
         if self.ranker is not None:  # stage 3, once every stage-2 shard committed
             close = self.closer.close(self.run, tops=True)
             part = read_closed(self.settings, self.pipeline, 0, self.ranker.offsets.get(0, 0), close,
@@ -170,8 +187,8 @@ class BatchProcessor:
         return JoinApplyProcessor if self.pipeline.view.join is not None else ApplyProcessor
 
     def _later_stages(self) -> list[ShardProcessor]:
-        """A re-grouping view's stage-2 shards and a global Top-N's stage 3."""
-        return [*self.appliers.values(), *([self.ranker] if self.ranker is not None else [])]
+        """A re-grouping view's stage-2 shards, a regrouping join's stage 3, a global Top-N's stage 3."""
+        return [*self.appliers.values(), *self.groupers.values(), *([self.ranker] if self.ranker is not None else [])]
 
     def _make_shard(self, index: int) -> ShardProcessor:
         """A shard's processor, not started (`fence`, then `restore`; its

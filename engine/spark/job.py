@@ -136,7 +136,10 @@ def run_pipeline(
         partitions = partitions_of(settings, topic)
     except UserError as exc:
         raise UserError(f"source.topic: {exc}") from exc
-    plan = settle_plan(pipeline, settings, len(partitions))  # the pipeline's shape, read from here on
+    count = len(partitions)
+    if pipeline.view.join is not None and isinstance(pipeline.shards, int):  # stage 1: a shard per partition of either
+        count = max(count, check_join_partitions(pipeline, settings, count))
+    plan = settle_plan(pipeline, settings, count)  # the pipeline's shape, read from here on
     pipeline = plan.pipeline
     right = None  # a join's right source: (topic, partitions)
     if pipeline.view.join is not None:
@@ -422,6 +425,14 @@ class _Batches:
         assert reduce.shards is not None
         rows = run_shards(spark, task, reduce.shards)  # each shard on its executor, batch after batch
         trim(self.settings, self.pipeline, summary_offsets(rows), reduce.inputs[0])
+        if self.start.plan.regrouped and not any(row["error_kind"] for row in rows):  # a regrouping join's stage 3
+            group = self.start.plan.stage("reduce")
+            close = self.start.closer.close(self.start.run, regroup=True)
+            assert group.shards is not None
+            grouped = [{**row, "stage": 3} for row in run_shards(spark, replace(task, stage="group", close=close),
+                                                                 group.shards)]
+            trim(self.settings, self.pipeline, summary_offsets(grouped), group.inputs[0])
+            rows += grouped
         if self.start.plan.ranked_globally and not any(row["error_kind"] for row in rows):  # stage 3
             rank = self.start.plan.stage("rank")
             close = self.start.closer.close(self.start.run, tops=True)

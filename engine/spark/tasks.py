@@ -52,10 +52,11 @@ import pyarrow.compute as pc
 from refold.config import Pipeline
 from refold.errors import OperationalError, RecordError, RefoldError, UserError
 from refold.kafka.transactions import FencedError
-from refold.plan import RIGHT_PARTITIONS
+from refold.plan import RIGHT_PARTITIONS, regroup_topic
 from refold.runtime.batch import InputRecord
 from refold.runtime.exchange import ApplyProcessor, RouteProcessor, read_closed
 from refold.runtime.hooks import Hooks
+from refold.runtime.joingroup import RegroupProcessor
 from refold.runtime.joins import JoinShardProcessor
 from refold.runtime.joinx import JoinApplyProcessor, JoinRouteProcessor
 from refold.runtime.shard import BatchStats, ShardProcessor
@@ -121,7 +122,8 @@ class ShardTask:
     `first_of_run`: this batch is the run's first, whose first record keyed otherwise
     stops the engine (later ones are dead letters); `stage`: the view's shards
     (`view`), or a re-grouping view's stage 1 (`route`), stage 2 (`apply`, through
-    the close record `close`) or a global Top-N's stage 3 (`top`, refold.runtime.tops)."""
+    the close record `close`), a global Top-N's stage 3 (`top`, refold.runtime.tops) or a
+    regrouping join's stage 3 (`group`, refold.runtime.joingroup)."""
 
     pipeline: Pipeline
     settings: dict[str, Any]
@@ -129,7 +131,7 @@ class ShardTask:
     run: int
     checkpoint_partitions: int
     first_of_run: bool
-    stage: Literal["view", "route", "apply", "top"] = "view"
+    stage: Literal["view", "route", "apply", "top", "group"] = "view"
     close: bytes | None = None
 
     __name__ = "refold_shard_task"  # what Spark's plan and UI show: never the settings
@@ -141,7 +143,7 @@ class ShardTask:
         if hosts.enabled():  # each shard in its host (refold.spark.hosts), which keeps it warm
             yield from self._hosted(batches)
             return
-        if self.stage in ("apply", "top"):  # the shards' numbers in, each shard's input read from P.repartition
+        if self.stage in ("apply", "top", "group"):  # the shards' numbers in, each shard's input read from P.repartition
             for index in [i for batch in batches for i in batch.column("id").to_pylist()]:
                 yield _summary(index, *self._run_shard(index, None))
             return
@@ -156,7 +158,7 @@ class ShardTask:
         attempt = _attempt()
         state_root = self.pipeline.spark.state_dir or str(default_root())
         arrived = list(batches)
-        if self.stage in ("apply", "top"):
+        if self.stage in ("apply", "top", "group"):
             parts: list[tuple[int, pa.Table | None]] = [
                 (i, None) for batch in arrived for i in batch.column("id").to_pylist()]
         else:
@@ -231,15 +233,19 @@ class ShardTask:
         """Stage 2's input: its `P.repartition` partition from its checkpoint through the close."""
         assert self.close is not None
         return read_closed(self.settings, self.pipeline, index, processor.offsets.get(index, 0), self.close,
-                           topic=tops_topic(self.pipeline) if self.stage == "top" else None)
+                           topic={"top": tops_topic(self.pipeline), "group": regroup_topic(self.pipeline)}.get(self.stage))
 
     def _new(self, index: int) -> ShardProcessor:
         """A new processor of the shard (its writer initialised, its checkpoint read, its
         store brought to it), kept for the worker's next tasks. FencedError when a newer
         engine run has claimed the shard."""
-        kind = {"view": ShardProcessor, "route": RouteProcessor, "apply": ApplyProcessor, "top": RankProcessor}[self.stage]
-        if self.pipeline.view.join is not None:
-            kind = {"route": JoinRouteProcessor, "apply": JoinApplyProcessor}.get(self.stage, JoinShardProcessor)
+        kind: type[ShardProcessor] = ShardProcessor
+        if self.pipeline.view.join is None:
+            kind = {"view": ShardProcessor, "route": RouteProcessor, "apply": ApplyProcessor,
+                    "top": RankProcessor}[self.stage]
+        else:
+            kind = {"route": JoinRouteProcessor, "apply": JoinApplyProcessor, "group": RegroupProcessor}.get(
+                self.stage, JoinShardProcessor)
         processor = kind(
             self.pipeline,
             self.settings,
@@ -259,7 +265,7 @@ class ShardTask:
         return processor
 
     def _key(self, index: int) -> tuple[str, str, int]:
-        writer = self.pipeline.writer + {"apply": ".view", "top": ".top"}.get(self.stage, "")
+        writer = self.pipeline.writer + {"apply": ".view", "top": ".top", "group": ".group"}.get(self.stage, "")
         return (self.pipeline.pipeline, writer, index)
 
     def _forget(self, index: int) -> None:
