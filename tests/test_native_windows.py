@@ -3,8 +3,9 @@ against the Python path they replace (`WindowedReducer` + `Renderer`), byte for 
 view, delta and state records and refusals (`late` and `bad event time` with their detail
 and headers) over random windowed changelogs (tests/window_changelogs.py: out-of-order
 and late times, ISO text, bad times, late corrections), tumble, hop and session windows
-with and without a lateness, every view form, random batch cuts, and restarts where each
-core restores from the `P.state` records the other one wrote."""
+with and without a lateness, emit `per_event` and `final`, every view form, random batch
+cuts, and restarts where each core restores from the `P.state` records the other one
+wrote."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ class PythonPath:
 
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
-        self.reducer = WindowedReducer(pipeline.view)
+        self.reducer = WindowedReducer(pipeline.view, pipeline.outputs.view.emit if pipeline.outputs.view else "per_event")
         self.renderer = Renderer(pipeline)
 
     def apply_batch(self, units: Sequence[Sequence[tuple[SourceEvent, Any]]]) -> tuple[list, list, list, list]:
@@ -163,6 +164,39 @@ def test_sessions_are_byte_for_byte_the_python_path(data: st.DataObject) -> None
     event(run_both(windowed_pipeline("session", lateness, form, False), batches, restarts, floats))
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_emit_final_is_byte_for_byte_the_python_path(data: st.DataObject) -> None:
+    # a unit's records are the windows (sessions) its watermark advance closed, named
+    # by its cause; the state, deltas and refusals as with emit: per_event
+    kind = data.draw(st.sampled_from(["tumble", "hop", "hop-uneven", "session"]))
+    lateness = data.draw(st.sampled_from(["0ms", "5ms", "20ms"]))  # (emit: final needs one)
+    form = data.draw(st.sampled_from(["changelog", "retract", "upsert"]))
+    delta = kind != "session" and data.draw(st.booleans())
+    floats = data.draw(st.integers(0, 4)) == 0
+    units = data.draw(window_changelogs(values=NUMBERS if floats else INTS, invalid=data.draw(st.booleans())))
+    batches = data.draw(batched(units))
+    restarts = data.draw(st.lists(st.booleans(), min_size=len(batches), max_size=len(batches)))
+    event(run_both(windowed_pipeline(kind, lateness, form, delta, emit="final"), batches, restarts, floats))
+
+
+def test_emit_final_writes_a_window_once_as_it_closes_named_by_the_unit_that_closed_it() -> None:
+    from refold.model.changelog import Op
+    rows = [({"k": "b", "ts": 101, "v": 1}, (1, 0, 0)), ({"k": "a", "ts": 103, "v": 2}, (2, 0, 1)),
+            ({"k": "a", "ts": 104, "v": 3}, (3, 0, 2)), ({"k": "a", "ts": 116, "v": 4}, (4, 0, 3))]
+    batch = [[SourceEvent(Op.APPEND, row, tag)] for row, tag in rows]
+    for kind in ("tumble", "session"):
+        pipeline = windowed_pipeline(kind, "5ms", "changelog", False, emit="final")
+        assert run_both(pipeline, [batch], [False], False) == "ok"
+        core = native_core(pipeline)
+        assert core is not None
+        view = core.apply_batch(_units(batch))[1]
+        # the watermark reaches 111 at offset 3: [100, 110) closes (a session [101, 114) does not)
+        got = [(orjson.loads(v)["k"], orjson.loads(v)["total"], headers) for _, v, _, headers in view]
+        assert got == ([("a", 5, [("refold.cause", b"0:3")]), ("b", 1, [("refold.cause", b"0:3")])]
+                       if kind == "tumble" else [("b", 1, [("refold.cause", b"0:3")])])
+
+
 def test_a_session_merges_and_splits_as_python_does() -> None:
     from refold.model.changelog import Op
     a = [({"k": "a", "ts": 100, "v": 1}, (1, 0, 0)), ({"k": "a", "ts": 118, "v": 2}, (2, 0, 1)),
@@ -207,9 +241,9 @@ def test_the_native_core_takes_tumble_hop_and_session_and_says_why_not_the_rest(
     assert why_not(windowed_pipeline("session", "5ms", "upsert", False)) is None
     assert isinstance(native_core(windowed_pipeline("hop", None, None, True)), refold_native.WindowCore)
     assert isinstance(native_core(windowed_pipeline("session", None, "changelog", False)), refold_native.WindowCore)
+    assert why_not(windowed_pipeline("session", "5ms", "changelog", False, emit="final")) is None
+    assert why_not(windowed_pipeline("hop", "5ms", "upsert", True, emit="final")) is None
     for pipeline, said in [
-        (windowed_pipeline("session", "5ms", "changelog", False, emit="final"), "emit: final"),
-        (windowed_pipeline("tumble", "5ms", "changelog", False, emit="final"), "emit: final"),
         (windowed_pipeline("tumble", None, "changelog", False, top_n=True), "windowed Top-N"),
     ]:
         reason = why_not(pipeline)

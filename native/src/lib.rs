@@ -285,9 +285,10 @@ struct WindowCore {
 impl WindowCore {
     /// `size`, `slide` (a tumble: = size) and `lateness` (None: windows never close) in
     /// milliseconds; `time` the event-time column; a `gap` makes session windows (size
-    /// and slide unused).
+    /// and slide unused); `emit_final`: the view output's `emit: final` (records only as
+    /// windows close).
     #[new]
-    #[pyo3(signature = (key_columns, columns, view_form, delta, time, size, slide, lateness, gap = None))]
+    #[pyo3(signature = (key_columns, columns, view_form, delta, time, size, slide, lateness, gap = None, emit_final = false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -300,6 +301,7 @@ impl WindowCore {
         slide: i64,
         lateness: Option<i64>,
         gap: Option<i64>,
+        emit_final: bool,
     ) -> PyResult<Self> {
         if key_columns.is_empty() {
             return Err(PyValueError::new_err("a grouped view needs at least one key column"));
@@ -311,13 +313,13 @@ impl WindowCore {
             if gap <= 0 {
                 return Err(PyValueError::new_err("a session window needs a gap above 0"));
             }
-            let core = SessionCore::new(py, key_columns, columns, view_form, time, gap, lateness)?;
+            let core = SessionCore::new(py, key_columns, columns, view_form, time, gap, lateness, emit_final)?;
             return Ok(WindowCore { core: Windowed::Session(core) });
         }
         if size <= 0 || slide <= 0 || slide > size {
             return Err(PyValueError::new_err("a window needs 0 < slide <= size"));
         }
-        let window = WindowPlan { time, size, slide, lateness };
+        let window = WindowPlan { time, size, slide, lateness, emit_final };
         Ok(WindowCore { core: Windowed::Fixed(FixedCore::new(py, key_columns, columns, view_form, delta, window)?) })
     }
 

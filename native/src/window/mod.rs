@@ -52,6 +52,8 @@ pub struct WindowPlan {
     pub size: i64,
     pub slide: i64,
     pub lateness: Option<i64>,
+    /// `emit: final`: a unit's records are the windows its watermark advance closed
+    pub emit_final: bool,
 }
 
 pub struct WindowCore {
@@ -79,6 +81,8 @@ pub struct WindowCore {
     expanded: Vec<Ev>,
     origin: Vec<usize>,
     windows: Vec<(i64, Box<[u8]>)>,
+    /// `emit: final`: the key JSON of each record `advance` wrote, in order
+    finals: Vec<Box<[u8]>>,
 }
 
 /// One batch out: `BatchOut` and, per refusal, its headers.
@@ -149,6 +153,7 @@ impl WindowCore {
             expanded: Vec::new(),
             origin: Vec::new(),
             windows: Vec::new(),
+            finals: Vec::new(),
         })
     }
 
@@ -246,6 +251,9 @@ impl WindowCore {
             Err(Fail::Reject(r)) => return Err(Fail::Reject(Rejected { index: origin[r.index], ..r })),
             Err(other) => return Err(other),
         };
+        if self.window.emit_final {
+            records.clear(); // (the windows' records come as they close)
+        }
         if closes {
             for (end, kj) in windows.drain(..) {
                 if self.inner.holds(&kj) && !self.open.contains(&kj) {
@@ -255,12 +263,13 @@ impl WindowCore {
             }
         }
         let latest = self.times.iter().map(|t| t.0).max().expect("a unit has events");
-        self.advance(latest);
+        self.advance(py, latest, records);
         Ok(ts)
     }
 
-    /// `_advance`: the watermark moves on; windows ending at or before it close.
-    fn advance(&mut self, latest: i64) {
+    /// `_advance`: the watermark moves on; windows ending at or before it close (with
+    /// `emit: final`, their `+A` records into `records`, by key).
+    fn advance<'py>(&mut self, py: Python<'py>, latest: i64, records: &mut UnitRecords<'py>) {
         if self.max_time.is_none_or(|max| latest > max) {
             self.max_time = Some(latest);
             self.max_changed = true;
@@ -272,10 +281,25 @@ impl WindowCore {
             }
             let Reverse((_, kj)) = self.closing.pop().expect("peeked");
             self.open.remove(&kj);
+            if self.window.emit_final {
+                let at = records.len();
+                self.inner.final_record(py, &kj, records);
+                if records.len() > at {
+                    self.finals.push(kj.clone());
+                }
+            }
             if let Some(fps) = self.inner.forget_key(&kj) {
                 self.closed.push((kj, fps));
             }
         }
+        if self.finals.len() > 1 {
+            // Python's order: by key JSON (a record per key)
+            let mut order: Vec<usize> = (0..self.finals.len()).collect();
+            order.sort_by(|&a, &b| self.finals[a].cmp(&self.finals[b]));
+            let mut taken: Vec<Option<_>> = records.drain(..).map(Some).collect();
+            records.extend(order.into_iter().map(|i| taken[i].take().expect("each once")));
+        }
+        self.finals.clear();
     }
 
     /// One batch's units, as `Core::apply_units`, with each refusal's headers.
