@@ -250,3 +250,34 @@ def test_the_native_core_takes_tumble_hop_and_session_and_says_why_not_the_rest(
         assert reason is not None and said in reason
         with pytest.raises(ConfigError, match=said):
             native_core(pipeline)
+
+
+# the `[key]` summary of view key `["a"]` whose two records' causes are 0:7 and 1:9, as the
+# session and Top-N cores (and refold.reduce.statecodec) wrote it before they shared a writer
+SUMMARY = bytes.fromhex("000a5b2261225d0402267b2263223a5b5b302c375d2c5b312c395d5d7d00")
+
+
+def test_the_key_summary_of_state_written_before_is_read_and_written_the_same_by_both_cores() -> None:
+    from refold.model.changelog import Op
+    from refold.reduce.statecodec import row_key, state_value
+    from refold.reduce.values import fingerprint
+
+    def unit(op: Op, row: dict[str, Any], tag: tuple[int, int, int]) -> list[tuple[SourceEvent, Any]]:
+        return [(SourceEvent(op, row, tag), None)]
+
+    def cores() -> list[Any]:
+        session = native_core(windowed_pipeline("session", None, "changelog", False))
+        return [session, refold_native.TopNCore(2, [("v", "desc")], ["k"], None, "changelog")]
+
+    # two sessions of "a" (the Top-N: its places 1 and 2), written by offsets 7 and 9
+    rows = [({"k": "a", "ts": 100, "v": 2}, (1, 0, 7)), ({"k": "a", "ts": 130, "v": 1}, (2, 1, 9))]
+    for core in cores():
+        state = core.apply_batch([unit(Op.APPEND, row, tag) for row, tag in rows])[3]
+        assert (b'[["a"]]', SUMMARY) in state
+    live = [(row_key(b'["a"]', fingerprint(row)), state_value("LIVE_ROW", b'["a"]', 1, row, [tag])) for row, tag in rows]
+    for core in cores():
+        core.restore(sorted([*live, (b'[["a"]]', SUMMARY)]))
+        _, view, _, state = core.apply_batch([unit(Op.RETRACT, rows[1][0], (3, 0, 10))])
+        assert [(orjson.loads(v)["op"], headers) for _, v, _, headers in view] == [
+            ("-R", [("refold.cause", b"0:10"), ("refold.retracts", b"1:9")])]
+        assert (b'[["a"]]', state_value("KEY_SUMMARY", b'["a"]', 1, {"c": [[0, 7]]}, ())) in state
