@@ -3,9 +3,9 @@ against the Python path they replace (`WindowedReducer` + `Renderer`), byte for 
 view, delta and state records and refusals (`late` and `bad event time` with their detail
 and headers) over random windowed changelogs (tests/window_changelogs.py: out-of-order
 and late times, ISO text, bad times, late corrections), tumble, hop and session windows
-with and without a lateness, emit `per_event` and `final`, every view form, random batch
-cuts, and restarts where each core restores from the `P.state` records the other one
-wrote."""
+with and without a lateness, grouped and Top-N, emit `per_event` and `final`, every view
+form, random batch cuts, and restarts where each core restores from the `P.state`
+records the other one wrote."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import orjson
-import pytest
 
 # imported, not skipped when missing: `make setup` builds it (native/)
 import refold_native
@@ -23,7 +22,6 @@ from refold_native import Unsupported
 from window_changelogs import INTS, NUMBERS, WINDOWS, Unit, batched, window_changelogs
 
 from refold.config import Pipeline, parse_pipeline
-from refold.errors import ConfigError
 from refold.model.reasons import Reason
 from refold.reduce import Rejected, SourceEvent
 from refold.reduce.windowed import WindowedReducer
@@ -180,6 +178,23 @@ def test_emit_final_is_byte_for_byte_the_python_path(data: st.DataObject) -> Non
     event(run_both(windowed_pipeline(kind, lateness, form, delta, emit="final"), batches, restarts, floats))
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_windowed_top_n_is_byte_for_byte_the_python_path(data: st.DataObject) -> None:
+    # the top 2 rows by `v` per key and window: places moving as rows come and go, late
+    # events, windows closing (their groups' rows tombstoned), emit per_event and final
+    kind = data.draw(st.sampled_from(["tumble", "hop", "hop-uneven"]))
+    emit = data.draw(st.sampled_from(["per_event", "final"]))
+    lateness = data.draw(st.sampled_from(["0ms", "5ms", "20ms"] if emit == "final" else [None, "0ms", "5ms", "20ms"]))
+    form = data.draw(st.sampled_from(["changelog", "retract", "upsert"]))
+    floats = data.draw(st.integers(0, 4)) == 0
+    units = data.draw(window_changelogs(values=NUMBERS if floats else INTS, invalid=data.draw(st.booleans())))
+    batches = data.draw(batched(units))
+    restarts = data.draw(st.lists(st.booleans(), min_size=len(batches), max_size=len(batches)))
+    pipeline = windowed_pipeline(kind, lateness, form, False, emit=emit, top_n=True)
+    event(run_both(pipeline, batches, restarts, floats))
+
+
 def test_emit_final_writes_a_window_once_as_it_closes_named_by_the_unit_that_closed_it() -> None:
     from refold.model.changelog import Op
     rows = [({"k": "b", "ts": 101, "v": 1}, (1, 0, 0)), ({"k": "a", "ts": 103, "v": 2}, (2, 0, 1)),
@@ -235,7 +250,7 @@ def test_late_events_beyond_the_horizon_are_dead_lettered_as_python_does() -> No
                               ("refold.watermark", "195"))
 
 
-def test_the_native_core_takes_tumble_hop_and_session_and_says_why_not_the_rest() -> None:
+def test_the_native_core_takes_tumble_hop_and_session_grouped_or_top_n_either_emit() -> None:
     assert why_not(windowed_pipeline("tumble", "5ms", "changelog", True)) is None
     assert why_not(windowed_pipeline("hop", None, "retract", False)) is None
     assert why_not(windowed_pipeline("session", "5ms", "upsert", False)) is None
@@ -243,13 +258,9 @@ def test_the_native_core_takes_tumble_hop_and_session_and_says_why_not_the_rest(
     assert isinstance(native_core(windowed_pipeline("session", None, "changelog", False)), refold_native.WindowCore)
     assert why_not(windowed_pipeline("session", "5ms", "changelog", False, emit="final")) is None
     assert why_not(windowed_pipeline("hop", "5ms", "upsert", True, emit="final")) is None
-    for pipeline, said in [
-        (windowed_pipeline("tumble", None, "changelog", False, top_n=True), "windowed Top-N"),
-    ]:
-        reason = why_not(pipeline)
-        assert reason is not None and said in reason
-        with pytest.raises(ConfigError, match=said):
-            native_core(pipeline)
+    assert why_not(windowed_pipeline("tumble", None, "changelog", False, top_n=True)) is None
+    assert isinstance(native_core(windowed_pipeline("hop", "5ms", "retract", False, emit="final", top_n=True)),
+                      refold_native.WindowCore)
 
 
 # the `[key]` summary of view key `["a"]` whose two records' causes are 0:7 and 1:9, as the
