@@ -195,6 +195,22 @@ def test_windowed_top_n_is_byte_for_byte_the_python_path(data: st.DataObject) ->
     event(run_both(pipeline, batches, restarts, floats))
 
 
+def test_a_closed_windows_top_n_group_leaves_no_state_record() -> None:
+    from refold.model.changelog import Op
+    rows = [({"k": "a", "ts": 101, "v": 1}, (1, 0, 0)), ({"k": "a", "ts": 103, "v": 2}, (2, 0, 1)),
+            ({"k": "a", "ts": 130, "v": 3}, (3, 0, 2))]  # the watermark reaches 125: [100, 110) closes
+    batch = [[SourceEvent(Op.APPEND, row, tag)] for row, tag in rows]
+    pipeline = windowed_pipeline("tumble", "5ms", "changelog", False, top_n=True)
+    assert run_both(pipeline, [batch[:2], batch[2:]], [False, False], False) == "ok"
+    core = native_core(pipeline)
+    assert core is not None
+    first = dict(core.apply_batch(_units(batch[:2]))[3])
+    assert first[b'[["a",100,110]]'] is not None  # the group's places' causes
+    closed = dict(core.apply_batch(_units(batch[2:]))[3])
+    window = b'[["a",100,110]'
+    assert {k: v for k, v in closed.items() if k.startswith(window)} == {k: None for k in first if k.startswith(window)}
+
+
 def test_emit_final_writes_a_window_once_as_it_closes_named_by_the_unit_that_closed_it() -> None:
     from refold.model.changelog import Op
     rows = [({"k": "b", "ts": 101, "v": 1}, (1, 0, 0)), ({"k": "a", "ts": 103, "v": 2}, (2, 0, 1)),

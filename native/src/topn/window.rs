@@ -41,14 +41,15 @@ impl TopN {
         Ok(ts)
     }
 
-    /// `_close` of a window's group: forgotten, its rows' records tombstoned at the
-    /// batch's end (its `[group]` record stays, as Python leaves it); the group, for
-    /// its `+A`s, or None when it was not held.
+    /// `_close` of a window's group: forgotten, its rows' and its `[group]` records
+    /// tombstoned at the batch's end; the group, for its `+A`s, or None when it was not
+    /// held.
     pub(crate) fn close_group(&mut self, kj: &[u8]) -> Option<Closed> {
         let group = self.groups.remove(kj)?;
         for fp in group.rows.keys() {
             self.dirty.insert((KeyBytes::from(kj), *fp));
         }
+        self.dirty_causes.insert(KeyBytes::from(kj));
         Some(Closed { kj: kj.to_vec(), group })
     }
 
