@@ -30,7 +30,7 @@ when none is running.
     python -m bench.hotpath [--events 200000] [--keys 20000] [--batch 100000] [--repeat 2]
                             [--store rocksdb|memory] [--core python,native]
                             [--view grouped|top_n|tumble|hop|session] [--lateness 10m]
-                            [--window-size 1h]
+                            [--window-size 1h] [--emit final] [--top-n]
     python -m bench.hotpath --view join [--orders 100000] [--customers 10000] [--batch 10000]
 
 `--core` runs each reduction core in turn (`spark.core`; default both, then their
@@ -45,6 +45,9 @@ tumbling 1m windows make about 124,000 (key, window) pairs of 20,000 keys, most
 holding one event: each event mostly opens a window, a new key of the grouped core.
 `--window-size 1h` puts the whole run in one window, as many pairs as the grouped view
 has keys: the windowed twin of `--view grouped` (the windows' own cost alone).
+`--emit final` (with a `--lateness`) writes each window's row once, as it closes.
+`--top-n` with `--view tumble|hop` ranks instead: each player's best three scores per
+window (the `--view top_n` view per window).
 
 `--view join` runs the join's reducers alone, in memory, without a broker
 (`bench.hotpath_join`: its own options).
@@ -165,9 +168,11 @@ def input_records(workload: Workload, partitions: int, windowed: bool = False) -
     return records
 
 
-def windowed_spec(spec: Pipeline, kind: str, lateness: str | None, size: str | None = None) -> Pipeline:
+def windowed_spec(spec: Pipeline, kind: str, lateness: str | None, size: str | None = None,
+                  emit: str = "per_event", top_n: bool = False) -> Pipeline:
     """The bench's grouped view per `kind` window over `at` (a session view: no delta output);
-    `size` a tumbling window's other than 1m."""
+    `size` a tumbling window's other than 1m; `emit` the view output's; `top_n`: the
+    `--view top_n` view per window instead (no delta output)."""
     window: dict[str, Any] = {"time": "at", **WINDOWS[kind]}
     if size is not None:
         if kind != "tumble":
@@ -178,6 +183,10 @@ def windowed_spec(spec: Pipeline, kind: str, lateness: str | None, size: str | N
     data = spec.model_dump(mode="json", exclude_unset=True)
     data["view"]["window"] = window
     if kind == "session":
+        data["outputs"].pop("delta", None)
+    data["outputs"]["view"]["emit"] = emit
+    if top_n:
+        data["view"] = {**TOP_N_VIEW.model_dump(mode="json", exclude_unset=True), "window": window}
         data["outputs"].pop("delta", None)
     return Pipeline.model_validate(data)
 
@@ -209,6 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window-size", default=None,
                         help="--view tumble: the window's size (default 1m; 1h: one window holds the whole run, "
                              "as many (key, window) pairs as the grouped view has keys)")
+    parser.add_argument("--emit", choices=("per_event", "final"), default="per_event",
+                        help="a windowed view's output: per_event, or final (each window once as it closes; "
+                             "needs --lateness)")
+    parser.add_argument("--top-n", action="store_true",
+                        help="--view tumble|hop: each player's best 3 scores per window instead of the grouped view")
     args = parser.parse_args(argv)
     cores = [core.strip() for core in args.core.split(",") if core.strip()]
 
@@ -233,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
                     spec = spec.model_copy(update={"view": TOP_N_VIEW,  # no delta output: grouped views only
                                                    "outputs": spec.outputs.model_copy(update={"delta": None})})
                 elif windowed:
-                    spec = windowed_spec(spec, args.view, args.lateness, args.window_size)
+                    spec = windowed_spec(spec, args.view, args.lateness, args.window_size, args.emit, args.top_n)
                     if core == "native" and (reason := why_not(spec)) is not None:
                         print(f"native core: not run ({reason})", file=sys.stderr)
                         break
@@ -249,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         if not runs:
             continue
         best[core] = min(runs)
-        print(f"hot path ({args.view} view, {core} core, {args.store} state): {len(records):,} events, {args.keys:,} keys, "
+        shown = f"{args.view} view" + (", Top-N" if args.top_n else "") + (", emit final" if args.emit == "final" else "")
+        print(f"hot path ({shown}, {core} core, {args.store} state): {len(records):,} events, {args.keys:,} keys, "
               f"batch {args.batch:,}: {best[core]:.2f} CPU s (best of {len(runs)}), "
               f"{best[core] / len(records) * 1e6:.1f} µs/event, {len(records) / best[core]:,.0f} events per CPU second")
     if "python" in best and "native" in best:

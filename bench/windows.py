@@ -166,16 +166,16 @@ def input_positions(bootstrap: str, source: str, lines: Sequence[bytes]) -> dict
 
 
 def run_refold(spark: Any, bootstrap: str, source: str, run_id: str, w: WindowWorkload, batch: int, events: int,
-               late: Sequence[bool], where: dict[tuple[int, int], int]) -> dict[str, Any]:
-    from bench.run import forget_state, timed_run
+               late: Sequence[bool], where: dict[tuple[int, int], int], forget: list[Pipeline]) -> dict[str, Any]:
+    """Refold's run; its pipelines (and the warm-up's) into `forget`: their local stores
+    go once the Spark session stopped (its Python workers keep the shards open until then)."""
+    from bench.run import timed_run
 
     p = window_pipeline(f"bench-win-{run_id}", source, bootstrap, w, batch)
     settings = {"bootstrap.servers": bootstrap}
-    warm_up(spark, bootstrap, run_id, w, batch)
-    try:
-        result = timed_run(p, bootstrap, spark, events)
-    finally:
-        forget_state(p)
+    warm_up(spark, bootstrap, run_id, w, batch, forget)
+    forget.append(p)
+    result = timed_run(p, bootstrap, spark, events)
     started = time.monotonic()
     report = verify(p, settings, dead_letters=True)
     result["verify_s"] = time.monotonic() - started
@@ -201,12 +201,11 @@ def run_refold(spark: Any, bootstrap: str, source: str, run_id: str, w: WindowWo
     return result
 
 
-def warm_up(spark: Any, bootstrap: str, run_id: str, w: WindowWorkload, batch: int) -> None:
+def warm_up(spark: Any, bootstrap: str, run_id: str, w: WindowWorkload, batch: int, forget: list[Pipeline]) -> None:
     """The same view over `WARM_UP_EVENTS` events of its own topic, untimed: Refold runs
     first in the bench's Spark session, whose first streaming query pays for its JVM's
     Kafka source, its Python workers and their imports (5-11 s measured at 100k events);
     `make bench-contenders` runs Refold after two Spark contenders, in a warm session."""
-    from bench.run import forget_state
     from refold.spark.job import run_pipeline
 
     small = WindowWorkload(events=WARM_UP_EVENTS, keys=w.keys, window_ms=w.window_ms, lateness_ms=w.lateness_ms,
@@ -215,10 +214,8 @@ def warm_up(spark: Any, bootstrap: str, run_id: str, w: WindowWorkload, batch: i
     produce({"bootstrap.servers": bootstrap}, topic, [jsonbytes.dumps(r) for r in generate_windowed(small)],
             ["player_name"], partitions=4, per_transaction=50_000, prevalidate=False, progress=False)
     p = window_pipeline(f"bench-win-warm-{run_id}", topic, bootstrap, small, batch)
-    try:
-        run_pipeline(p, bootstrap, until_idle=1.0, spark=spark, quiet=True)
-    finally:
-        forget_state(p)
+    forget.append(p)
+    run_pipeline(p, bootstrap, until_idle=1.0, spark=spark, quiet=True)
 
 
 def state_boundedness(p: Pipeline, settings: dict[str, Any], w: WindowWorkload) -> dict[str, Any]:
@@ -343,9 +340,11 @@ def main(argv: list[str] | None = None) -> int:
     where = input_positions(bootstrap, source, lines) if "refold" in chosen else {}
     del records
 
+    forget: list[Pipeline] = []  # Refold's pipelines, whose local stores go after the shards closed
+
     def run(name: str, spark: Spark) -> dict[str, Any]:
         if name == "refold":
-            return run_refold(spark.get(), bootstrap, source, run_id, w, args.batch, events, late, where)
+            return run_refold(spark.get(), bootstrap, source, run_id, w, args.batch, events, late, where, forget)
         if name == "spark-sql":
             checkpoint = f"/tmp/refold-bench/spark-windows-{run_id}"
             output = f"bench-spark-windows-{run_id}.view"
@@ -362,7 +361,13 @@ def main(argv: list[str] | None = None) -> int:
                                        parallelism=args.flink_parallelism, checkpoint_ms=args.flink_checkpoint_ms)
         return result | late_accounting(read_window_output(bootstrap, output), every, on_time, lates)
 
-    results, failed = run_contenders(chosen, TITLES, run)
+    from bench.run import forget_state
+
+    try:
+        results, failed = run_contenders(chosen, TITLES, run)  # (the Spark session stopped: the shards closed)
+    finally:
+        for p in forget:
+            forget_state(p)
 
     refold = results.get("refold")
     total_late = sum(late)

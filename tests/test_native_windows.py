@@ -3,8 +3,9 @@ against the Python path they replace (`WindowedReducer` + `Renderer`), byte for 
 view, delta and state records and refusals (`late` and `bad event time` with their detail
 and headers) over random windowed changelogs (tests/window_changelogs.py: out-of-order
 and late times, ISO text, bad times, late corrections), tumble, hop and session windows
-with and without a lateness, every view form, random batch cuts, and restarts where each
-core restores from the `P.state` records the other one wrote."""
+with and without a lateness, grouped and Top-N, emit `per_event` and `final`, every view
+form, random batch cuts, and restarts where each core restores from the `P.state`
+records the other one wrote."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import orjson
-import pytest
 
 # imported, not skipped when missing: `make setup` builds it (native/)
 import refold_native
@@ -22,7 +22,6 @@ from refold_native import Unsupported
 from window_changelogs import INTS, NUMBERS, WINDOWS, Unit, batched, window_changelogs
 
 from refold.config import Pipeline, parse_pipeline
-from refold.errors import ConfigError
 from refold.model.reasons import Reason
 from refold.reduce import Rejected, SourceEvent
 from refold.reduce.windowed import WindowedReducer
@@ -58,7 +57,7 @@ class PythonPath:
 
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
-        self.reducer = WindowedReducer(pipeline.view)
+        self.reducer = WindowedReducer(pipeline.view, pipeline.outputs.view.emit if pipeline.outputs.view else "per_event")
         self.renderer = Renderer(pipeline)
 
     def apply_batch(self, units: Sequence[Sequence[tuple[SourceEvent, Any]]]) -> tuple[list, list, list, list]:
@@ -163,6 +162,72 @@ def test_sessions_are_byte_for_byte_the_python_path(data: st.DataObject) -> None
     event(run_both(windowed_pipeline("session", lateness, form, False), batches, restarts, floats))
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_emit_final_is_byte_for_byte_the_python_path(data: st.DataObject) -> None:
+    # a unit's records are the windows (sessions) its watermark advance closed, named
+    # by its cause; the state, deltas and refusals as with emit: per_event
+    kind = data.draw(st.sampled_from(["tumble", "hop", "hop-uneven", "session"]))
+    lateness = data.draw(st.sampled_from(["0ms", "5ms", "20ms"]))  # (emit: final needs one)
+    form = data.draw(st.sampled_from(["changelog", "retract", "upsert"]))
+    delta = kind != "session" and data.draw(st.booleans())
+    floats = data.draw(st.integers(0, 4)) == 0
+    units = data.draw(window_changelogs(values=NUMBERS if floats else INTS, invalid=data.draw(st.booleans())))
+    batches = data.draw(batched(units))
+    restarts = data.draw(st.lists(st.booleans(), min_size=len(batches), max_size=len(batches)))
+    event(run_both(windowed_pipeline(kind, lateness, form, delta, emit="final"), batches, restarts, floats))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_windowed_top_n_is_byte_for_byte_the_python_path(data: st.DataObject) -> None:
+    # the top 2 rows by `v` per key and window: places moving as rows come and go, late
+    # events, windows closing (their groups' rows tombstoned), emit per_event and final
+    kind = data.draw(st.sampled_from(["tumble", "hop", "hop-uneven"]))
+    emit = data.draw(st.sampled_from(["per_event", "final"]))
+    lateness = data.draw(st.sampled_from(["0ms", "5ms", "20ms"] if emit == "final" else [None, "0ms", "5ms", "20ms"]))
+    form = data.draw(st.sampled_from(["changelog", "retract", "upsert"]))
+    floats = data.draw(st.integers(0, 4)) == 0
+    units = data.draw(window_changelogs(values=NUMBERS if floats else INTS, invalid=data.draw(st.booleans())))
+    batches = data.draw(batched(units))
+    restarts = data.draw(st.lists(st.booleans(), min_size=len(batches), max_size=len(batches)))
+    pipeline = windowed_pipeline(kind, lateness, form, False, emit=emit, top_n=True)
+    event(run_both(pipeline, batches, restarts, floats))
+
+
+def test_a_closed_windows_top_n_group_leaves_no_state_record() -> None:
+    from refold.model.changelog import Op
+    rows = [({"k": "a", "ts": 101, "v": 1}, (1, 0, 0)), ({"k": "a", "ts": 103, "v": 2}, (2, 0, 1)),
+            ({"k": "a", "ts": 130, "v": 3}, (3, 0, 2))]  # the watermark reaches 125: [100, 110) closes
+    batch = [[SourceEvent(Op.APPEND, row, tag)] for row, tag in rows]
+    pipeline = windowed_pipeline("tumble", "5ms", "changelog", False, top_n=True)
+    assert run_both(pipeline, [batch[:2], batch[2:]], [False, False], False) == "ok"
+    core = native_core(pipeline)
+    assert core is not None
+    first = dict(core.apply_batch(_units(batch[:2]))[3])
+    assert first[b'[["a",100,110]]'] is not None  # the group's places' causes
+    closed = dict(core.apply_batch(_units(batch[2:]))[3])
+    window = b'[["a",100,110]'
+    assert {k: v for k, v in closed.items() if k.startswith(window)} == {k: None for k in first if k.startswith(window)}
+
+
+def test_emit_final_writes_a_window_once_as_it_closes_named_by_the_unit_that_closed_it() -> None:
+    from refold.model.changelog import Op
+    rows = [({"k": "b", "ts": 101, "v": 1}, (1, 0, 0)), ({"k": "a", "ts": 103, "v": 2}, (2, 0, 1)),
+            ({"k": "a", "ts": 104, "v": 3}, (3, 0, 2)), ({"k": "a", "ts": 116, "v": 4}, (4, 0, 3))]
+    batch = [[SourceEvent(Op.APPEND, row, tag)] for row, tag in rows]
+    for kind in ("tumble", "session"):
+        pipeline = windowed_pipeline(kind, "5ms", "changelog", False, emit="final")
+        assert run_both(pipeline, [batch], [False], False) == "ok"
+        core = native_core(pipeline)
+        assert core is not None
+        view = core.apply_batch(_units(batch))[1]
+        # the watermark reaches 111 at offset 3: [100, 110) closes (a session [101, 114) does not)
+        got = [(orjson.loads(v)["k"], orjson.loads(v)["total"], headers) for _, v, _, headers in view]
+        assert got == ([("a", 5, [("refold.cause", b"0:3")]), ("b", 1, [("refold.cause", b"0:3")])]
+                       if kind == "tumble" else [("b", 1, [("refold.cause", b"0:3")])])
+
+
 def test_a_session_merges_and_splits_as_python_does() -> None:
     from refold.model.changelog import Op
     a = [({"k": "a", "ts": 100, "v": 1}, (1, 0, 0)), ({"k": "a", "ts": 118, "v": 2}, (2, 0, 1)),
@@ -201,18 +266,45 @@ def test_late_events_beyond_the_horizon_are_dead_lettered_as_python_does() -> No
                               ("refold.watermark", "195"))
 
 
-def test_the_native_core_takes_tumble_hop_and_session_and_says_why_not_the_rest() -> None:
+def test_the_native_core_takes_tumble_hop_and_session_grouped_or_top_n_either_emit() -> None:
     assert why_not(windowed_pipeline("tumble", "5ms", "changelog", True)) is None
     assert why_not(windowed_pipeline("hop", None, "retract", False)) is None
     assert why_not(windowed_pipeline("session", "5ms", "upsert", False)) is None
     assert isinstance(native_core(windowed_pipeline("hop", None, None, True)), refold_native.WindowCore)
     assert isinstance(native_core(windowed_pipeline("session", None, "changelog", False)), refold_native.WindowCore)
-    for pipeline, said in [
-        (windowed_pipeline("session", "5ms", "changelog", False, emit="final"), "emit: final"),
-        (windowed_pipeline("tumble", "5ms", "changelog", False, emit="final"), "emit: final"),
-        (windowed_pipeline("tumble", None, "changelog", False, top_n=True), "windowed Top-N"),
-    ]:
-        reason = why_not(pipeline)
-        assert reason is not None and said in reason
-        with pytest.raises(ConfigError, match=said):
-            native_core(pipeline)
+    assert why_not(windowed_pipeline("session", "5ms", "changelog", False, emit="final")) is None
+    assert why_not(windowed_pipeline("hop", "5ms", "upsert", True, emit="final")) is None
+    assert why_not(windowed_pipeline("tumble", None, "changelog", False, top_n=True)) is None
+    assert isinstance(native_core(windowed_pipeline("hop", "5ms", "retract", False, emit="final", top_n=True)),
+                      refold_native.WindowCore)
+
+
+# the `[key]` summary of view key `["a"]` whose two records' causes are 0:7 and 1:9, as the
+# session and Top-N cores (and refold.reduce.statecodec) wrote it before they shared a writer
+SUMMARY = bytes.fromhex("000a5b2261225d0402267b2263223a5b5b302c375d2c5b312c395d5d7d00")
+
+
+def test_the_key_summary_of_state_written_before_is_read_and_written_the_same_by_both_cores() -> None:
+    from refold.model.changelog import Op
+    from refold.reduce.statecodec import row_key, state_value
+    from refold.reduce.values import fingerprint
+
+    def unit(op: Op, row: dict[str, Any], tag: tuple[int, int, int]) -> list[tuple[SourceEvent, Any]]:
+        return [(SourceEvent(op, row, tag), None)]
+
+    def cores() -> list[Any]:
+        session = native_core(windowed_pipeline("session", None, "changelog", False))
+        return [session, refold_native.TopNCore(2, [("v", "desc")], ["k"], None, "changelog")]
+
+    # two sessions of "a" (the Top-N: its places 1 and 2), written by offsets 7 and 9
+    rows = [({"k": "a", "ts": 100, "v": 2}, (1, 0, 7)), ({"k": "a", "ts": 130, "v": 1}, (2, 1, 9))]
+    for core in cores():
+        state = core.apply_batch([unit(Op.APPEND, row, tag) for row, tag in rows])[3]
+        assert (b'[["a"]]', SUMMARY) in state
+    live = [(row_key(b'["a"]', fingerprint(row)), state_value("LIVE_ROW", b'["a"]', 1, row, [tag])) for row, tag in rows]
+    for core in cores():
+        core.restore(sorted([*live, (b'[["a"]]', SUMMARY)]))
+        _, view, _, state = core.apply_batch([unit(Op.RETRACT, rows[1][0], (3, 0, 10))])
+        assert [(orjson.loads(v)["op"], headers) for _, v, _, headers in view] == [
+            ("-R", [("refold.cause", b"0:10"), ("refold.retracts", b"1:9")])]
+        assert (b'[["a"]]', state_value("KEY_SUMMARY", b'["a"]', 1, {"c": [[0, 7]]}, ())) in state

@@ -101,10 +101,11 @@ CASES = [("grouped", GROUPED, form, core, "per_event") for form in ("changelog",
          for core in ("python", "native")]
 CASES += [("topn", TOP_N, form, core, "per_event") for form in ("changelog", "retract") for core in ("python", "native")]
 CASES += [("session", SESSION, form, core, "per_event") for form in ("changelog", "retract") for core in ("python", "native")]
+# emit: final: a closed window's +A names the unit whose watermark advance closed it
+CASES += [(name, view, "changelog", core, "final") for name, view in (("tumble", TUMBLE_CLOSING),
+                                                                      ("session", SESSION_CLOSING))
+          for core in ("python", "native")]
 CASES += [("session-closing", SESSION_CLOSING, "upsert", "native", "per_event")]
-# emit: final (Python only): a closed window's +A names the unit whose watermark advance closed it
-CASES += [(name, view, "changelog", "python", "final") for name, view in (("tumble", TUMBLE_CLOSING),
-                                                                          ("session", SESSION_CLOSING))]
 
 
 

@@ -196,6 +196,7 @@ class WindowedReducer:
             if group is None:
                 return []
             self.inner._dirty.update((key, fp) for fp in group.rows)
+            self.inner._dirty_causes.add(key)  # its `[group]` record goes too
             names = self.inner.key_names
             return [ViewChange(Op.APPEND, (*key, row["place"]), row, names) for row in group.top]
         state = self.inner.keys.pop(key, None)

@@ -19,10 +19,10 @@ For a `jsonl` changelog without `view.where` the core also reads the batch's rec
 Python object per event, when every record is clean; a batch with anything Python would
 dead-letter or read otherwise goes through `UnitReader` as before (core/read.rs).
 
-A `WindowCore` runs a windowed grouped view with a tumble, hop or session window (emit
-`per_event`) as `WindowedReducer` does (tests/test_native_windows.py): its refusals
-carry a fifth item, their headers (a `late` event's window and the watermark). A
-windowed Top-N and `emit: final` reduce in Python.
+A `WindowCore` runs a windowed grouped view with a tumble, hop or session window, and a
+Top-N per tumble or hop window (emit `per_event` or `final`), as `WindowedReducer` does
+(tests/test_native_windows.py): its refusals carry a fifth item, their headers (a
+`late` event's window and the watermark).
 
 A `JoinCore` is a drop-in for `JoinReducer` (`join_reducer` picks one by `spark.core`):
 the same methods, records, state records and refusals (tests/test_native_join.py), and
@@ -67,20 +67,15 @@ def why_not(pipeline: Pipeline) -> str | None:
     if refold_native is None:
         return "the native core (refold_native) is not built: `make setup` builds it from native/"
     outputs = pipeline.outputs
-    window = pipeline.view.window
-    if window is not None:
-        if pipeline.view.top_n is not None:
-            return "a windowed Top-N reduces in Python"
-        if outputs.view is not None and outputs.view.emit == "final":
-            return "a windowed view with emit: final reduces in Python"
     if ranked_globally(pipeline):
         return "a global Top-N in shards ranks its shards' rows in Python (refold.runtime.tops)"
     if is_table(pipeline):
         return "upsert and Debezium sources reduce in Python"
     if outputs.materialize:
         return "materializations read the view changes in Python"
-    if outputs.view is not None and (outputs.view.format != "jsonl" or outputs.view.emit != "per_event"):
-        return "the native core writes the view output as JSON, emit: per_event"
+    # (`emit: final` is a windowed view's: config.py refuses it elsewhere)
+    if outputs.view is not None and (outputs.view.format != "jsonl" or outputs.view.emit == "per_batch"):
+        return "the native core writes the view output as JSON, emit: per_event or final"
     if outputs.delta is not None and outputs.delta.format != "jsonl":
         return "the native core writes the delta output as JSON"
     return None
@@ -111,6 +106,11 @@ def native_core(pipeline: Pipeline) -> Any | None:
     if view.window is not None:
         window = view.window
         session = {"gap": window.gap_ms} if window.kind == "session" else {}  # (a gap makes session windows)
+        top: dict[str, Any] = {}
+        if view.top_n is not None:  # a windowed Top-N: per `partition_by` and window
+            top_n = view.top_n
+            columns = None if top_n.columns is None else list(top_n.columns)
+            top["top_n"] = (top_n.n, list(top_n.order_by.items()), list(top_n.partition_by), columns)
         core = refold_native.WindowCore(
             list(view.key),
             [(name, spec.agg, spec.column) for name, spec in view.columns.items()],
@@ -121,6 +121,8 @@ def native_core(pipeline: Pipeline) -> Any | None:
             window.slide_ms,
             window.lateness_ms,
             **session,
+            emit_final=outputs.view is not None and outputs.view.emit == "final",
+            **top,
         )
     elif view.top_n is not None:
         top_n = view.top_n

@@ -33,7 +33,7 @@ use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyTuple};
 
 use crate::core::{Core, Fail, Plan, RestoreFail, Router};
 use crate::topn::{TopN, TopPlan};
-use crate::window::{Headers, SessionCore, WindowCore as FixedCore, WindowOut, WindowPlan, Windowed};
+use crate::window::{Headers, SessionCore, TopSpec, WindowCore as FixedCore, WindowOut, WindowPlan, Windowed};
 
 // the cores' allocator: each new view key, window and row is a few small allocations
 // (its state, its rows' map, its key's JSON), which mimalloc serves at about half
@@ -273,9 +273,13 @@ impl TopNCore {
     }
 }
 
-/// A windowed grouped view's (tumble, hop or session) reducer and renderer in one: the
-/// interface of `GroupedCore` a shard uses, each refusal with a fifth item, its headers
-/// (a `late` event's window and the watermark).
+/// A windowed Top-N's `top_n`: (n, order_by, partition_by, columns), as `TopNCore` takes them.
+type TopNArgs = (usize, Vec<(String, String)>, Vec<String>, Option<Vec<String>>);
+
+/// A windowed view's reducer and renderer in one (a grouped view per tumble, hop or
+/// session window; a Top-N per tumble or hop window): the interface of `GroupedCore` a
+/// shard uses, each refusal with a fifth item, its headers (a `late` event's window and
+/// the watermark).
 #[pyclass(module = "refold_native")]
 struct WindowCore {
     core: Windowed,
@@ -285,9 +289,10 @@ struct WindowCore {
 impl WindowCore {
     /// `size`, `slide` (a tumble: = size) and `lateness` (None: windows never close) in
     /// milliseconds; `time` the event-time column; a `gap` makes session windows (size
-    /// and slide unused).
+    /// and slide unused); `emit_final`: the view output's `emit: final` (records only as
+    /// windows close); `top_n` (n, order_by, partition_by, columns) makes a windowed Top-N.
     #[new]
-    #[pyo3(signature = (key_columns, columns, view_form, delta, time, size, slide, lateness, gap = None))]
+    #[pyo3(signature = (key_columns, columns, view_form, delta, time, size, slide, lateness, gap = None, emit_final = false, top_n = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -300,7 +305,18 @@ impl WindowCore {
         slide: i64,
         lateness: Option<i64>,
         gap: Option<i64>,
+        emit_final: bool,
+        top_n: Option<TopNArgs>,
     ) -> PyResult<Self> {
+        if let Some((n, order_by, partition_by, top_columns)) = top_n {
+            // a windowed Top-N (tumble, hop): (n, order_by, partition_by, columns) as `TopNCore`'s
+            if gap.is_some() || size <= 0 || slide <= 0 || slide > size || lateness.is_some_and(|l| l < 0) {
+                return Err(PyValueError::new_err("a windowed Top-N needs a tumble or hop window: 0 < slide <= size"));
+            }
+            let window = WindowPlan { time, size, slide, lateness, emit_final };
+            let top = TopSpec { n, order_by, partition_by, columns: top_columns };
+            return Ok(WindowCore { core: Windowed::Fixed(FixedCore::new(py, key_columns, columns, view_form, delta, window, Some(top))?) });
+        }
         if key_columns.is_empty() {
             return Err(PyValueError::new_err("a grouped view needs at least one key column"));
         }
@@ -311,14 +327,14 @@ impl WindowCore {
             if gap <= 0 {
                 return Err(PyValueError::new_err("a session window needs a gap above 0"));
             }
-            let core = SessionCore::new(py, key_columns, columns, view_form, time, gap, lateness)?;
+            let core = SessionCore::new(py, key_columns, columns, view_form, time, gap, lateness, emit_final)?;
             return Ok(WindowCore { core: Windowed::Session(core) });
         }
         if size <= 0 || slide <= 0 || slide > size {
             return Err(PyValueError::new_err("a window needs 0 < slide <= size"));
         }
-        let window = WindowPlan { time, size, slide, lateness };
-        Ok(WindowCore { core: Windowed::Fixed(FixedCore::new(py, key_columns, columns, view_form, delta, window)?) })
+        let window = WindowPlan { time, size, slide, lateness, emit_final };
+        Ok(WindowCore { core: Windowed::Fixed(FixedCore::new(py, key_columns, columns, view_form, delta, window, None)?) })
     }
 
     /// `WindowedReducer.restore(records)`: the watermark's record and every view record.

@@ -51,6 +51,52 @@ pub fn state_value(out: &mut Vec<u8>, kind: i64, key_json: &[u8], count: i64, va
     out.push(0);
 }
 
+/// Append the `[key]` summary of a view whose records' causes it keeps (a session
+/// view's key: its sessions in time order; a Top-N group: its places): the
+/// `KEY_SUMMARY` value `{"c": [[partition, offset] or null, ...]}`, its count the
+/// causes'. `json` is scratch.
+pub fn causes_summary(out: &mut Vec<u8>, json: &mut Vec<u8>, key_json: &[u8], causes: &[Option<(i64, i64)>]) {
+    json.clear();
+    json.extend_from_slice(b"{\"c\":[");
+    for (i, cause) in causes.iter().enumerate() {
+        if i > 0 {
+            json.push(b',');
+        }
+        match cause {
+            Some((partition, offset)) => {
+                json.push(b'[');
+                json::write_int(json, *partition);
+                json.push(b',');
+                json::write_int(json, *offset);
+                json.push(b']');
+            }
+            None => json.extend_from_slice(b"null"),
+        }
+    }
+    json.extend_from_slice(b"]}");
+    state_value(out, KEY_SUMMARY, key_json, causes.len() as i64, Some(json), &[]);
+}
+
+/// The causes a `[key]` summary (`causes_summary`) holds, from its decoded values;
+/// Unsupported, naming `what` ("a Top-N group's summary"), when they are not its form.
+pub fn read_causes(values: &Option<Value>, what: &str) -> Result<Vec<Option<(i64, i64)>>, Unsup> {
+    let bad = || Unsup::new(format!("{what} the core does not read"));
+    let Some(Value::Dict(values)) = values else { return Err(bad()) };
+    let Some((_, Value::List(list))) = values.iter().find(|(n, _)| &**n == "c") else { return Err(bad()) };
+    let mut known = Vec::with_capacity(list.len());
+    for item in list {
+        known.push(match item {
+            Value::Null => None,
+            Value::List(pair) => match pair.as_slice() {
+                [Value::Int(partition), Value::Int(offset)] => Some((*partition, *offset)),
+                _ => return Err(bad()),
+            },
+            _ => return Err(bad()),
+        });
+    }
+    Ok(known)
+}
+
 /// Append `summary_key(key_json)`: `[key]`.
 pub fn summary_key(out: &mut Vec<u8>, key_json: &[u8]) {
     out.push(b'[');

@@ -114,6 +114,26 @@ impl Core {
         Ok(())
     }
 
+    /// `emit: final` (a window that closes): the key's `+A` record of its view row as
+    /// it stands, in the view's form, into `records`; nothing without a view output or
+    /// a view row.
+    pub(crate) fn final_record<'py>(&mut self, py: Python<'py>, kj: &[u8], records: &mut UnitRecords<'py>) {
+        let Core { plan, keys, scratch: buf, ranges, .. } = self;
+        let Some(form) = plan.form else { return };
+        let Some(row) = keys.get(kj).and_then(|state| state.view.as_ref()) else { return };
+        key_part_ranges(kj, ranges);
+        let parts = KeyParts(kj, ranges);
+        buf.clear();
+        render(buf, &plan.message_key, None, parts, Cols::Values(&[]), 0);
+        let message_key = bytes(py, buf);
+        buf.clear();
+        match form {
+            Form::Upsert => render(buf, &plan.view_row, None, parts, Cols::Values(row), 0),
+            Form::Changelog | Form::Retract => render(buf, &plan.view_op_row, Some(b"+A"), parts, Cols::Values(row), 0),
+        }
+        records.push((true, message_key, Some(bytes(py, buf)), None));
+    }
+
     // batch boundaries ----------------------------------------------------------------
 
     /// `take_deltas` + `Renderer.deltas`, then `take_state_changes`.

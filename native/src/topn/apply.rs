@@ -94,7 +94,7 @@ impl TopN {
 
     /// `TopNReducer.apply(unit)`: its view changes, in order (by output key when it
     /// touched more than one group); the event time of its first event.
-    fn apply_unit(&mut self, events: &mut [Ev], changes: &mut Vec<Change>) -> Result<i64, Fail> {
+    pub(super) fn apply_unit(&mut self, events: &mut [Ev], changes: &mut Vec<Change>) -> Result<i64, Fail> {
         let ts = events[0].tag.0;
         let prepared = self.checked(events)?;
         // the groups touched, in the order first touched: (an event of it, the first rank moved)

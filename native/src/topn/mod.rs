@@ -17,6 +17,7 @@ mod apply;
 mod rank;
 mod render;
 mod restore;
+mod window;
 
 use std::sync::Arc;
 
@@ -29,6 +30,7 @@ use crate::statecodec::Tag;
 use crate::value::{Row, Value};
 
 use self::rank::{Ranked, SortKey};
+pub use self::window::Closed;
 
 /// Where a message key's and an output row's leading entries take their value: a
 /// `partition_by` value or the place (`dict(zip(key_names, key))`, `_output`'s head).

@@ -10,7 +10,7 @@ use pyo3::types::{PyBytes, PyTuple};
 use super::{Head, Out, TopN, TopPlan};
 use crate::core::{Cause, Fail, Form};
 use crate::json::{write_int, write_str};
-use crate::statecodec::{self, KEY_SUMMARY, LIVE_ROW};
+use crate::statecodec::{self, LIVE_ROW};
 use crate::value::{row_get, write_canonical, write_dict, Row, Value};
 
 /// One view change of a unit, written: its group (by its place among the groups the
@@ -246,6 +246,7 @@ impl TopN {
         type Span = (usize, usize);
         let mut records: Vec<(Span, Option<Span>)> = Vec::with_capacity(self.dirty.len());
         let mut json = Vec::with_capacity(64);
+        let mut causes: Vec<Option<Cause>> = Vec::new();
         for (kj, fp) in std::mem::take(&mut self.dirty) {
             let kj = kj.as_slice();
             let start = written.len();
@@ -267,26 +268,10 @@ impl TopN {
             statecodec::summary_key(&mut written, kj);
             let key = (start, written.len());
             let value = self.groups.get(kj).map(|group| {
-                json.clear();
-                json.extend_from_slice(b"{\"c\":[");
-                for (i, out) in group.top.iter().enumerate() {
-                    if i > 0 {
-                        json.push(b',');
-                    }
-                    match out.cause {
-                        Some((partition, offset)) => {
-                            json.push(b'[');
-                            write_int(&mut json, partition);
-                            json.push(b',');
-                            write_int(&mut json, offset);
-                            json.push(b']');
-                        }
-                        None => json.extend_from_slice(b"null"),
-                    }
-                }
-                json.extend_from_slice(b"]}");
+                causes.clear();
+                causes.extend(group.top.iter().map(|out| out.cause));
                 let start = written.len();
-                statecodec::state_value(&mut written, KEY_SUMMARY, kj, group.top.len() as i64, Some(&json), &[]);
+                statecodec::causes_summary(&mut written, &mut json, kj, &causes);
                 (start, written.len())
             });
             records.push((key, value));

@@ -30,20 +30,7 @@ impl TopN {
             let kj = group_json(&record.key)?;
             if record.kind == KEY_SUMMARY {
                 // the causes of its places (absent in state written before causes were kept)
-                let bad = || Unsup::new("a Top-N group's summary the core does not read");
-                let Some(Value::Dict(values)) = &record.values else { return Err(bad().into()) };
-                let Some((_, Value::List(list))) = values.iter().find(|(n, _)| &**n == "c") else { return Err(bad().into()) };
-                let mut known = Vec::with_capacity(list.len());
-                for item in list {
-                    known.push(match item {
-                        Value::Null => None,
-                        Value::List(pair) => match pair.as_slice() {
-                            [Value::Int(partition), Value::Int(offset)] => Some((*partition, *offset)),
-                            _ => return Err(bad().into()),
-                        },
-                        _ => return Err(bad().into()),
-                    });
-                }
+                let known = statecodec::read_causes(&record.values, "a Top-N group's summary")?;
                 if restored.insert(kj.clone()) {
                     self.groups.insert(KeyBytes::from(kj.as_slice()), Group::new(&kj));
                 }

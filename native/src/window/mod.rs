@@ -23,9 +23,10 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 use rustc_hash::FxHashSet;
 
 use crate::core::{
-    read_units, refused_records, reject, touched_or_none, units_of, BatchOut, Core, Ev, Fail, Form, Fp, KeyColumns,
+    read_units, refused_records, reject, touched_or_none, units_of, BatchOut, Cause, Core, Ev, Fail, Form, Fp, KeyColumns,
     push_view_records, Plan, ReadOut, Rejected, RestoreFail, UnitRecords,
 };
+use crate::topn::{Closed, TopN, TopPlan};
 use crate::json::{write_int, write_str};
 use crate::statecodec::{self, KEY_SUMMARY};
 use crate::value::{Unsup, Value};
@@ -45,6 +46,33 @@ pub const LATE: &str = "late";
 /// A late event's headers: (name, value) pairs.
 pub type Headers = Vec<(&'static str, String)>;
 
+/// A windowed Top-N's spec (`top_n`): n, `order_by` (column, direction), `partition_by`
+/// (without the window's bounds), `columns`.
+pub struct TopSpec {
+    pub n: usize,
+    pub order_by: Vec<(String, String)>,
+    pub partition_by: Vec<String>,
+    pub columns: Option<Vec<String>>,
+}
+
+/// What a window's rows are reduced by, keyed by the view key and the window: the
+/// grouped core, or a Top-N's groups (`partition_by` and the window). (One per view:
+/// its size does not matter.)
+#[allow(clippy::large_enum_variant)]
+enum Inner {
+    Grouped(Core),
+    Top(TopN),
+}
+
+impl Inner {
+    fn holds(&self, kj: &[u8]) -> bool {
+        match self {
+            Inner::Grouped(core) => core.holds(kj),
+            Inner::Top(top) => top.holds(kj),
+        }
+    }
+}
+
 /// What a window's spec says (`WindowSpec`): its time column, size and slide (a tumble:
 /// slide = size), lateness (None: windows never close).
 pub struct WindowPlan {
@@ -52,10 +80,12 @@ pub struct WindowPlan {
     pub size: i64,
     pub slide: i64,
     pub lateness: Option<i64>,
+    /// `emit: final`: a unit's records are the windows its watermark advance closed
+    pub emit_final: bool,
 }
 
 pub struct WindowCore {
-    inner: Core,
+    inner: Inner,
     /// the view's own key checks (`checks.view_key`: the key without the window)
     checks: KeyColumns,
     form: Option<Form>,
@@ -79,6 +109,10 @@ pub struct WindowCore {
     expanded: Vec<Ev>,
     origin: Vec<usize>,
     windows: Vec<(i64, Box<[u8]>)>,
+    /// `emit: final`: the key JSON of each record `advance` wrote, in order
+    finals: Vec<Box<[u8]>>,
+    /// `emit: final` of a Top-N: the groups a unit's advance closed
+    closed_groups: Vec<Closed>,
 }
 
 /// One batch out: `BatchOut` and, per refusal, its headers.
@@ -124,12 +158,23 @@ fn end_of(kj: &[u8]) -> Result<i64, Unsup> {
 
 impl WindowCore {
     pub fn new(py: Python<'_>, key_columns: Vec<String>, columns: Vec<(String, String, String)>, view_form: Option<String>,
-               delta: bool, window: WindowPlan) -> PyResult<WindowCore> {
+               delta: bool, window: WindowPlan, top: Option<TopSpec>) -> PyResult<WindowCore> {
         let form = Form::parse(view_form.as_deref())?;
-        let checks = Plan::new(py, key_columns.clone(), columns.clone(), None, false)?.keys;
-        let mut keyed = key_columns;
-        keyed.extend([START.to_owned(), END.to_owned()]);
-        let inner = Core::new(Plan::new(py, keyed, columns, view_form, delta)?);
+        let (checks, inner) = match top {
+            None => {
+                let checks = Plan::new(py, key_columns.clone(), columns.clone(), None, false)?.keys;
+                let mut keyed = key_columns;
+                keyed.extend([START.to_owned(), END.to_owned()]);
+                (checks, Inner::Grouped(Core::new(Plan::new(py, keyed, columns, view_form, delta)?)))
+            }
+            Some(TopSpec { n, order_by, partition_by, columns }) => {
+                let order_columns: Vec<String> = order_by.iter().map(|(c, _)| c.clone()).collect();
+                let checks = KeyColumns::new(py, "partition", &partition_by, &order_columns)?;
+                let mut grouped = partition_by;
+                grouped.extend([START.to_owned(), END.to_owned()]);
+                (checks, Inner::Top(TopN::new(TopPlan::new(py, n, order_by, grouped, columns, view_form)?)))
+            }
+        };
         let time_shown = PyString::new(py, &window.time).repr()?.to_str()?.to_owned();
         Ok(WindowCore {
             inner,
@@ -149,29 +194,43 @@ impl WindowCore {
             expanded: Vec::new(),
             origin: Vec::new(),
             windows: Vec::new(),
+            finals: Vec::new(),
+            closed_groups: Vec::new(),
         })
     }
 
     pub fn len(&self) -> usize {
-        self.inner.len()
+        match &self.inner {
+            Inner::Grouped(core) => core.len(),
+            Inner::Top(top) => top.len(),
+        }
     }
 
     pub fn set_provenance(&mut self, on: bool) {
-        self.inner.provenance = on;
+        match &mut self.inner {
+            Inner::Grouped(core) => core.provenance = on,
+            Inner::Top(top) => top.provenance = on,
+        }
     }
 
     pub fn view<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        self.inner.view(py)
+        match &self.inner {
+            Inner::Grouped(core) => core.view(py),
+            Inner::Top(top) => top.view(py),
+        }
     }
+
+
 
     fn watermark(&self) -> Option<i128> {
         Some(i128::from(self.max_time?) - i128::from(self.window.lateness?))
     }
 
-    /// `WindowedReducer.apply(unit)` (tumble, hop); its records into `records`. Each
-    /// event's row moves into its last window's (the others get a copy): the unit is
-    /// spent, applied or refused.
-    fn apply_unit<'py>(&mut self, py: Python<'py>, events: &mut [Ev], records: &mut UnitRecords<'py>) -> Result<i64, Fail> {
+    /// `WindowedReducer.apply(unit)` (tumble, hop); its records into `records` (a Top-N's
+    /// straight into `view`). Each event's row moves into its last window's (the others
+    /// get a copy): the unit is spent, applied or refused.
+    fn apply_unit<'py>(&mut self, py: Python<'py>, events: &mut [Ev], records: &mut UnitRecords<'py>,
+                       view: &mut Vec<Bound<'py, PyAny>>, cause: Cause) -> Result<i64, Fail> {
         // the windows' keys are only wanted to close them
         let closes = self.window.lateness.is_some();
         let mut keys: Vec<Vec<u8>> = Vec::with_capacity(if closes { events.len() } else { 0 });
@@ -241,11 +300,18 @@ impl WindowCore {
                 start += slide;
             }
         }
-        let ts = match self.inner.apply_unit(py, expanded, records) {
+        let applied = match &mut self.inner {
+            Inner::Grouped(core) => core.apply_unit(py, expanded, records),
+            Inner::Top(top) => top.apply_one(py, expanded, cause, !self.window.emit_final, view),
+        };
+        let ts = match applied {
             Ok(ts) => ts,
             Err(Fail::Reject(r)) => return Err(Fail::Reject(Rejected { index: origin[r.index], ..r })),
             Err(other) => return Err(other),
         };
+        if self.window.emit_final {
+            records.clear(); // (the windows' records come as they close)
+        }
         if closes {
             for (end, kj) in windows.drain(..) {
                 if self.inner.holds(&kj) && !self.open.contains(&kj) {
@@ -255,27 +321,63 @@ impl WindowCore {
             }
         }
         let latest = self.times.iter().map(|t| t.0).max().expect("a unit has events");
-        self.advance(latest);
+        self.advance(py, latest, records, view, ts, cause)?;
         Ok(ts)
     }
 
-    /// `_advance`: the watermark moves on; windows ending at or before it close.
-    fn advance(&mut self, latest: i64) {
+    /// `_advance`: the watermark moves on; windows ending at or before it close (with
+    /// `emit: final`, their `+A` records into `records`, by key).
+    fn advance<'py>(&mut self, py: Python<'py>, latest: i64, records: &mut UnitRecords<'py>,
+                    view: &mut Vec<Bound<'py, PyAny>>, ts: i64, cause: Cause) -> PyResult<()> {
         if self.max_time.is_none_or(|max| latest > max) {
             self.max_time = Some(latest);
             self.max_changed = true;
         }
-        let Some(wm) = self.watermark() else { return };
+        let Some(wm) = self.watermark() else { return Ok(()) };
         while let Some(Reverse((end, _))) = self.closing.peek() {
             if i128::from(*end) > wm {
                 break;
             }
             let Reverse((_, kj)) = self.closing.pop().expect("peeked");
             self.open.remove(&kj);
-            if let Some(fps) = self.inner.forget_key(&kj) {
+            let core = match &mut self.inner {
+                Inner::Grouped(core) => core,
+                Inner::Top(top) => {
+                    if let Some(closed) = top.close_group(&kj) {
+                        if self.window.emit_final {
+                            self.closed_groups.push(closed);
+                        }
+                    }
+                    continue;
+                }
+            };
+            if self.window.emit_final {
+                let at = records.len();
+                core.final_record(py, &kj, records);
+                if records.len() > at {
+                    self.finals.push(kj.clone());
+                }
+            }
+            if let Some(fps) = core.forget_key(&kj) {
                 self.closed.push((kj, fps));
             }
         }
+        if let Inner::Top(top) = &mut self.inner {
+            if !self.closed_groups.is_empty() {
+                let closed = std::mem::take(&mut self.closed_groups);
+                top.final_records(py, &closed, ts, cause, view)?;
+            }
+            return Ok(());
+        }
+        if self.finals.len() > 1 {
+            // Python's order: by key JSON (a record per key)
+            let mut order: Vec<usize> = (0..self.finals.len()).collect();
+            order.sort_by(|&a, &b| self.finals[a].cmp(&self.finals[b]));
+            let mut taken: Vec<Option<_>> = records.drain(..).map(Some).collect();
+            records.extend(order.into_iter().map(|i| taken[i].take().expect("each once")));
+        }
+        self.finals.clear();
+        Ok(())
     }
 
     /// One batch's units, as `Core::apply_units`, with each refusal's headers.
@@ -295,13 +397,16 @@ impl WindowCore {
             }
             records.clear();
             let cause = (events[0].tag.1, events[0].tag.2);
-            self.inner.set_cause(cause);
-            match self.apply_unit(py, events, &mut records) {
+            if let Inner::Grouped(core) = &mut self.inner {
+                core.set_cause(cause);
+            }
+            match self.apply_unit(py, events, &mut records, &mut out.view, cause) {
                 Ok(ts) => {
                     if records.is_empty() {
                         continue;
                     }
-                    push_view_records(py, &mut out.view, &records, ts, cause, self.inner.provenance, retract)?;
+                    let Inner::Grouped(core) = &self.inner else { unreachable!("a Top-N writes its records itself") };
+                    push_view_records(py, &mut out.view, &records, ts, cause, core.provenance, retract)?;
                 }
                 Err(Fail::Reject(rejected)) => {
                     headers.push(if rejected.reason == LATE { self.headers.take().unwrap_or_default() } else { Vec::new() });
@@ -310,7 +415,10 @@ impl WindowCore {
                 Err(other) => return Err(other),
             }
         }
-        self.inner.take_deltas(py, &mut out)?;
+        match &mut self.inner {
+            Inner::Grouped(core) => core.take_deltas(py, &mut out)?,
+            Inner::Top(top) => out.state = top.state_records(py)?,
+        }
         self.state_changes(py, &mut out)?;
         Ok(WindowOut { out, headers })
     }
@@ -426,9 +534,17 @@ impl WindowCore {
                 rest.append(item).map_err(Fail::Py)?;
             }
         }
-        self.inner.restore(py, rest.as_any())?;
+        let keys: Vec<Box<[u8]>> = match &mut self.inner {
+            Inner::Grouped(core) => {
+                core.restore(py, rest.as_any())?;
+                core.key_jsons().map(Box::from).collect()
+            }
+            Inner::Top(top) => {
+                top.restore(rest.as_any())?;
+                top.group_jsons().map(Box::from).collect()
+            }
+        };
         if self.window.lateness.is_some() {
-            let keys: Vec<Box<[u8]>> = self.inner.key_jsons().map(Box::from).collect();
             for kj in keys {
                 if !self.open.contains(&kj) {
                     let end = end_of(&kj)?;

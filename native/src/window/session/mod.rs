@@ -29,7 +29,7 @@ use crate::core::{
     fingerprint, push_view_records, Cause, read_units, refused_records, reject, touched_or_none, units_of, BatchOut, Core, Ev, Fail,
     Form, Fp, KeyColumns, Plan, ReadOut, RestoreFail, UnitRecords, NOT_LIVE,
 };
-use crate::json::{write_int, write_str};
+use crate::json::write_str;
 use crate::statecodec::{self, Tag, KEY_SUMMARY, LIVE_ROW};
 use crate::value::{Row, Unsup, Value};
 
@@ -78,6 +78,8 @@ pub struct SessionCore {
     time_shown: String,
     gap: i64,
     lateness: Option<i64>,
+    /// `emit: final`: a unit's records are the sessions its watermark advance closed
+    emit_final: bool,
     sessions: FxHashMap<Box<[u8]>, KeySessions>,
     dirty: FxHashSet<(Box<[u8]>, Fp)>,
     /// keys whose sessions' causes to write (`[key]`)
@@ -109,8 +111,9 @@ fn bound(ms: i64, text: bool) -> Option<Value> {
 }
 
 impl SessionCore {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(py: Python<'_>, key_columns: Vec<String>, columns: Vec<(String, String, String)>, view_form: Option<String>,
-               time: String, gap: i64, lateness: Option<i64>) -> PyResult<SessionCore> {
+               time: String, gap: i64, lateness: Option<i64>, emit_final: bool) -> PyResult<SessionCore> {
         let form = Form::parse(view_form.as_deref())?;
         let checks = Plan::new(py, key_columns.clone(), columns.clone(), None, false)?.keys;
         let column_names = columns.iter().map(|c| c.0.clone()).collect();
@@ -126,6 +129,7 @@ impl SessionCore {
             time_shown,
             gap,
             lateness,
+            emit_final,
             sessions: FxHashMap::default(),
             dirty: FxHashSet::default(),
             dirty_causes: FxHashSet::default(),
@@ -225,9 +229,11 @@ impl SessionCore {
         if touched.len() > 1 {
             changes.sort_by(|a, b| a.0.cmp(&b.0)); // stable: -C before its +C
         }
-        self.render(py, &changes, records)?;
+        if !self.emit_final {
+            self.render(py, &changes, records)?;
+        }
         let latest = times.iter().map(|t| t.0).max().expect("a unit has events");
-        self.advance(latest)?;
+        self.advance(py, latest, records)?;
         Ok(events[0].tag.0)
     }
 
@@ -333,26 +339,31 @@ impl SessionCore {
         Ok(())
     }
 
-    /// `_advance`: the watermark moves on; the sessions ending at or before it close.
-    fn advance(&mut self, latest: i64) -> Result<(), Fail> {
+    /// `_advance`: the watermark moves on; the sessions ending at or before it close
+    /// (with `emit: final`, their `+A` records into `records`, by output key).
+    fn advance<'py>(&mut self, py: Python<'py>, latest: i64, records: &mut UnitRecords<'py>) -> Result<(), Fail> {
         if self.max_time.is_none_or(|max| latest > max) {
             self.max_time = Some(latest);
             self.max_changed = true;
         }
         let Some(wm) = self.watermark() else { return Ok(()) };
+        let mut closed: Vec<Change> = Vec::new();
         while let Some(Reverse((end, _))) = self.closing.peek() {
             if i128::from(*end) > wm {
                 break;
             }
             let Reverse((_, kj)) = self.closing.pop().expect("peeked");
-            self.close(&kj, wm)?;
+            self.close(&kj, wm, &mut closed)?;
         }
+        closed.sort_by(|a, b| a.0.cmp(&b.0)); // (stable: a key's sessions in time order)
+        self.render(py, &closed, records)?;
         Ok(())
     }
 
     /// `_close_sessions(key, wm)`: the key's sessions ending at or before `wm` forget
-    /// their rows (tombstoned at the batch's end).
-    fn close(&mut self, kj: &[u8], wm: i128) -> Result<(), Fail> {
+    /// their rows (tombstoned at the batch's end); with `emit: final`, each session
+    /// closed as an `+A` into `closed`.
+    fn close(&mut self, kj: &[u8], wm: i128, closed: &mut Vec<Change>) -> Result<(), Fail> {
         let Some(sessions) = self.sessions.get_mut(kj) else { return Ok(()) };
         let mut members: Vec<(i64, u64, Fp)> = sessions.rows.iter().map(|(fp, m)| (m.t, m.seq, *fp)).collect();
         members.sort_unstable();
@@ -376,6 +387,14 @@ impl SessionCore {
             let old = std::mem::take(&mut self.sessions.get_mut(kj).expect("held").out);
             self.resession(kj, &old, &[])?; // (the sessions left keep their causes)
             self.dirty_causes.insert(kj.into());
+            if self.emit_final {
+                let new = self.sessions.get(kj).map_or(&[][..], |s| &s.out[..]);
+                for session in old {
+                    if !new.iter().any(|s| s.out_key == session.out_key) {
+                        closed.push((session.out_key, b"+A", true, session.row, None));
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -426,26 +445,9 @@ impl SessionCore {
             let mut key = Vec::new();
             statecodec::summary_key(&mut key, &kj);
             let value = self.sessions.get(&kj).map(|s| {
-                json.clear();
-                json.extend_from_slice(b"{\"c\":[");
-                for (i, session) in s.out.iter().enumerate() {
-                    if i > 0 {
-                        json.push(b',');
-                    }
-                    match session.cause {
-                        Some((partition, offset)) => {
-                            json.push(b'[');
-                            write_int(&mut json, partition);
-                            json.push(b',');
-                            write_int(&mut json, offset);
-                            json.push(b']');
-                        }
-                        None => json.extend_from_slice(b"null"),
-                    }
-                }
-                json.extend_from_slice(b"]}");
+                let causes: Vec<Option<Cause>> = s.out.iter().map(|session| session.cause).collect();
                 let mut value = Vec::new();
-                statecodec::state_value(&mut value, KEY_SUMMARY, &kj, s.out.len() as i64, Some(&json), &[]);
+                statecodec::causes_summary(&mut value, &mut json, &kj, &causes);
                 value
             });
             records.push((key, value));

@@ -10,7 +10,7 @@ use super::super::WATERMARK_KEY;
 use super::{KeySessions, Member, SessionCore};
 use crate::core::{Cause, Fail, RestoreFail};
 use crate::statecodec::{self, KEY_SUMMARY, LIVE_ROW};
-use crate::value::{Unsup, Value};
+use crate::value::Value;
 
 impl SessionCore {
     /// `restore`: the watermark's record, the live rows' (`LIVE_ROW`) records and each
@@ -33,20 +33,7 @@ impl SessionCore {
                 continue;
             }
             if record.kind == KEY_SUMMARY {
-                let bad = || Fail::Unsup(Unsup::new("a session key's summary the core does not read"));
-                let Some(Value::Dict(values)) = &record.values else { return Err(bad().into()) };
-                let Some((_, Value::List(list))) = values.iter().find(|(n, _)| &**n == "c") else { return Err(bad().into()) };
-                let mut known = Vec::with_capacity(list.len());
-                for item in list {
-                    known.push(match item {
-                        Value::Null => None,
-                        Value::List(pair) => match pair.as_slice() {
-                            [Value::Int(partition), Value::Int(offset)] => Some((*partition, *offset)),
-                            _ => return Err(bad().into()),
-                        },
-                        _ => return Err(bad().into()),
-                    });
-                }
+                let known = statecodec::read_causes(&record.values, "a session key's summary")?;
                 let mut kj = Vec::new();
                 record.key.write(&mut kj, false);
                 causes.insert(kj.into(), known);
