@@ -83,8 +83,10 @@ def write_pipeline(tmp: Path, source: str, bootstrap: str, top_n: dict[str, Any]
     return path
 
 
-def start_engine(path: Path, *, crash: str | None = None, idle: float = 3.0, extra_env: dict[str, str] | None = None,
+def start_engine(path: Path, *, crash: str | None = None, idle: float = 1.0, extra_env: dict[str, str] | None = None,
                  stderr: Any = subprocess.PIPE) -> subprocess.Popen[bytes]:
+    # a run's input is in the source before it starts: it ends once Spark's query has no
+    # data available and has had none for `idle` seconds (the last batch's later stages done)
     env = {k: v for k, v in os.environ.items() if not k.startswith("REFOLD_TEST_")}
     if crash:
         env["REFOLD_TEST_CRASH"] = crash

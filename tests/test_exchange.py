@@ -408,10 +408,10 @@ def test_the_engine_runs_a_regrouping_view_in_shards_exactly_once_across_a_resta
                                          "latest": {"last": "score"}, "teams": {"set": "bonus"}}}
     pipeline = _engine_pipeline(source, view, tmp_path, 3, max_batch_events=400)
     produce(settings_, source, rows[:1800], ["player_name"], progress=False, per_transaction=300)
-    first = run_pipeline(pipeline, bootstrap_servers, until_idle=2.0, spark=spark, quiet=True)
+    first = run_pipeline(pipeline, bootstrap_servers, until_idle=1.0, spark=spark, quiet=True)
     assert first.batches >= 3
     produce(settings_, source, rows[1800:], ["player_name"], progress=False, per_transaction=300)
-    run_pipeline(pipeline, bootstrap_servers, until_idle=2.0, spark=spark, quiet=True)
+    run_pipeline(pipeline, bootstrap_servers, until_idle=1.0, spark=spark, quiet=True)
     report = verify(pipeline, settings_)
     assert report.anomalies == [], report.anomalies
     assert report.events == len(rows) and report.view_records > 0 and report.delta_records > 0
@@ -455,7 +455,7 @@ def test_a_failure_of_stage_two_beside_the_next_stage_one_stops_the_run_and_the_
         run_pipeline(pipeline, bootstrap_servers, until_idle=5.0, spark=spark, quiet=True)
     assert calls[0] is None  # the start's catch-up closes for itself
     monkeypatch.undo()
-    run_pipeline(pipeline, bootstrap_servers, until_idle=2.0, spark=spark, quiet=True)  # the next run catches up
+    run_pipeline(pipeline, bootstrap_servers, until_idle=1.0, spark=spark, quiet=True)  # the next run catches up
     report = verify(pipeline, settings_)
     assert report.anomalies == [] and report.events == len(rows), report.anomalies
 
@@ -476,7 +476,7 @@ def test_the_rfc015_leaderboard_in_three_shards_gives_the_rfc_tables(
     assert sql is not None
     pipeline = _engine_pipeline(source, {"sql": sql.replace("from match_scores\n", f"from `{source}`\n")},
                                 tmp_path, 3, form=form)
-    run_pipeline(pipeline, bootstrap_servers, until_idle=2.0, spark=spark, quiet=True)
+    run_pipeline(pipeline, bootstrap_servers, until_idle=1.0, spark=spark, quiet=True)
     assert rfc015_table(pipeline, settings_, form) == RFC015_TABLES[form]
     # the players' rows ranked in two stage-2 shards (by message key: Alice and Charlie in
     # shard 1, Bob in 0), their local tops again in stage 3
