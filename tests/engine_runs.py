@@ -82,18 +82,3 @@ class Recording(ShardProcessor):
 
 class RecordingProcessor(BatchProcessor):
     shard_type = Recording
-
-
-def killed_then_finished(bootstrap_servers: str, topic: Callable[..., str], tmp_path: Path) -> tuple[Path, str]:
-    """A 900-event source of two partitions run by `refold run` (Spark) killed -9 inside a
-    transaction and right after a commit, then run to the end: (pipeline file, source)."""
-    from test_crash import finish, start_engine, write_pipeline
-
-    source, _events = load_source(bootstrap_servers, topic, partitions=2, events=900, keys=40, seed=11)
-    path = write_pipeline(tmp_path, source, bootstrap_servers)
-    for crash in ("in_txn:2", "after_commit:3"):
-        code, err = finish(start_engine(path, crash=crash))
-        assert code == -9, f"{crash}: {err[-2000:]}"
-    code, err = finish(start_engine(path))
-    assert code == 0, err[-3000:]
-    return path, source

@@ -32,7 +32,7 @@ def test_the_spark_sink_contender_reduces_every_event(spark: Any, bootstrap_serv
     rows = list(generate(Workload(events=600, keys=40, seed=3)))
     produce(settings, source, [orjson.dumps(r) for r in rows], ["player_name"], progress=False, per_transaction=600)
     p = pipeline(f"bench-sink-{uuid.uuid4().hex[:8]}", source, bootstrap_servers, 200, state_dir=tmp_path / "state")
-    progress = run_baseline(p, bootstrap_servers, spark, until_idle=3.0)
+    progress = run_baseline(p, bootstrap_servers, spark, until_idle=1.0)
     assert progress.failure is None and progress.events == len(rows)
     assert p.outputs.view is not None
     # Spark's sink keeps no order within a batch, so each key's expected row is looked for

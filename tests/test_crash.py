@@ -41,11 +41,14 @@ import pytest
 import yaml
 from engine_runs import assert_exact, load_source
 
-from refold.config import load_pipeline
+from refold.config import Pipeline, load_pipeline
+from refold.kafka.io import ensure_topics, partitions_of, read_to_end
 from refold.recovery.restore import load_checkpoints
+from refold.runtime.batch import InputRecord
 from refold.runtime.exchange import view_pipeline
+from refold.runtime.processor import BatchProcessor
 from refold.runtime.tops import rank_pipeline
-from refold.spark.job import spark_checkpoint_dir
+from refold.spark.job import engine_topics, spark_checkpoint_dir
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -80,8 +83,10 @@ def write_pipeline(tmp: Path, source: str, bootstrap: str, top_n: dict[str, Any]
     return path
 
 
-def start_engine(path: Path, *, crash: str | None = None, idle: float = 3.0, extra_env: dict[str, str] | None = None,
+def start_engine(path: Path, *, crash: str | None = None, idle: float = 1.0, extra_env: dict[str, str] | None = None,
                  stderr: Any = subprocess.PIPE) -> subprocess.Popen[bytes]:
+    # a run's input is in the source before it starts: it ends once Spark's query has no
+    # data available and has had none for `idle` seconds (the last batch's later stages done)
     env = {k: v for k, v in os.environ.items() if not k.startswith("REFOLD_TEST_")}
     if crash:
         env["REFOLD_TEST_CRASH"] = crash
@@ -122,6 +127,8 @@ def test_kill_9_at_each_point_then_restart(bootstrap_servers, loaded_source, tmp
     # - inside that shard's transaction of its batch 2 (records sent, not committed), and
     #   Spark's checkpoint folder lost too: the next run starts from what Kafka says;
     # - in its batch 3, decoded, nothing sent.
+    # Then the view's records and cause headers are one clean run's, and the trace index
+    # answers as the scan (test_provenance and test_trace_index prove them without kills).
     source, events = loaded_source
     path = write_pipeline(tmp_path, source, bootstrap_servers)
     pipeline = load_pipeline(path)
@@ -142,6 +149,40 @@ def test_kill_9_at_each_point_then_restart(bootstrap_servers, loaded_source, tmp
     assert code == 0, err[-3000:]
     assert_exact(pipeline, bootstrap_servers, events)
     assert sorted(load_checkpoints(pipeline, settings)) == [0, 1, 2]
+    assert_causes_as_one_clean_run(pipeline, source, tmp_path, bootstrap_servers)
+
+
+def assert_causes_as_one_clean_run(crashed: Pipeline, source: str, tmp: Path, bootstrap: str) -> None:
+    """The killed and restarted run's view records, cause headers included, are those of
+    the same input reduced in one batch without a crash (the output is a pure function of
+    the input); and its trace index: the aborted transactions' index records are not
+    read, the replayed batches write theirs once, every trace through it is the scan's."""
+    from test_trace_index import assert_index_answers_as_the_scan
+
+    settings = {"bootstrap.servers": bootstrap}
+    clean = load_pipeline(write_pipeline(tmp, source, bootstrap))
+    partitions = len(partitions_of(settings, source))
+    ensure_topics(settings, engine_topics(clean, partitions))
+    records = [InputRecord(msg.partition(), msg.offset(), msg.key(), msg.value(), msg.timestamp()[1])
+               for msg in read_to_end(settings, source)]
+    processor = BatchProcessor(clean, settings)
+    try:
+        processor.process(records)
+    finally:
+        processor.close()
+
+    def written(topic_name: str) -> dict[int, list[Any]]:
+        by_partition: dict[int, list[Any]] = {}
+        for msg in read_to_end(settings, topic_name):
+            by_partition.setdefault(msg.partition(), []).append((msg.key(), msg.value(), msg.headers()))
+        return by_partition
+
+    assert crashed.outputs.view is not None and clean.outputs.view is not None
+    view = written(crashed.outputs.view.topic)
+    assert view == written(clean.outputs.view.topic)
+    assert sum(len(records) for records in view.values()) > 100
+    assert all(headers for records in view.values() for _key, _value, headers in records)
+    assert assert_index_answers_as_the_scan(crashed, settings, source, inputs=10) == sum(map(len, view.values()))
 
 
 @pytest.mark.parametrize("crashes", [

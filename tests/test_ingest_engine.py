@@ -39,7 +39,7 @@ def test_a_view_changes_by_exactly_the_correction(bootstrap_servers: str, topic,
     })
 
     def view_changes() -> list[Any]:
-        run_pipeline(pipeline, bootstrap_servers, until_idle=2.0, spark=spark, quiet=True)
+        run_pipeline(pipeline, bootstrap_servers, until_idle=1.0, spark=spark, quiet=True)
         return list(read_view_changes(pipeline, settings))
 
     before = view_changes()

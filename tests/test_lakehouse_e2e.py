@@ -92,7 +92,7 @@ def test_spark_and_a_second_reader_see_the_view_in_delta_and_iceberg(
         "max_batch_events": 800,
         "spark": {"checkpoint_dir": str(tmp_path / "spark")},
     })
-    progress = run_pipeline(pipeline, bootstrap_servers, until_idle=2.0, spark=spark, quiet=True)
+    progress = run_pipeline(pipeline, bootstrap_servers, until_idle=1.0, spark=spark, quiet=True)
     assert progress.batches >= 3
     report = verify(pipeline, settings)
     assert report.anomalies == [], "\n".join(report.anomalies)

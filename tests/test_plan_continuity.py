@@ -114,7 +114,7 @@ def test_a_pipeline_committed_before_the_plan_continues_exactly_on_it(
     assert [sorted(before[writer]) for writer in stage_writers(pipeline)][:stages] == [[0, 1, 2], [0, 1], [0]][:stages]
 
     produce(settings, source, rows[900:], ["player_name"], progress=False, per_transaction=300)
-    run_pipeline(pipeline, bootstrap_servers, until_idle=2.0, spark=spark, quiet=True)
+    run_pipeline(pipeline, bootstrap_servers, until_idle=1.0, spark=spark, quiet=True)
 
     assert_exact(pipeline, bootstrap_servers, len(rows))  # no event lost or applied twice, in every output
     after = load_writers(pipeline, settings, stage_writers(pipeline))

@@ -3,8 +3,10 @@ the reference's (`refold.reference_causes`), for random changelogs and random ba
 cuts, through real transactions and a restart in the middle (the causes of what later
 records retract come back from `P.state`), with the Python reducers and the native
 core, grouped, Top-N and windowed (sessions; `emit: final`), each output form; read back from the broker as written; a
-replay writes nothing again; `outputs.provenance: off` writes no headers. The kill -9
-test checks the trace index of the same run too (`test_trace_index`'s check)."""
+replay writes nothing again; `outputs.provenance: off` writes no headers. After kill -9
+of the engine at each point of a batch and its restarts,
+`test_crash.test_kill_9_at_each_point_then_restart` checks the run's causes byte for byte
+against one clean run of the same input, and its trace index against the scan."""
 
 from __future__ import annotations
 
@@ -298,46 +300,6 @@ def test_causes_after_an_exchange_and_of_an_upsert_source(bootstrap_servers, top
             assert headers["refold.retracts"] == latest[msg.key()]
         else:
             latest[msg.key()] = headers["refold.cause"]
-
-
-@pytest.mark.spark
-def test_causes_are_byte_identical_after_kill_9_and_restarts(bootstrap_servers, topic, tmp_path) -> None:
-    # the engine (Spark, local[1]) killed inside a transaction and after a commit, then run
-    # to the end: its view records, headers included, are those of the same
-    # input reduced in one go without a crash (the output is a pure function of the input);
-    # and its trace index: the aborted transactions' index records are not read, the
-    # replayed batches write theirs once, every trace through the index is the scan's
-    from engine_runs import killed_then_finished
-    from test_crash import write_pipeline
-    from test_trace_index import assert_index_answers_as_the_scan
-
-    from refold.config import load_pipeline
-
-    settings_ = {"bootstrap.servers": bootstrap_servers}
-    path, source = killed_then_finished(bootstrap_servers, topic, tmp_path)
-    crashed = load_pipeline(path)
-    clean = load_pipeline(write_pipeline(tmp_path, source, bootstrap_servers))
-    ensure_topics(settings_, engine_topics(clean, 2))
-    records = [InputRecord(msg.partition(), msg.offset(), msg.key(), msg.value(), msg.timestamp()[1])
-               for msg in read_to_end(settings_, source)]
-    processor = BatchProcessor(clean, settings_)
-    try:
-        processor.process(records)
-    finally:
-        processor.close()
-
-    def written(topic_name: str) -> dict[int, list[Any]]:
-        by_partition: dict[int, list[Any]] = {}
-        for msg in read_to_end(settings_, topic_name):
-            by_partition.setdefault(msg.partition(), []).append((msg.key(), msg.value(), msg.headers()))
-        return by_partition
-
-    assert crashed.outputs.view is not None and clean.outputs.view is not None
-    view = written(crashed.outputs.view.topic)
-    assert view == written(clean.outputs.view.topic)
-    assert sum(len(records) for records in view.values()) > 100
-    assert all(headers for records in view.values() for _key, _value, headers in records)
-    assert assert_index_answers_as_the_scan(crashed, settings_, source, inputs=10) == sum(map(len, view.values()))
 
 
 @pytest.mark.parametrize("view", [GROUPED, TOP_N], ids=["grouped", "topn"])

@@ -238,7 +238,7 @@ def test_an_evolved_source_subject_through_a_real_registry(registry, bootstrap_s
     assert client.get_versions(subject) == [1, 2]  # the v1 serializer found v1 again
 
     pipeline = make_pipeline(source, registry.url, tmp_path)
-    progress = run_pipeline(pipeline, bootstrap_servers, until_idle=3.0, spark=spark, quiet=True)
+    progress = run_pipeline(pipeline, bootstrap_servers, until_idle=1.0, spark=spark, quiet=True)
     assert progress.batches >= 3
 
     # nothing dead-lettered, every event counted in once

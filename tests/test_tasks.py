@@ -39,7 +39,7 @@ def write_pipeline(tmp: Path, source: str, bootstrap: str, **spark: Any) -> Path
     return engine_runs.write_pipeline(tmp, source, bootstrap, spark=spark, trigger="200ms", max_batch_events=300)
 
 
-def run_engine(path: Path, env: dict[str, str] | None = None, idle: float = 3.0) -> subprocess.CompletedProcess[str]:
+def run_engine(path: Path, env: dict[str, str] | None = None, idle: float = 1.0) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("REFOLD_TEST_")}
     clean.update(env or {})
     return subprocess.run(

@@ -14,9 +14,9 @@ from typing import Any
 import orjson
 import pytest
 from confluent_kafka import Producer
-from test_trace_index import _scanned
+from test_trace_index import assert_index_answers_as_the_scan
 
-from refold.cli import trace, traceread
+from refold.cli import trace
 from refold.config import Pipeline, parse_pipeline
 from refold.kafka.io import TopicSpec, ensure_topics, read_to_end
 from refold.plan import RIGHT_PARTITIONS, plan_of, trace_topic
@@ -77,26 +77,6 @@ def _run(pipeline: Pipeline, settings_: dict[str, Any], records: list[InputRecor
         processor.close()
 
 
-def _answers_as_the_scan(pipeline: Pipeline, settings_: dict[str, Any]) -> int:
-    """Every key's trace and every cause's through the index equal the scan's, with no
-    scan; the index names every view record once. Returns the view records' count."""
-    by_key, by_cause = _scanned(pipeline, settings_)
-    entries = list(traceread._parsed(settings_, trace_topic(pipeline)))
-    named = [(e.partition, e.first + e.positions[i]) for e in entries for i in range(e.records)]
-    assert sorted(named) == sorted(where for found in by_key.values() for where in found)
-    notes: list[str] = []
-    for key, where in by_key.items():
-        got = trace.trace_key(pipeline, settings_, orjson.loads(key), note=notes.append)
-        assert [(r["partition"], r["offset"]) for r in got] == sorted(where), key
-        assert all("row" in r["cause"] for r in got)  # (each cause fetched from its source topic)
-    for cause in by_cause:
-        topic, partition, offset = trace.cause_place(cause, "")
-        got = trace.trace_input(pipeline, settings_, topic, partition, offset, note=notes.append)
-        assert sorted((r["partition"], r["offset"]) for r in got if r["output"] == "view") == sorted(by_cause[cause])
-    assert notes == []
-    return len(named)
-
-
 @pytest.mark.parametrize("layout", ["co-partitioned", "merged"])
 def test_a_joined_rows_trace_names_the_order_and_the_customer(bootstrap_servers: str, layout: str) -> None:
     settings_ = {"bootstrap.servers": bootstrap_servers}
@@ -147,7 +127,7 @@ def test_a_joined_rows_trace_names_the_order_and_the_customer(bootstrap_servers:
     got = trace.trace_input(pipeline, settings_, *at(7), note=notes.append)
     assert [(r["key"], r["op"]) for r in got] == [({"id": 2}, "-R")]
     assert notes == []
-    assert _answers_as_the_scan(pipeline, settings_) == 8
+    assert assert_index_answers_as_the_scan(pipeline, settings_, inputs=None, fetched=True) == 8
 
 
 def _random_events(rng: random.Random, count: int) -> list[tuple[str, dict[str, Any]]]:
@@ -183,7 +163,7 @@ def test_join_trace_through_the_index_equals_the_scan(bootstrap_servers: str, la
     records = _produce(settings_, pipeline, _random_events(rng, 60))
     cuts = sorted(rng.sample(range(1, len(records)), 4))
     _run(pipeline, settings_, records, cuts)
-    written = _answers_as_the_scan(pipeline, settings_)
+    written = assert_index_answers_as_the_scan(pipeline, settings_, inputs=None, fetched=True)
     assert written > 20
     # a replay writes nothing again, no index record either
     entries = len(list(read_to_end(settings_, trace_topic(pipeline))))

@@ -390,9 +390,9 @@ def test_the_engine_runs_a_windowed_view_with_lateness_through_a_restart(
         produce(settings, source, [orjson.dumps(r) for r in part], ["team"], progress=False, per_transaction=50)
 
     send(rows[:40])
-    run_pipeline(pipeline, bootstrap_servers, until_idle=2.0, spark=spark, quiet=True)
+    run_pipeline(pipeline, bootstrap_servers, until_idle=1.0, spark=spark, quiet=True)
     send(rows[40:])
-    run_pipeline(pipeline, bootstrap_servers, until_idle=2.0, spark=spark, quiet=True)  # a restart
+    run_pipeline(pipeline, bootstrap_servers, until_idle=1.0, spark=spark, quiet=True)  # a restart
     expected, expected_letters = _replayed(pipeline, rows)
     view = [orjson.loads(m.value()) for m in read_to_end(settings, f"{name}.view")]
     assert [(r.pop("op"), r) for r in view] == expected
