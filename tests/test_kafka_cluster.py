@@ -35,6 +35,7 @@ from refold.cli.produce import produce
 from refold.config import load_pipeline
 from refold.dev import kafkacluster, kafkaconfig, kafkahealth, localkafka
 from refold.dev.kafkacluster import ClusterInfo
+from refold.dev.leaderkill import group_coordinator
 from refold.dev.testing import Workload, generate
 from refold.kafka.io import (
     TopicSpec,
@@ -44,6 +45,7 @@ from refold.kafka.io import (
     partitions_of,
     read_to_end,
 )
+from refold.kafka.transactions import TransactionalWriter, TransactionTimedOut
 from refold.plan import plan_of
 from refold.recovery.layout import settled
 from refold.recovery.restore import load_checkpoints
@@ -293,6 +295,47 @@ def test_pipeline_exact_through_coordinator_and_leader_kills(cluster, tmp_path) 
     assert open_transactions(settings, topics, timeout=30) == []
     assert "Traceback" not in text, text[-3000:]
     assert "one replica" not in text and "min.insync.replicas 1" not in text  # no durability warning
+
+
+def test_send_offsets_gives_up_once_the_group_coordinator_left(cluster, monkeypatch) -> None:
+    # librdkafka#5511: a producer that cached the group's coordinator waits in
+    # send_offsets_to_transaction, past its own timeout, once that broker has dropped out
+    # of the metadata (killed, then fenced). The writer gives the call up as soon as the
+    # metadata lacks a broker it knew, not at the deadline (set far off here), and a new
+    # producer commits through the new coordinator.
+    info, home = cluster
+    monkeypatch.setenv("REFOLD_SEND_OFFSETS_SECONDS", "120")
+    settings = {"bootstrap.servers": info.bootstrap}
+    topic, group = f"gc-{uuid.uuid4().hex[:8]}", f"refold.gc-{uuid.uuid4().hex[:8]}"
+    ensure_topics(settings, [TopicSpec(topic, 1)])
+    writer = TransactionalWriter(settings, f"{group}-0", timeout_ms=180_000, consumer_group=group)
+    writer.initialise()
+    node = -1
+    try:
+        writer.begin()
+        writer.send(topic, b"k", b"1")
+        writer.commit({topic: {0: 1}})  # the producer now holds the group's coordinator
+        node = group_coordinator(settings, group)
+        assert node in {1, 2, 3}
+        assert kafkacluster.kill_node(node, home=home)
+        wait_until(lambda: node not in AdminClient(settings).list_topics(timeout=10).brokers,
+                   f"broker {node} out of the metadata", 60)
+        writer.begin()
+        writer.send(topic, b"k", b"2")
+        started = time.monotonic()
+        with pytest.raises(TransactionTimedOut, match=f"broker {node} left the cluster's metadata"):
+            writer.commit({topic: {0: 2}})
+        assert time.monotonic() - started < 30
+        writer.initialise()  # a new producer: it finds the new coordinator
+        writer.begin()
+        writer.send(topic, b"k", b"2")
+        writer.commit({topic: {0: 2}})
+    finally:
+        writer.close()
+        if node in {1, 2, 3}:
+            kafkacluster.start_node(node, home=home, die_with_parent=True)
+    assert [m.value() for m in read_to_end(settings, topic, timeout=60)] == [b"1", b"2"]
+    wait_until(lambda: not kafkahealth.describe(info).under_replicated, "no under-replicated partitions", 120)
 
 
 # Quorum lost --------------------------------------------------------------------------------
