@@ -21,8 +21,8 @@ starts it again 2-6 s later on its data and waits until every partition is in sy
 engine that exited meanwhile (`--idle`: the chaos harness runs its engines with 30 s on a
 cluster) is started again before the next kill. Prints the seconds from each kill to the
 next committed batch, their median and max, how many times a batch's
-`send_offsets_to_transaction` ran into its deadline (from the engine's log), and how
-the engine's runs ended. The engine inherits the environment:
+`send_offsets_to_transaction` ran into its deadline or was given up early because a broker
+left the metadata (from the engine's log), and how the engine's runs ended. The engine inherits the environment:
 `REFOLD_SEND_OFFSETS_SECONDS=45` measures the deadline of before.
 """
 
@@ -159,13 +159,14 @@ def main(argv: list[str] | None = None) -> int:
         if engine is not None:
             engine.kill()
         kafkacluster.stop(home=home)
-    deadlines = sum(log.read_text(errors="replace").count("send_offsets_to_transaction did not return")
-                    for log in (work / "logs").glob("*.log"))
+    texts = [log.read_text(errors="replace") for log in (work / "logs").glob("*.log")]
+    deadlines = sum(text.count("send_offsets_to_transaction did not return") for text in texts)
+    given_up = sum(text.count("send_offsets_to_transaction gave up") for text in texts)
     seen = sorted(s for s in seconds if s is not None)
     summary = (f"leaderkill: kill={args.kill} kills={len(seconds)} kill_to_commit["
                + (f"median={statistics.median(seen):.1f}s max={seen[-1]:.1f}s" if seen else "-")
                + f" n={len(seen)}] " + " ".join("-" if s is None else f"{s:.1f}" for s in seconds)
-               + f" send_offsets_deadlines={deadlines} engine_starts={result.engine_starts} exits["
+               + f" send_offsets_deadlines={deadlines} send_offsets_given_up={given_up} engine_starts={result.engine_starts} exits["
                + " ".join(f"{k}={v}" for k, v in sorted(result.engine_exits.items())) + "]")
     print(summary)
     if args.work is None:
