@@ -120,7 +120,8 @@ def inject_kafka(kind: str, target: Engine, rng: random.Random, home: Path, sett
                    on_kill=killed):
             recovery = watch.seconds()
             say(f"  {kind}: " + ("next committed batch within 180s: none" if recovery is None
-                                 else f"next committed batch {recovery:.1f}s after the kill"))
+                                 else f"next committed batch {recovery:.1f}s after the kill")
+                + (f" (a read of its checkpoint took {watch.slowest:.0f}s)" if watch.slowest > 5 else ""))
         elif after_kill is not None:
             after_kill()
     elif kind == "coordinator_kill":
@@ -171,6 +172,7 @@ class NextCommit:
         self._before = max(0, target.committed_batch())
         self._started = 0.0
         self._seconds: float | None = None
+        self.slowest = 0.0  # the longest read of the checkpoint: a read that waits on a lost leader delays the finding
         self._thread = threading.Thread(target=self._watch, name="chaos-next-commit", daemon=True)
 
     def start(self) -> None:
@@ -179,7 +181,10 @@ class NextCommit:
 
     def _watch(self) -> None:
         while time.monotonic() - self._started < self._timeout:
-            if self._target.committed_batch() > self._before:
+            probe = time.monotonic()
+            batch = self._target.committed_batch()
+            self.slowest = max(self.slowest, time.monotonic() - probe)
+            if batch > self._before:
                 self._seconds = time.monotonic() - self._started
                 return
             time.sleep(0.2)

@@ -1,7 +1,8 @@
 """How long from a broker's kill -9 to the engine's next committed batch, on a local
 three-broker cluster (docs/kafka-cluster.md, "After a broker's loss").
 
-    python -m refold.dev.leaderkill [--kills 3] [--kill source|group|coordinator|controller]
+    python -m refold.dev.leaderkill [--kills 3] [--kill source|view|state|checkpoints|group|
+                                    coordinator|controller]
                                     [--idle 600] [--events 6000] [--keys 600] [--seed 1]
                                     [--work DIR]
 
@@ -10,7 +11,8 @@ harness's, `refold run --until-idle IDLE` on `local[2]`) and, `--kills` times: w
 a chunk of input, waits for the engine to commit it, writes the other half, and after a
 random pause of up to 1.5 s (a batch in flight) kills with kill -9 one broker:
 
-- `source`: the leader of a random source partition (the chaos harness's `leader_kill_source`);
+- `source`, `view`, `state`, `checkpoints`: the leader of a random partition of the source
+  topic, the view topic, `P.state` or `P.checkpoints` (the chaos harness's `leader_kill_*`);
 - `group`: the coordinator of the pipeline's consumer group (the leader of its
   `__consumer_offsets` partition, to which each batch sends its consumed offsets);
 - `coordinator`: the transaction coordinator of a random shard's transactional id (the
@@ -52,6 +54,7 @@ from refold.kafka.transactions import java_string_hash
 from refold.model import jsonbytes
 
 PARTITIONS = 3
+LEADERS = ("source", "view", "state", "checkpoints")  # --kill of a partition's leader: the chaos harness's kinds
 
 
 def group_coordinator(settings: dict[str, Any], group: str) -> int:
@@ -99,6 +102,8 @@ def kill_and_time(kind: str, target: Engine, rng: random.Random, home: Path, set
     time.sleep(rng.uniform(2.0, 6.0))
     kafkacluster.start_node(node, home=home, die_with_parent=True)
     seconds = watch.seconds()
+    if watch.slowest > 5:
+        say(f"  a read of the engine's checkpoint took {watch.slowest:.0f}s")
     if not wait_in_sync(home):
         say("  the cluster is not in sync 180s after the kill")
     return seconds
@@ -107,9 +112,10 @@ def kill_and_time(kind: str, target: Engine, rng: random.Random, home: Path, set
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=3)
-    parser.add_argument("--kill", choices=("source", "group", "coordinator", "controller"), default="source",
-                        help="whom to kill: a source partition's leader, the consumer group's coordinator, a "
-                             "shard's transaction coordinator, or the active controller")
+    parser.add_argument("--kill", choices=(*LEADERS, "group", "coordinator", "controller"), default="source",
+                        help="whom to kill: the leader of a partition of the source, the view, P.state or "
+                             "P.checkpoints, the consumer group's coordinator, a shard's transaction "
+                             "coordinator, or the active controller")
     parser.add_argument("--idle", type=float, default=600.0,
                         help="the engine's --until-idle seconds (the chaos harness's on a cluster: 30)")
     parser.add_argument("--events", type=int, default=6000)
@@ -145,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
             produce_chunk(settings, source, part[:cut], PARTITIONS, print)
             engine.wait_for_progress(before)
             write_rest = functools.partial(produce_chunk, settings, source, part[cut:], PARTITIONS, print)
-            if args.kill == "source":
-                taken = inject_kafka("leader_kill_source", engine, rng, home, settings, print, write_rest)
+            if args.kill in LEADERS:
+                taken = inject_kafka(f"leader_kill_{args.kill}", engine, rng, home, settings, print, write_rest)
             else:
                 taken = kill_and_time(args.kill, engine, rng, home, settings, print, write_rest)
             code = engine.proc.poll() if engine.proc is not None else None
