@@ -1,15 +1,14 @@
 """How long from a broker's kill -9 to the engine's next committed batch, on a local
 three-broker cluster (docs/kafka-cluster.md, "After a broker's loss").
 
-    python -m refold.dev.leaderkill [--kills 3] [--kill source|view|state|checkpoints|group|
-                                    coordinator|controller]
-                                    [--idle 600] [--events 6000] [--keys 600] [--seed 1]
-                                    [--work DIR]
+    python -m refold.dev.leaderkill [--kills 3] [--pipeline grouped|top_n] [--idle 600]
+        [--kill source|view|state|checkpoints|group|coordinator|controller]
+        [--events 6000] [--keys 600] [--seed 1] [--work DIR]
 
-Starts a cluster on free ports in a home of its own, one grouped pipeline (the chaos
-harness's, `refold run --until-idle IDLE` on `local[2]`) and, `--kills` times: writes half
-a chunk of input, waits for the engine to commit it, writes the other half, and after a
-random pause of up to 1.5 s (a batch in flight) kills with kill -9 one broker:
+Starts a cluster on free ports in a home of its own, one pipeline (the chaos harness's
+grouped view, or its Top-N with `--pipeline top_n`; `refold run --until-idle IDLE` on
+`local[2]`) and, `--kills` times: writes half a chunk of input, waits for the engine to
+commit it, writes the other half, and after a random pause of up to 1.5 s (a batch in flight) kills with kill -9 one broker:
 
 - `source`, `view`, `state`, `checkpoints`: the leader of a random partition of the source
   topic, the view topic, `P.state` or `P.checkpoints` (the chaos harness's `leader_kill_*`);
@@ -116,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="whom to kill: the leader of a partition of the source, the view, P.state or "
                              "P.checkpoints, the consumer group's coordinator, a shard's transaction "
                              "coordinator, or the active controller")
+    parser.add_argument("--pipeline", choices=("grouped", "top_n"), default="grouped",
+                        help="the chaos harness's pipeline to run (top_n: a re-grouping view, two stages of shards)")
     parser.add_argument("--idle", type=float, default=600.0,
                         help="the engine's --until-idle seconds (the chaos harness's on a cluster: 30)")
     parser.add_argument("--events", type=int, default=6000)
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rows = [jsonbytes.dumps(r) for r in generate(Workload(events=args.events, keys=args.keys, seed=args.seed))]
         source = f"leaderkill-{int(time.time())}"
-        (path,) = write_pipelines(["grouped"], work, source, bootstrap, batch=max(100, args.events // 20))
+        (path,) = write_pipelines([args.pipeline], work, source, bootstrap, batch=max(100, args.events // 20))
         engine = Engine(path, work / "logs", result, idle=args.idle)
         (work / "logs").mkdir(parents=True, exist_ok=True)
         parts = list(chunks(rows, args.kills + 1))
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     deadlines = sum(text.count("send_offsets_to_transaction did not return") for text in texts)
     given_up = sum(text.count("send_offsets_to_transaction gave up") for text in texts)
     seen = sorted(s for s in seconds if s is not None)
-    summary = (f"leaderkill: kill={args.kill} kills={len(seconds)} kill_to_commit["
+    summary = (f"leaderkill: pipeline={args.pipeline} kill={args.kill} kills={len(seconds)} kill_to_commit["
                + (f"median={statistics.median(seen):.1f}s max={seen[-1]:.1f}s" if seen else "-")
                + f" n={len(seen)}] " + " ".join("-" if s is None else f"{s:.1f}" for s in seconds)
                + f" send_offsets_deadlines={deadlines} send_offsets_given_up={given_up} engine_starts={result.engine_starts} exits["
