@@ -8,7 +8,8 @@ three-broker cluster (docs/kafka-cluster.md, "After a broker's loss").
 Starts a cluster on free ports in a home of its own, one pipeline (the chaos harness's
 grouped view, or its Top-N with `--pipeline top_n`; `refold run --until-idle IDLE` on
 `local[2]`) and, `--kills` times: writes half a chunk of input, waits for the engine to
-commit it, writes the other half, and after a random pause of up to 1.5 s (a batch in flight) kills with kill -9 one broker:
+commit it, writes the other half, and after a random pause of up to 1.5 s (a batch in
+flight) kills with kill -9 one broker:
 
 - `source`, `view`, `state`, `checkpoints`: the leader of a random partition of the source
   topic, the view topic, `P.state` or `P.checkpoints` (the chaos harness's `leader_kill_*`);
