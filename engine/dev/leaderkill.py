@@ -104,6 +104,8 @@ def kill_and_time(kind: str, target: Engine, rng: random.Random, home: Path, set
     seconds = watch.seconds()
     if watch.slowest > 5:
         say(f"  a read of the engine's checkpoint took {watch.slowest:.0f}s")
+    if watch.restarts:
+        say(f"  the engine stopped meanwhile; started again {watch.restarts}x")
     if not wait_in_sync(home):
         say("  the cluster is not in sync 180s after the kill")
     return seconds
