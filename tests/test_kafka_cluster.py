@@ -295,6 +295,74 @@ def test_pipeline_exact_through_coordinator_and_leader_kills(cluster, tmp_path) 
     assert "one replica" not in text and "min.insync.replicas 1" not in text  # no durability warning
 
 
+_GROUP_KILL = """
+import json, os, sys, time, uuid
+from pathlib import Path
+from confluent_kafka.admin import AdminClient
+from refold.dev import kafkacluster
+from refold.dev.leaderkill import group_coordinator
+from refold.kafka.io import TopicSpec, ensure_topics
+from refold.kafka.transactions import TransactionalWriter, TransactionTimedOut
+
+bootstrap, home = sys.argv[1], sys.argv[2]
+settings = {"bootstrap.servers": bootstrap}
+topic, group = f"gc-{uuid.uuid4().hex[:8]}", f"refold.gc-{uuid.uuid4().hex[:8]}"
+ensure_topics(settings, [TopicSpec(topic, 1)])
+writer = TransactionalWriter(settings, f"{group}-0", timeout_ms=180_000, consumer_group=group)
+writer.initialise()
+writer.begin()
+writer.send(topic, b"k", b"1")
+writer.commit({topic: {0: 1}})  # the producer now holds the group's coordinator
+node = group_coordinator(settings, group)
+print(json.dumps({"topic": topic, "node": node}), flush=True)
+kafkacluster.kill_node(node, home=Path(home))
+deadline = time.monotonic() + 60
+while node in AdminClient(settings).list_topics(timeout=10).brokers and time.monotonic() < deadline:
+    time.sleep(0.3)
+writer.begin()
+writer.send(topic, b"k", b"2")
+started, error = time.monotonic(), None
+try:
+    writer.commit({topic: {0: 2}})
+except TransactionTimedOut as exc:  # (as every run here: the call waited on the lost coordinator)
+    error = str(exc)
+first = time.monotonic() - started
+if error is not None:
+    writer.initialise()  # a new producer: it finds the new coordinator
+    writer.begin()
+    writer.send(topic, b"k", b"2")
+    writer.commit({topic: {0: 2}})
+print(json.dumps({"first": first, "error": error}), flush=True)
+os._exit(0)  # not waiting at exit for the stuck producer's thread
+"""
+
+
+def test_send_offsets_gives_up_once_the_group_coordinator_left(cluster, tmp_path) -> None:
+    # librdkafka#5511: a producer that cached the group's coordinator waits in
+    # send_offsets_to_transaction, past its own timeout, once that broker has dropped out
+    # of the metadata (killed, then fenced). The writer gives the call up as soon as the
+    # metadata lacks a broker it knew, not at the deadline (set far off here), and a new
+    # producer commits through the new coordinator. In a process of its own: the stuck
+    # producer stays alive as long as the call waits.
+    info, home = cluster
+    settings = {"bootstrap.servers": info.bootstrap}
+    script = tmp_path / "group_kill.py"
+    script.write_text(_GROUP_KILL)
+    env = {**os.environ, "REFOLD_SEND_OFFSETS_SECONDS": "120"}
+    done = subprocess.run([sys.executable, str(script), info.bootstrap, str(home)], env=env,
+                          capture_output=True, timeout=300)
+    lines = [orjson.loads(line) for line in done.stdout.splitlines() if line.startswith(b"{")]
+    node = lines[0]["node"] if lines else -1
+    if node in {1, 2, 3}:
+        kafkacluster.start_node(node, home=home, die_with_parent=True)
+    assert done.returncode == 0 and len(lines) == 2, done.stderr.decode(errors="replace")[-3000:]
+    outcome = lines[1]
+    assert outcome["first"] < 30, outcome  # not the deadline's 120 s
+    assert outcome["error"] is None or f"broker {node} left the cluster's metadata" in outcome["error"], outcome
+    assert [m.value() for m in read_to_end(settings, lines[0]["topic"], timeout=60)] == [b"1", b"2"]
+    wait_until(lambda: not kafkahealth.describe(info).under_replicated, "no under-replicated partitions", 120)
+
+
 # Quorum lost --------------------------------------------------------------------------------
 
 

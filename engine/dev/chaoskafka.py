@@ -120,7 +120,9 @@ def inject_kafka(kind: str, target: Engine, rng: random.Random, home: Path, sett
                    on_kill=killed):
             recovery = watch.seconds()
             say(f"  {kind}: " + ("next committed batch within 180s: none" if recovery is None
-                                 else f"next committed batch {recovery:.1f}s after the kill"))
+                                 else f"next committed batch {recovery:.1f}s after the kill")
+                + (f" (a read of its checkpoint took {watch.slowest:.0f}s)" if watch.slowest > 5 else "")
+                + (f" (the engine stopped meanwhile; started again {watch.restarts}x)" if watch.restarts else ""))
         elif after_kill is not None:
             after_kill()
     elif kind == "coordinator_kill":
@@ -163,7 +165,11 @@ def inject_kafka(kind: str, target: Engine, rng: random.Random, home: Path, sett
 class NextCommit:
     """Times an engine's next committed batch from a moment on, in a thread of its own
     (the broker's restart goes on meanwhile): the checkpoint's batch number polled every
-    0.2 s until it passes the one committed before the moment."""
+    0.2 s until it passes the one committed before the moment. An engine that stops
+    meanwhile is started again (`restarts`): one run with `--until-idle` stops when no
+    input came for that long, which a broker's loss can make it see while the input
+    written after the kill waits for a new leader; nothing would start it again before
+    the next fault."""
 
     def __init__(self, target: Engine, timeout: float = 180.0) -> None:
         self._target = target
@@ -171,6 +177,8 @@ class NextCommit:
         self._before = max(0, target.committed_batch())
         self._started = 0.0
         self._seconds: float | None = None
+        self.slowest = 0.0  # the longest read of the checkpoint: a read that waits on a lost leader delays the finding
+        self.restarts = 0
         self._thread = threading.Thread(target=self._watch, name="chaos-next-commit", daemon=True)
 
     def start(self) -> None:
@@ -179,7 +187,14 @@ class NextCommit:
 
     def _watch(self) -> None:
         while time.monotonic() - self._started < self._timeout:
-            if self._target.committed_batch() > self._before:
+            proc = self._target.proc
+            if proc is None or proc.poll() is not None:
+                self.restarts += 1
+                self._target.ensure_running()
+            probe = time.monotonic()
+            batch = self._target.committed_batch()
+            self.slowest = max(self.slowest, time.monotonic() - probe)
+            if batch > self._before:
                 self._seconds = time.monotonic() - self._started
                 return
             time.sleep(0.2)

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NoReturn
@@ -40,6 +39,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from refold import environment
 from refold.errors import InternalError, OperationalError, UserError
+from refold.kafka.deadline import bounded, brokers_of, gone_from
 from refold.kafka.io import consumer_config, delivery_failures, producer_config
 
 log = logging.getLogger(__name__)
@@ -146,6 +146,7 @@ class TransactionalWriter:
         self._failed_at: dict[tuple[str, int], KafkaError] = {}  # topic-partitions of failed deliveries
         self._on_delivery: Callable[..., None] | None = None
         self._began = 0.0  # monotonic time of begin()
+        self._brokers: set[int] = set()  # the brokers the cluster listed when the producer began
 
     @property
     def closed(self) -> bool:
@@ -178,6 +179,7 @@ class TransactionalWriter:
                 f"cannot initialise transactions as {self.transactional_id!r}: {describe_kafka_error(exc)}"
             ) from exc
         self._producer = producer
+        self._brokers = brokers_of(producer) or set()
 
     def close(self) -> None:
         """Flush what is still queued (briefly) and let go of the clients."""
@@ -306,6 +308,7 @@ class TransactionalWriter:
                     "send_offsets_to_transaction",
                     deadline,
                     lambda: producer.send_offsets_to_transaction(positions, metadata, own),
+                    gone=gone_from(producer, self._brokers),  # librdkafka#5511: see refold.kafka.deadline
                 )
             producer.commit_transaction(_COMMIT_SECONDS)
         except (KafkaException, SystemError) as exc:
@@ -341,22 +344,18 @@ class TransactionalWriter:
 
     # The client's outcomes -----------------------------------------------------------
 
-    def _bounded(self, what: str, seconds: float, call: Callable[[], None]) -> None:
-        """Run a client call that may ignore its own timeout under a deadline. Past it,
-        TransactionTimedOut; the stuck producer stays referenced (never destroyed under
-        the thread still waiting in it) until a new one's `init_transactions` fences it.
-        An exception of the call is raised here as it came."""
-        outcome: list[BaseException | None] = []
-        thread = threading.Thread(target=_call_into, args=(call, outcome), name=f"refold-{what}", daemon=True)
-        thread.start()
-        thread.join(seconds)
-        if thread.is_alive():
+    def _bounded(self, what: str, seconds: float, call: Callable[[], None],
+                 gone: Callable[[], str | None] | None = None) -> None:
+        """Run a client call that may ignore its own timeout under a deadline (given up
+        sooner when `gone()` says a broker it may wait on left: `refold.kafka.deadline`).
+        Past it, TransactionTimedOut; the stuck producer stays referenced (never destroyed
+        under the thread still waiting in it) until a new one's `init_transactions` fences
+        it. An exception of the call is raised here as it came."""
+        reason = bounded(seconds, call, gone)
+        if reason is not None:
             if self._producer is not None:
                 self._wedged.append(self._producer)
-            raise TransactionTimedOut(f"{what} did not return within {seconds:.0f}s (librdkafka#5456)")
-        error = outcome[0] if outcome else None
-        if error is not None:
-            raise error
+            raise TransactionTimedOut(f"{what} {reason}")
 
     def _fail(self, exc: KafkaException | SystemError) -> NoReturn:
         """Raise the outcome of a client error: FencedError, TransactionTimedOut or
@@ -461,15 +460,6 @@ def _kafka_error(exc: BaseException) -> KafkaError | None:
     if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
         return exc.args[0]
     return None
-
-
-def _call_into(call: Callable[[], None], outcome: list[BaseException | None]) -> None:
-    try:
-        call()
-    except BaseException as exc:  # handed to the waiting thread
-        outcome.append(exc)
-    else:
-        outcome.append(None)
 
 
 def describe_kafka_error(exc: BaseException) -> str:
