@@ -252,9 +252,7 @@ class Pair(native_changelogs.Pair):
         return len(self.python.reducer.keys)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(spec=view_specs(), data=st.data())
-def test_differential(spec: tuple, data: st.DataObject) -> None:
+def differential(spec: tuple, data: st.DataObject) -> None:
     """Random views, several batches in a row: the same records as the Python path,
     with restores from each other's state records in between."""
     pair = Pair(spec)
@@ -265,6 +263,24 @@ def test_differential(spec: tuple, data: st.DataObject) -> None:
         if data.draw(st.integers(0, 3)) == 0:
             pair.restore()  # a restore round trip of everything
             assert view_bytes(pair.core.view()) == view_bytes(pair.python.reducer.view())
+
+
+SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}
+
+
+@settings(max_examples=150, **SETTINGS)
+@given(spec=view_specs(), data=st.data())
+def test_differential(spec: tuple, data: st.DataObject) -> None:
+    """`differential` over 150 random views (`test_differential_thorough`: 1,000, in
+    `make test-slow`)."""
+    differential(spec, data)
+
+
+@pytest.mark.slow
+@settings(max_examples=1_000, **SETTINGS)
+@given(spec=view_specs(), data=st.data())
+def test_differential_thorough(spec: tuple, data: st.DataObject) -> None:
+    differential(spec, data)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -200,9 +200,7 @@ class Pair(native_changelogs.Pair):
         return len(self.python.reducer.groups)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(spec=topn_specs(), data=st.data())
-def test_differential(spec: Spec, data: st.DataObject) -> None:
+def differential(spec: Spec, data: st.DataObject) -> None:
     """Random Top-N views, several batches in a row: the same records as the Python
     path, with restores from each other's state records in between."""
     pair = Pair(spec)
@@ -211,6 +209,24 @@ def test_differential(spec: Spec, data: st.DataObject) -> None:
         event(check_batch(pair, source.batch(), data.draw(st.integers(0, 3)) == 0))
         if data.draw(st.integers(0, 3)) == 0:
             pair.restore()  # a restore round trip of everything
+
+
+SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}
+
+
+@settings(max_examples=150, **SETTINGS)
+@given(spec=topn_specs(), data=st.data())
+def test_differential(spec: Spec, data: st.DataObject) -> None:
+    """`differential` over 150 random Top-N views (`test_differential_thorough`: 1,000, in
+    `make test-slow`)."""
+    differential(spec, data)
+
+
+@pytest.mark.slow
+@settings(max_examples=1_000, **SETTINGS)
+@given(spec=topn_specs(), data=st.data())
+def test_differential_thorough(spec: Spec, data: st.DataObject) -> None:
+    differential(spec, data)
 
 
 @settings(max_examples=6, deadline=None)

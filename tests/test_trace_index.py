@@ -147,8 +147,10 @@ def assert_index_answers_as_the_scan(pipeline: Pipeline, settings_: dict[str, An
 # Grouped and Top-N co-partitioned run one core each in `make test` (the native grouped,
 # the Python Top-N), the other in `make test-slow` (marker slow): the cores' index entries
 # are byte-equal (test_the_native_entry_is_the_python_one) and their view records are
-# (the native cores' differential tests); the windowed cases keep both.
-SLOW_PAIRS = ("grouped-python", "topn-native")
+# (the native cores' differential tests). The windowed view re-grouped in shards, with the
+# Python reducer, is in `make test-slow` too: `windowed-native` holds a windowed view's
+# index, and `regrouped-stage2` a re-grouping view's.
+SLOW_PAIRS = ("grouped-python", "topn-native", "windowed-merged-python")
 
 
 @pytest.mark.parametrize("case", [pytest.param(case, marks=[pytest.mark.slow] if case in SLOW_PAIRS else [])
