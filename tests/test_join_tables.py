@@ -122,6 +122,16 @@ def test_an_upsert_source_in_a_join_writes_the_reference_join_of_its_table(boots
     assert written(pipeline) == changelog(reference_join(spec, units).changes)
 
 
+def refused_update_history() -> tuple[Any, Any]:
+    """The first Debezium history (`histories`, from seed 4) whose last step is an update
+    the join refuses (its `before` is not the customer's row)."""
+    for seed in range(4, 40):
+        records, units = histories(seed, debezium=True)
+        if b"mars" in (records[-1].value or b""):
+            return records, units
+    raise AssertionError("no history of seeds 4-39 ends with a refused update")
+
+
 @pytest.mark.kafka
 def test_a_debezium_source_in_a_join_writes_the_reference_join_of_its_table(bootstrap_servers: str) -> None:
     """Customers as Debezium's events (create, update, delete) in a left join: the view
@@ -130,10 +140,7 @@ def test_a_debezium_source_in_a_join_writes_the_reference_join_of_its_table(boot
     pipeline = upsert_join(bootstrap_servers, "left", debezium=True)
     assert pipeline.run_refusal() is None
     make_topics(pipeline, 2)
-    for seed in range(4, 40):  # (a history whose last step is a refused update)
-        records, units = histories(seed, debezium=True)
-        if b"mars" in (records[-1].value or b""):
-            break
+    records, units = refused_update_history()
     run_batches(pipeline, records, [len(records) // 3, len(records) // 2], [True])
     spec = pipeline.view.join
     assert spec is not None
@@ -177,10 +184,7 @@ def test_a_debezium_source_in_a_regrouping_join_is_the_grouped_reference(bootstr
     pipeline = upsert_join(bootstrap_servers, "left", debezium=True, shards=SHARDS, grouped=True)
     assert pipeline.run_refusal() is None and plan_of(pipeline, 2).regrouped
     make_topics(pipeline, 2)
-    for seed in range(4, 40):  # (a history whose last step is a refused update)
-        records, units = histories(seed, debezium=True)
-        if b"mars" in (records[-1].value or b""):
-            break
+    records, units = refused_update_history()
     run_batches(pipeline, records, [len(records) // 3, len(records) // 2], [True])
     spec = pipeline.view.join
     assert spec is not None
