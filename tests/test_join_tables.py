@@ -111,15 +111,21 @@ def test_an_upsert_source_in_a_join_writes_the_reference_join_of_its_table(boots
     new row; deleted by a tombstone, its orders lose it: the view topic is the reference
     join's changelog of the orders and the customers' table changelog, record by record,
     with batch cuts and restarts (the last rows come back from `P.state`)."""
-    pipeline = upsert_join(bootstrap_servers, kind)
+    pipeline, units = run_history(upsert_join(bootstrap_servers, kind), seed)
+    spec = pipeline.view.join
+    assert spec is not None
+    assert written(pipeline) == changelog(reference_join(spec, units).changes)
+
+
+def run_history(pipeline: Any, seed: int) -> tuple[Any, Any]:
+    """`pipeline` run over the upsert history of `seed` (`histories`) in batches cut at
+    random, with a restart; the pipeline and the history's units."""
     assert pipeline.run_refusal() is None
     make_topics(pipeline, 2)
     records, units = histories(seed)
     rng = random.Random(seed)
     run_batches(pipeline, records, [rng.randrange(len(records)) for _ in range(4)], [False, True])
-    spec = pipeline.view.join
-    assert spec is not None
-    assert written(pipeline) == changelog(reference_join(spec, units).changes)
+    return pipeline, units
 
 
 def refused_update_history() -> tuple[Any, Any]:
@@ -160,12 +166,7 @@ def test_an_upsert_source_in_a_join_through_the_exchange_writes_the_reference_jo
     customer's last row (in `P.rows`) and routes what its record changes; each join
     shard's view partition is the reference join's changelog of its join keys, record by
     record, with batch cuts and restarts."""
-    pipeline = upsert_join(bootstrap_servers, kind, shards=SHARDS)
-    assert pipeline.run_refusal() is None
-    make_topics(pipeline, 2)
-    records, units = histories(seed)
-    rng = random.Random(seed)
-    run_batches(pipeline, records, [rng.randrange(len(records)) for _ in range(4)], [False, True])
+    pipeline, units = run_history(upsert_join(bootstrap_servers, kind, shards=SHARDS), seed)
     spec = pipeline.view.join
     assert spec is not None
     parts = by_partition(pipeline, f"{pipeline.pipeline}.view")
