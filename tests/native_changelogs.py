@@ -6,10 +6,12 @@ bytes, and a store of `P.state` records kept as a dict."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from refold_native import Unsupported
 
@@ -180,3 +182,22 @@ def check_batch(pair: Pair, units: list, restore_touched: bool) -> str:
     assert view_bytes(pair.core.view()) == view_bytes(pair.python.reducer.view())
     apply_records(pair.store, want[3])
     return "rejected" if want[0] else "ok"
+
+
+QUICK, THOROUGH = 150, 1_000  # random views per differential test: in `make test`, in `make test-slow`
+
+
+def two_tiers(differential: Callable[[Any, st.DataObject], None],
+              specs: st.SearchStrategy[Any]) -> tuple[Callable[..., None], Callable[..., None]]:
+    """A core's differential test twice: over QUICK random views for `make test` and over
+    THOROUGH for `make test-slow` (marked slow); bind them as `test_differential` and
+    `test_differential_thorough`."""
+    def run(spec: Any, data: st.DataObject) -> None:
+        differential(spec, data)
+
+    def tier(examples: int) -> Callable[..., None]:
+        test = given(spec=specs, data=st.data())(run)
+        return settings(max_examples=examples, deadline=None,
+                        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])(test)
+
+    return tier(QUICK), pytest.mark.slow(tier(THOROUGH))

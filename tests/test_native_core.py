@@ -265,22 +265,8 @@ def differential(spec: tuple, data: st.DataObject) -> None:
             assert view_bytes(pair.core.view()) == view_bytes(pair.python.reducer.view())
 
 
-SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}
-
-
-@settings(max_examples=150, **SETTINGS)
-@given(spec=view_specs(), data=st.data())
-def test_differential(spec: tuple, data: st.DataObject) -> None:
-    """`differential` over 150 random views (`test_differential_thorough`: 1,000, in
-    `make test-slow`)."""
-    differential(spec, data)
-
-
-@pytest.mark.slow
-@settings(max_examples=1_000, **SETTINGS)
-@given(spec=view_specs(), data=st.data())
-def test_differential_thorough(spec: tuple, data: st.DataObject) -> None:
-    differential(spec, data)
+# `differential` over random views: 150 in `make test`, 1,000 in `make test-slow`
+test_differential, test_differential_thorough = native_changelogs.two_tiers(differential, view_specs())
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

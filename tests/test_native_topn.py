@@ -15,7 +15,7 @@ import native_changelogs
 import pytest
 
 # imported, not skipped when missing: `make setup` builds it (native/)
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from native_changelogs import ChangelogSource, bad_anywhere, check_batch
 from refold_native import TopNCore, Unsupported
@@ -211,22 +211,8 @@ def differential(spec: Spec, data: st.DataObject) -> None:
             pair.restore()  # a restore round trip of everything
 
 
-SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}
-
-
-@settings(max_examples=150, **SETTINGS)
-@given(spec=topn_specs(), data=st.data())
-def test_differential(spec: Spec, data: st.DataObject) -> None:
-    """`differential` over 150 random Top-N views (`test_differential_thorough`: 1,000, in
-    `make test-slow`)."""
-    differential(spec, data)
-
-
-@pytest.mark.slow
-@settings(max_examples=1_000, **SETTINGS)
-@given(spec=topn_specs(), data=st.data())
-def test_differential_thorough(spec: Spec, data: st.DataObject) -> None:
-    differential(spec, data)
+# `differential` over random Top-N views: 150 in `make test`, 1,000 in `make test-slow`
+test_differential, test_differential_thorough = native_changelogs.two_tiers(differential, topn_specs())
 
 
 @settings(max_examples=6, deadline=None)
