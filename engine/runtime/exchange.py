@@ -40,12 +40,14 @@ other (docs/SEMANTICS.md).
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import hashlib
 import heapq
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import orjson
@@ -81,8 +83,8 @@ from refold.runtime.tops import CLOSE_FIRST, LocalTops, local_top_record
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ApplyProcessor", "Closer", "ExchangeReader", "RouteProcessor", "RouteValidator", "close_value",
-           "merge_keys", "read_closed", "shard_of", "trim", "view_pipeline"]
+__all__ = ["ApplyProcessor", "Closer", "ExchangeReader", "RouteProcessor", "RouteValidator", "Trimmer",
+           "close_value", "merge_keys", "read_closed", "shard_of", "view_pipeline"]
 
 
 def shard_of(key_json: bytes, shards: int) -> int:
@@ -314,21 +316,46 @@ class Closer:
         self.writer.close()
 
 
-def trim(settings: Mapping[str, Any], pipeline: Pipeline, offsets: Mapping[int, int], topic: str | None = None) -> None:
-    """Delete `P.repartition`'s records before each shard's committed offset: stage 2
-    never reads them again (Kafka Streams purges its repartition topics so). Best
-    effort: a refusal (no DELETE right) or a timeout is logged and the next batch
-    tries again; the broker's retention stays the bound."""
-    if not offsets:
-        return
-    admin = admin_client(settings)
-    wanted = [TopicPartition(topic or pipeline.repartition_topic, shard, offset) for shard, offset in offsets.items()]
-    for partition, future in admin.delete_records(wanted, request_timeout=30).items():
-        try:
-            future.result()
-        except KafkaException as exc:
-            log.warning("%s partition %d: deleting the records stage 2 read failed: %s", partition.topic,
-                        partition.partition, exc.args[0].str())
+class Trimmer:
+    """Deletes `P.repartition`'s (and a later stage's input topic's) records before each
+    shard's committed offset: the next stage never reads them again (Kafka Streams
+    purges its repartition topics so). Off the batch's path and best effort: `trim`
+    sends the request and returns; a refusal (no DELETE right) or a timeout (a lost
+    leader) is logged when it comes, and while a topic's last request is unanswered its
+    next one is skipped (a later batch's offsets cover it). The broker's retention
+    stays the bound."""
+
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        self.settings = settings
+        self.admin: Any = None
+        self.pending: dict[str, list[Future[Any]]] = {}
+
+    def trim(self, pipeline: Pipeline, offsets: Mapping[int, int], topic: str | None = None) -> None:
+        topic = topic or pipeline.repartition_topic
+        if not offsets or any(not future.done() for future in self.pending.get(topic, ())):
+            return
+        if self.admin is None:
+            self.admin = admin_client(self.settings)
+        wanted = [TopicPartition(topic, shard, offset) for shard, offset in offsets.items()]
+        futures = self.admin.delete_records(wanted, request_timeout=30)
+        for partition, future in futures.items():
+            future.add_done_callback(functools.partial(_trimmed, partition))
+        self.pending[topic] = list(futures.values())
+
+    def wait(self, timeout: float = 5.0) -> None:
+        """At the run's end: the requests sent, answered or `timeout` seconds gone; the
+        client let go."""
+        futures = [future for pending in self.pending.values() for future in pending]
+        concurrent.futures.wait(futures, timeout=timeout)
+        self.admin, self.pending = None, {}
+
+
+def _trimmed(partition: TopicPartition, future: Future[Any]) -> None:
+    try:
+        future.result()
+    except KafkaException as exc:
+        log.warning("%s partition %d: deleting the records the next stage read failed: %s", partition.topic,
+                    partition.partition, exc.args[0].str())
 
 
 # Stage 2 --------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from refold.recovery.claims import claim_shards
 from refold.recovery.layout import check_plan_view_partitions, settle_plan, settled
 from refold.recovery.records import combined
 from refold.recovery.restore import reconcile_spark_checkpoint
-from refold.runtime.exchange import Closer, trim
+from refold.runtime.exchange import Closer, Trimmer
 from refold.runtime.hooks import Hooks
 from refold.runtime.joins import check_join_partitions
 from refold.runtime.processor import BatchStats, together, with_outputs
@@ -336,6 +336,7 @@ class _Batches:
         self._later = ThreadPoolExecutor(1, thread_name_prefix="refold-later-stages")
         self._running: Future[None] | None = None
         self._aborts: dict[tuple[int, int, int], int] = {}  # (stage, shard, worker) -> its last reported count
+        self.trimmer = Trimmer(settings)  # the records the later stages read, deleted off the batch's path
 
     def __call__(self, frame: Any, batch_id: int) -> None:
         if self.progress.failure is not None:
@@ -401,6 +402,7 @@ class _Batches:
         with contextlib.suppress(BaseException):
             self.settle()
         self._later.shutdown()
+        self.trimmer.wait()
 
     def _new_aborts(self, rows: list[dict[str, Any]], applied: list[dict[str, Any]]) -> int:
         """The transactions run again since the tasks' last reports: each row carries its
@@ -424,21 +426,21 @@ class _Batches:
         reduce = self.start.plan.stages[1]  # (a re-grouping view's reduce, a join's join)
         assert reduce.shards is not None
         rows = run_shards(spark, task, reduce.shards)  # each shard on its executor, batch after batch
-        trim(self.settings, self.pipeline, summary_offsets(rows), reduce.inputs[0])
+        self.trimmer.trim(self.pipeline, summary_offsets(rows), reduce.inputs[0])
         if self.start.plan.regrouped and not any(row["error_kind"] for row in rows):  # a regrouping join's stage 3
             group = self.start.plan.stage("reduce")
             close = self.start.closer.close(self.start.run, regroup=True)
             assert group.shards is not None
             grouped = [{**row, "stage": 3} for row in run_shards(spark, replace(task, stage="group", close=close),
                                                                  group.shards)]
-            trim(self.settings, self.pipeline, summary_offsets(grouped), group.inputs[0])
+            self.trimmer.trim(self.pipeline, summary_offsets(grouped), group.inputs[0])
             rows += grouped
         if self.start.plan.ranked_globally and not any(row["error_kind"] for row in rows):  # stage 3
             rank = self.start.plan.stage("rank")
             close = self.start.closer.close(self.start.run, tops=True)
             task = replace(task, stage="top", close=close)
             ranked = [{**row, "stage": 3} for row in run_shards(spark, task, 1)]
-            trim(self.settings, self.pipeline, summary_offsets(ranked), rank.inputs[0])
+            self.trimmer.trim(self.pipeline, summary_offsets(ranked), rank.inputs[0])
             rows += ranked
         return rows
 
