@@ -81,3 +81,23 @@ def run_contenders(chosen: Sequence[str], titles: dict[str, str],
     finally:
         spark.stop()
     return results, failed
+
+
+WARM_UP_EVENTS = 2_000  # events of a bench's untimed warm-up run (`warm_up`)
+
+
+def warm_up(spark: Any, bootstrap: str, p: Any, inputs: Sequence[tuple[str, Sequence[bytes], Sequence[str]]],
+            partitions: int = 4) -> None:
+    """Run pipeline `p`, untimed, over a small input of its own topics, each of `inputs`
+    a (topic, lines, key fields): Refold runs first in the bench's Spark session, whose
+    first streaming query pays for its JVM's Kafka source, its Python workers and their
+    imports (5-11 s measured at 100k windowed events); `make bench-contenders` runs
+    Refold after two Spark contenders, in a warm session. `p` is the same view as the
+    timed run's, under its own pipeline name."""
+    from refold.cli.produce import produce
+    from refold.spark.job import run_pipeline
+
+    for topic, lines, keys in inputs:
+        produce({"bootstrap.servers": bootstrap}, topic, list(lines), list(keys), partitions=partitions,
+                per_transaction=50_000, prevalidate=False, progress=False)
+    run_pipeline(p, bootstrap, until_idle=1.0, spark=spark, quiet=True)

@@ -62,7 +62,8 @@ from typing import Any
 
 import orjson
 
-from bench.contest import Spark, add_common_arguments, run_contenders, start
+from bench import contest
+from bench.contest import WARM_UP_EVENTS, Spark, add_common_arguments, run_contenders, start
 from bench.procs import PeakRss
 from refold.cli.produce import produce
 from refold.config import Pipeline, parse_pipeline
@@ -83,7 +84,6 @@ TITLES = {
 }
 TARGETS = {"flink": 1.5}  # Refold's throughput as a multiple of the contender's
 STATE_BOUND = 2.0  # a shard's live state over one horizon's worth
-WARM_UP_EVENTS = 2_000  # the untimed run before Refold's (`warm_up`)
 
 
 def window_pipeline(name: str, source: str, bootstrap: str, w: WindowWorkload, batch: int) -> Pipeline:
@@ -202,20 +202,14 @@ def run_refold(spark: Any, bootstrap: str, source: str, run_id: str, w: WindowWo
 
 
 def warm_up(spark: Any, bootstrap: str, run_id: str, w: WindowWorkload, batch: int, forget: list[Pipeline]) -> None:
-    """The same view over `WARM_UP_EVENTS` events of its own topic, untimed: Refold runs
-    first in the bench's Spark session, whose first streaming query pays for its JVM's
-    Kafka source, its Python workers and their imports (5-11 s measured at 100k events);
-    `make bench-contenders` runs Refold after two Spark contenders, in a warm session."""
-    from refold.spark.job import run_pipeline
-
+    """The same view over `WARM_UP_EVENTS` events of its own topic, untimed (`contest.warm_up`)."""
     small = WindowWorkload(events=WARM_UP_EVENTS, keys=w.keys, window_ms=w.window_ms, lateness_ms=w.lateness_ms,
                            seed=w.seed + 1)
     topic = f"bench-windows-warm-{run_id}"
-    produce({"bootstrap.servers": bootstrap}, topic, [jsonbytes.dumps(r) for r in generate_windowed(small)],
-            ["player_name"], partitions=4, per_transaction=50_000, prevalidate=False, progress=False)
     p = window_pipeline(f"bench-win-warm-{run_id}", topic, bootstrap, small, batch)
     forget.append(p)
-    run_pipeline(p, bootstrap, until_idle=1.0, spark=spark, quiet=True)
+    contest.warm_up(spark, bootstrap, p, [(topic, [jsonbytes.dumps(r) for r in generate_windowed(small)],
+                                           ["player_name"])])
 
 
 def state_boundedness(p: Pipeline, settings: dict[str, Any], w: WindowWorkload) -> dict[str, Any]:
