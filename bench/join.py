@@ -86,10 +86,12 @@ def join_pipeline(name: str, topics: tuple[str, str], bootstrap: str, batch: int
 
 
 def run_refold(spark: Any, bootstrap: str, topics: tuple[str, str], run_id: str, args: argparse.Namespace,
-               events: int, expected: dict[tuple[Any, ...], dict[str, Any]]) -> dict[str, Any]:
+               events: int, expected: dict[tuple[Any, ...], dict[str, Any]], forget: list[Pipeline]) -> dict[str, Any]:
     """Refold's run, after an untimed warm-up of the same view over `WARM_UP_EVENTS`
-    order events of its own topics and pipeline (`contest.warm_up`)."""
-    from bench.run import forget_state, timed_run
+    order events of its own topics and pipeline (`contest.warm_up`); both pipelines into
+    `forget`: their local stores go once the Spark session stopped (its shard hosts hold
+    them open until then)."""
+    from bench.run import timed_run
     from refold.dev.joinload import check_join
 
     small = JoinWorkload(orders=WARM_UP_EVENTS, customers=max(1, min(args.customers, WARM_UP_EVENTS // 10)),
@@ -97,14 +99,11 @@ def run_refold(spark: Any, bootstrap: str, topics: tuple[str, str], run_id: str,
     warm_topics = (f"bench-join-warm-{run_id}.orders", f"bench-join-warm-{run_id}.customers")
     warm = join_pipeline(f"bench-join-warm-{run_id}", warm_topics, bootstrap, args.batch)
     p = join_pipeline(f"bench-join-{run_id}", topics, bootstrap, args.batch)
-    try:
-        warm_up(spark, bootstrap, warm, [(topic, [jsonbytes.dumps(r) for r in side], ["id"]) for topic, side
-                                         in zip(warm_topics, sides(list(generate_join(small))), strict=True)],
-                partitions=args.partitions)
-        result = timed_run(p, bootstrap, spark, events)
-    finally:
-        forget_state(warm)
-        forget_state(p)
+    forget += [warm, p]
+    warm_up(spark, bootstrap, warm, [(topic, [jsonbytes.dumps(r) for r in side], ["id"]) for topic, side
+                                     in zip(warm_topics, sides(list(generate_join(small))), strict=True)],
+            partitions=args.partitions)
+    result = timed_run(p, bootstrap, spark, events)
     report = check_join(p, {"bootstrap.servers": bootstrap}, expected, events)
     if report.anomalies:
         print("  refold: " + "\n    ".join(report.anomalies[:10]), file=sys.stderr)
@@ -140,10 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"produced {len(orders):,} order and {len(customers):,} customer events ({args.customers:,} customers, "
           f"{args.regions} regions) in {seconds:.1f}s", file=sys.stderr)
     del records, orders, customers
+    forget: list[Pipeline] = []  # Refold's pipelines, whose local stores go after the shards closed
 
     def run(name: str, spark: Spark) -> dict[str, Any]:
         if name == "refold":
-            result = run_refold(spark.get(), bootstrap, topics, run_id, args, events, expected)
+            result = run_refold(spark.get(), bootstrap, topics, run_id, args, events, expected, forget)
             return result | {"right": result["anomalies"] == 0}
         from bench.flink import run_flink_join
 
@@ -152,7 +152,13 @@ def main(argv: list[str] | None = None) -> int:
                                 parallelism=args.flink_parallelism, checkpoint_ms=args.flink_checkpoint_ms)
         return result | {"right": result["mismatches"] == 0}
 
-    results, failed = run_contenders(chosen, TITLES, run)
+    from bench.run import forget_state
+
+    try:
+        results, failed = run_contenders(chosen, TITLES, run)  # (the Spark session stopped: the shards closed)
+    finally:
+        for p in forget:
+            forget_state(p)
 
     refold = results.get("refold")
     print(f"\n{events:,} events ({args.events:,} orders, {args.customers:,} customers, {args.regions} regions), "
