@@ -63,10 +63,12 @@ class Spark:
             self.session.stop()
 
 
-def run_contenders(chosen: Sequence[str], titles: dict[str, str],
-                   run: Callable[[str, Spark], dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+def run_contenders(chosen: Sequence[str], titles: dict[str, str], run: Callable[[str, Spark], dict[str, Any]],
+                   forget: Sequence[Any] = ()) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """`run(name, spark)` for each chosen contender in turn: (their results, the failed
-    ones' reasons)."""
+    ones' reasons). `forget`: Refold's pipelines (`run` may add to it), whose local
+    stores are deleted once the Spark session stopped: its shard hosts hold them open
+    until then."""
     results: dict[str, dict[str, Any]] = {}
     failed: dict[str, str] = {}
     spark = Spark()
@@ -80,6 +82,10 @@ def run_contenders(chosen: Sequence[str], titles: dict[str, str],
                 print(f"  {name} failed: {failed[name]}", file=sys.stderr)
     finally:
         spark.stop()
+        from bench.run import forget_state
+
+        for p in forget:
+            forget_state(p)
     return results, failed
 
 

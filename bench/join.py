@@ -152,13 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                                 parallelism=args.flink_parallelism, checkpoint_ms=args.flink_checkpoint_ms)
         return result | {"right": result["mismatches"] == 0}
 
-    from bench.run import forget_state
-
-    try:
-        results, failed = run_contenders(chosen, TITLES, run)  # (the Spark session stopped: the shards closed)
-    finally:
-        for p in forget:
-            forget_state(p)
+    results, failed = run_contenders(chosen, TITLES, run, forget)
 
     refold = results.get("refold")
     print(f"\n{events:,} events ({args.events:,} orders, {args.customers:,} customers, {args.regions} regions), "

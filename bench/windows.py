@@ -355,13 +355,7 @@ def main(argv: list[str] | None = None) -> int:
                                        parallelism=args.flink_parallelism, checkpoint_ms=args.flink_checkpoint_ms)
         return result | late_accounting(read_window_output(bootstrap, output), every, on_time, lates)
 
-    from bench.run import forget_state
-
-    try:
-        results, failed = run_contenders(chosen, TITLES, run)  # (the Spark session stopped: the shards closed)
-    finally:
-        for p in forget:
-            forget_state(p)
+    results, failed = run_contenders(chosen, TITLES, run, forget)
 
     refold = results.get("refold")
     total_late = sum(late)
