@@ -330,8 +330,7 @@ class Trimmer:
         self.admin: Any = None
         self.pending: dict[str, list[Future[Any]]] = {}
 
-    def trim(self, pipeline: Pipeline, offsets: Mapping[int, int], topic: str | None = None) -> None:
-        topic = topic or pipeline.repartition_topic
+    def trim(self, topic: str, offsets: Mapping[int, int]) -> None:
         if not offsets or any(not future.done() for future in self.pending.get(topic, ())):
             return
         if self.admin is None:

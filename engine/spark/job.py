@@ -426,21 +426,21 @@ class _Batches:
         reduce = self.start.plan.stages[1]  # (a re-grouping view's reduce, a join's join)
         assert reduce.shards is not None
         rows = run_shards(spark, task, reduce.shards)  # each shard on its executor, batch after batch
-        self.trimmer.trim(self.pipeline, summary_offsets(rows), reduce.inputs[0])
+        self.trimmer.trim(reduce.inputs[0], summary_offsets(rows))
         if self.start.plan.regrouped and not any(row["error_kind"] for row in rows):  # a regrouping join's stage 3
             group = self.start.plan.stage("reduce")
             close = self.start.closer.close(self.start.run, regroup=True)
             assert group.shards is not None
             grouped = [{**row, "stage": 3} for row in run_shards(spark, replace(task, stage="group", close=close),
                                                                  group.shards)]
-            self.trimmer.trim(self.pipeline, summary_offsets(grouped), group.inputs[0])
+            self.trimmer.trim(group.inputs[0], summary_offsets(grouped))
             rows += grouped
         if self.start.plan.ranked_globally and not any(row["error_kind"] for row in rows):  # stage 3
             rank = self.start.plan.stage("rank")
             close = self.start.closer.close(self.start.run, tops=True)
             task = replace(task, stage="top", close=close)
             ranked = [{**row, "stage": 3} for row in run_shards(spark, task, 1)]
-            self.trimmer.trim(self.pipeline, summary_offsets(ranked), rank.inputs[0])
+            self.trimmer.trim(rank.inputs[0], summary_offsets(ranked))
             rows += ranked
         return rows
 
