@@ -367,6 +367,13 @@ class TransactionalWriter:
             if not isinstance(exc.__cause__, KafkaException):
                 raise exc
             kafka_exc: KafkaException = exc.__cause__
+            # The client keeps the exception raised in its delivery callback, and its
+            # traceback's frames hold the client: a cycle through C that no garbage
+            # collection breaks, so a producer let go (fenced, or replaced after this
+            # failure) would live on. Their frames go.
+            for link in (exc, kafka_exc, exc.__context__):
+                if link is not None:
+                    link.__traceback__ = None
         else:
             kafka_exc = exc
         err = _kafka_error(kafka_exc)
@@ -378,12 +385,6 @@ class TransactionalWriter:
         # timeout is another producer taking over.
         if fenced and (time.monotonic() - self._began) * 1000 < self.timeout_ms:
             self._producer = None  # fenced for good: nothing of it to flush or abort
-            # The client keeps the exception a fence raised in its delivery callback, and
-            # its traceback's frames hold the client: a cycle through C that no garbage
-            # collection breaks, so the fenced producer would live on. Its frames go.
-            for link in (exc, exc.__cause__, exc.__context__):
-                if link is not None:
-                    link.__traceback__ = None
             owner = f"another instance of {self.label}" if self.label else "another producer"
             raise FencedError(
                 f"fenced: {owner} took over transactional id {self.transactional_id!r}; this one stops"
