@@ -192,11 +192,8 @@ def two_tiers(differential: Callable[[Any, st.DataObject], None],
     """A core's differential test twice: over QUICK random views for `make test` and over
     THOROUGH for `make test-slow` (marked slow); bind them as `test_differential` and
     `test_differential_thorough`."""
-    def run(spec: Any, data: st.DataObject) -> None:
-        differential(spec, data)
-
     def tier(examples: int) -> Callable[..., None]:
-        test = given(spec=specs, data=st.data())(run)
+        test = given(spec=specs, data=st.data())(differential)
         return settings(max_examples=examples, deadline=None,
                         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])(test)
 
