@@ -221,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--emit", choices=("per_event", "final"), default="per_event",
                         help="a windowed view's output: per_event, or final (each window once as it closes; "
                              "needs --lateness)")
+    parser.add_argument("--provenance", choices=("on", "off"), default="on",
+                        help="off: no cause headers (outputs.provenance: off), what they cost in the hot path")
     parser.add_argument("--top-n", action="store_true",
                         help="--view tumble|hop: each player's best 3 scores per window instead of the grouped view")
     args = parser.parse_args(argv)
@@ -251,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
                     if core == "native" and (reason := why_not(spec)) is not None:
                         print(f"native core: not run ({reason})", file=sys.stderr)
                         break
+                if args.provenance == "off":
+                    spec = spec.model_copy(update={"outputs": spec.outputs.model_copy(update={"provenance": False})})
                 processor = DryProcessor(spec, settings, memory=args.store == "memory")
                 try:
                     started = time.process_time()

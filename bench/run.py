@@ -170,15 +170,16 @@ def expected_view(records: list[dict[str, Any]], spec: ViewSpec) -> dict[str, di
     return view
 
 
-WARM_UP_EVENTS = 2_000  # the untimed run before the first Refold contender in a cold Spark session
+WARM_UP_EVENTS = 2_000  # the untimed run before the first Refold contender of a Spark session
 
 
 def warm_up(spark: Any, bootstrap: str, run_id: str, partitions: int, batch: int) -> None:
-    """The bench's view over `WARM_UP_EVENTS` events of a topic of its own, untimed, when a
-    Refold contender is the first to use the Spark session: the session's first streaming
-    query pays for its JVM's Kafka source, its Python workers and their imports (seconds),
-    which the contenders after it do not. In the default order the Spark contenders run
-    first and this is not needed."""
+    """The bench's view over `WARM_UP_EVENTS` events of a topic of its own, untimed, before
+    the session's first Refold contender: the first Refold query pays for its Python
+    workers and their imports, the shard hosts they fork and, in a cold session, the JVM's
+    Kafka source (seconds), which the contenders after it do not. Spark SQL running first
+    warms the JVM but not the rest: without this the first of three provenance pairs took
+    18.8 s and the five runs after it 12.0-14.5 s (`--pairs 3`, an idle machine)."""
     topic = f"bench-warm-{run_id}"
     records = generate(Workload(events=WARM_UP_EVENTS, keys=WARM_UP_EVENTS // 10, retract_share=0.2, seed=2))
     produce({"bootstrap.servers": bootstrap}, topic, [jsonbytes.dumps(r) for r in records], ["player_name"],
@@ -237,6 +238,7 @@ def run_contender(name: str, args: argparse.Namespace, bootstrap: str, source: s
     else:
         if spark is None:
             spark = spark_session(name="refold-bench")
+        if not any(other in results for other in ("spark-sink", "refold", "refold-off")):  # the first
             warm_up(spark, bootstrap, run_id, args.partitions, args.batch)
         kind = {"spark-sink": "alo", "refold": "eos", "refold-off": "eos-off"}[name]
         again = len(results.get(name, {}).get("runs", []))  # (`--pairs`: each run a pipeline of its own)
