@@ -23,7 +23,8 @@ stage 1 (`refold.runtime.exchange`):
    (`read_closed`), orders each segment's units by their order key (`RegroupReader`:
    the order the one-shard join met them in, a function of the committed records, so a
    replay gets the same units in the same order) and reduces them with the view's
-   `GroupedReducer`, committing the view, deltas, its state (`P.regroup.state`
+   native `GroupedCore` where `spark.core` allows (`join_view_core`, as a merged join's
+   view; its `GroupedReducer` otherwise), committing the view, deltas, its state (`P.regroup.state`
    partition m) and its checkpoint with its `P.regroup` offsets. Each record names the
    source event that caused it (`JoinRenderer`).
 
@@ -42,6 +43,7 @@ import orjson
 
 from refold.config import Pipeline
 from refold.model.changelog import Op
+from refold.model.reasons import Reason
 from refold.plan import regroup_pipeline, regroup_state_topic, regroup_topic, stage2_shards
 from refold.recovery.records import PendingRecord
 from refold.reduce import Rejected, SourceEvent
@@ -58,6 +60,7 @@ from refold.runtime.joins import (
     side_of,
     side_pipelines,
 )
+from refold.runtime.native import join_view_core
 from refold.runtime.render import Renderer, UnitChanges
 from refold.runtime.shard import ShardProcessor
 from refold.runtime.shards import KeyCheck
@@ -160,7 +163,12 @@ class RegroupProcessor(ShardProcessor):
         return grouped_reducer(self.pipeline)
 
     def _new_core(self) -> Any:
-        return None  # (the grouped view over a join reduces in Python, as a merged join's does)
+        return join_view_core(self.pipeline, self.pipeline.spark.core)  # (as a merged join's view)
+
+    def _refused(self, out: Outgoing, unit: Unit, index: int, reason: str, shown: Sequence[Any]) -> None:
+        event = unit[0][0]  # (stage 2 checked it: not expected)
+        self.reader.letters[side_of(event.tag[1])].add(out, source_record(event), Reason(reason),
+                                                       "a joined row the view over the join refuses")
 
     def _new_materializations(self, executor: Any) -> None:
         return None  # (a join's materializations are refused: Pipeline.run_refusal)

@@ -18,10 +18,12 @@ view keys the joined records touch are loaded and reduced. Join and view share t
 shard's store and `P.state` partition (join records `["j",…]`, view records `[[…]`).
 
 The join reduces on the native `JoinCore` where `spark.core` allows
-(`refold.runtime.native.join_reducer`). A value the core does not hold raises `Unsupported`
-before the unit changes anything; the shard then drops the batch's work (nothing is sent
-yet), reduces with a `JoinReducer` until its next start, reloads the touched keys from its
-store and joins the batch's units again.
+(`refold.runtime.native.join_reducer`), and the grouped view over it on the native
+`GroupedCore` (`join_view_core`), which writes the view, delta and state records itself. A
+value a core does not hold raises `Unsupported` before the unit changes anything; the
+shard then drops the batch's work (nothing is sent yet), joins (or reduces the view) in
+Python until its next start, reloads the touched keys from its store and joins the batch's
+units again.
 
 Dead letters name the side's own topic, partition and offset. A joined row the grouped
 view refuses (a null grouping column of a null-padded row: `null key`) is a dead letter
@@ -40,6 +42,7 @@ from refold.config import Pipeline
 from refold.errors import UserError
 from refold.kafka.io import partitions_of
 from refold.model.changelog import Op
+from refold.model.reasons import Reason
 from refold.plan import RIGHT_PARTITIONS, join_co_partitioned
 from refold.recovery.records import DeadLetter, PendingRecord
 from refold.reduce import Rejected, SourceEvent, ViewChange
@@ -49,7 +52,7 @@ from refold.reduce.types import Cause, cause_of
 from refold.reduce.values import key_bytes
 from refold.runtime.batch import DeadLetters, InputRecord, Outgoing, Unit, UnitReader, Units
 from refold.runtime.jointables import TableSide
-from refold.runtime.native import Unsupported, join_reducer
+from refold.runtime.native import Unsupported, join_reducer, join_view_core
 from refold.runtime.render import Renderer
 from refold.runtime.shard import ShardProcessor
 from refold.runtime.shards import KeyCheck
@@ -177,12 +180,15 @@ class _BothKeys:
 class JoinReducers:
     """The join and, over it, the grouped view (when the view has `key`/`columns`)."""
 
-    def __init__(self, pipeline: Pipeline, core: str | None = None) -> None:
-        """`core`: `spark.core` for the join (the pipeline's when None; `python` a `JoinReducer`)."""
+    def __init__(self, pipeline: Pipeline, core: str | None = None, view_core: str | None = None) -> None:
+        """`core`, `view_core`: `spark.core` for the join and for the grouped view over it
+        (the pipeline's when None; `python`: a `JoinReducer`, a `GroupedReducer`)."""
         assert pipeline.view.join is not None
         self.join: Any = join_reducer(pipeline.view.join, core or pipeline.spark.core)
         view = pipeline.view
         self.grouped = GroupedReducer(view.model_copy(update={"join": None, "sql": None})) if view.key else None
+        # the grouped view's native core, in `grouped`'s place (None: `grouped` reduces it)
+        self.grouped_core = join_view_core(pipeline, view_core or pipeline.spark.core) if view.key else None
         self.view: Any = None  # (no materializations of a join)
 
     def take_deltas(self) -> list[dict[str, Any]]:
@@ -210,11 +216,16 @@ class JoinRenderer(Renderer):
         return b"%s:%d:%d" % (letter.topic.encode(), letter.partition, letter.offset)
 
 
+class ViewUnsupported(Exception):
+    """The native core of the grouped view over a join met a value it does not hold."""
+
+
 class JoinShardProcessor(ShardProcessor):
     """One shard of a join pipeline (see the module's docstring)."""
 
     core_reads = False
     join_core: str | None = None  # `python` after the native join core refused a value (until the next start)
+    view_core: str | None = None  # `python` after the view's native core refused one
 
     def _parts(self, keys: KeyCheck | None) -> tuple[Any, None, Renderer]:
         """Both sources' reader (tables read there, by side) and the join's renderer."""
@@ -228,10 +239,10 @@ class JoinShardProcessor(ShardProcessor):
         # (a table side's units are made as the batch joins: the Python join, which never
         # asks to join a batch again)
         tables = any(is_table(side) for side in side_pipelines(self.pipeline))
-        return JoinReducers(self.pipeline, self.join_core or ("python" if tables else None))
+        return JoinReducers(self.pipeline, self.join_core or ("python" if tables else None), self.view_core)
 
     def restore(self) -> None:
-        self.join_core = None  # (a new start tries the native join core again)
+        self.join_core = self.view_core = None  # (a new start tries the native cores again)
         super().restore()
 
     def _join_in_python(self, exc: Unsupported) -> None:
@@ -240,6 +251,13 @@ class JoinShardProcessor(ShardProcessor):
         log.warning("%s shard %d joins in Python from here: the native join core %s",
                     self.pipeline.pipeline, self.shard, exc)
         self.join_core = "python"
+        self._forget_reducer()
+
+    def _view_in_python(self, exc: Exception) -> None:
+        """The view's native core refused a value: as `_join_in_python`, for the grouped view."""
+        log.warning("%s shard %d reduces the view over the join in Python from here: the native core %s",
+                    self.pipeline.pipeline, self.shard, exc)
+        self.view_core = "python"
         self._forget_reducer()
 
     def _new_core(self) -> Any:
@@ -300,9 +318,11 @@ class JoinShardProcessor(ShardProcessor):
                 self._join_in_python(exc)
                 self._load(touched, forget=forget)
                 return
-        views = [key_bytes(key) for kind, key in wanted if kind == "v"]
-        if views:
-            self.reducer.grouped.restore(self.store.load_keys(views))
+        views = [key for kind, key in wanted if kind == "v"]
+        if views and (core := self.reducer.grouped_core) is not None:  # (key JSON; `_view_natively` loads them)
+            core.restore(self.store.load_keys(views))
+        elif views:
+            self.reducer.grouped.restore(self.store.load_keys(key_bytes(key) for key in views))
         self.held |= wanted
 
     def _reduce(self, units: Sequence[Unit], out: Outgoing) -> list[tuple[list[ViewChange], int]]:
@@ -312,11 +332,14 @@ class JoinShardProcessor(ShardProcessor):
         letters = len(out.dlq)
         try:
             return self._join_units(units, out)
-        except Unsupported as exc:
+        except (Unsupported, ViewUnsupported) as exc:
             del out.dlq[letters:]
-            self._join_in_python(exc)
+            if isinstance(exc, ViewUnsupported):
+                self._view_in_python(exc)
+            else:
+                self._join_in_python(exc)
             self._load(self._touched(units))
-            return self._join_units(units, out)
+            return self._reduce(units, out)  # (each core falls back once: this recurses twice at most)
 
     def _join_units(self, units: Sequence[Unit], out: Outgoing) -> list[tuple[list[ViewChange], int]]:
         join, grouped = self.reducer.join, self.reducer.grouped
@@ -341,6 +364,9 @@ class JoinShardProcessor(ShardProcessor):
         if grouped is None:
             return [(changes, unit[0][0].tag[0]) for unit, changes in joined if changes]
         inputs = [(unit, as_units(changes, unit[0][0].tag)) for unit, changes in joined]
+        if self.reducer.grouped_core is not None:
+            self._view_natively(inputs, out)
+            return []
         touched = {("v", grouped.state_key(event)) for _, made in inputs for sub in made for event in sub}
         touched.discard(("v", None))
         self._load(touched, forget=False)
@@ -354,6 +380,29 @@ class JoinShardProcessor(ShardProcessor):
                     self.reader.letters[side].add(out, unit[0][1], rejected.reason,
                                                   "a joined row the view over the join refuses")
         return out_changes
+
+    def _view_natively(self, inputs: Sequence[tuple[Unit, list[list[SourceEvent]]]], out: Outgoing) -> None:
+        """The grouped view over the joined units on its native core: their view, delta and
+        state records into `out` (`_render` adds the join's state); a refused one is a dead
+        letter of its source record, as in Python."""
+        core = self.reducer.grouped_core
+        units = [[(event, None) for event in sub] for _, made in inputs for sub in made]  # (item[0]: the event)
+        sources = [unit for unit, made in inputs for _ in made]
+        try:
+            self._load({("v", key) for key in core.touched(units)}, forget=False)
+            refused, out.view, out.delta, out.state = core.apply_batch(units)
+        except Unsupported as exc:
+            raise ViewUnsupported(str(exc)) from exc
+        for unit_index, _index, reason, *_shown in refused:
+            record = sources[unit_index][0][1]
+            self.reader.letters[side_of(record.partition)].add(out, record, Reason(reason),
+                                                               "a joined row the view over the join refuses")
+
+    def _render(self, changes: Sequence[tuple[list[ViewChange], int]], out: Outgoing) -> None:
+        if self.reducer.grouped_core is None:
+            super()._render(changes, out)
+        else:  # (the view's native core made its view, delta and state records: `_view_natively`)
+            out.state = self.reducer.join.take_state_changes() + out.state + self.last_rows.take_state_changes()
 
 
 class JoinChanges(list[ViewChange]):

@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 from refold.config import JoinSpec, Pipeline
 from refold.errors import ConfigError
 from refold.model.reasons import Reason
+from refold.plan import RIGHT_PARTITIONS
 from refold.recovery.records import PendingRecord
 from refold.reduce.join import JoinReducer
 from refold.runtime.batch import (
@@ -66,11 +67,16 @@ def why_not(pipeline: Pipeline) -> str | None:
     """Why the native core cannot run this pipeline's view (None: it can)."""
     if refold_native is None:
         return "the native core (refold_native) is not built: `make setup` builds it from native/"
-    outputs = pipeline.outputs
     if ranked_globally(pipeline):
         return "a global Top-N in shards ranks its shards' rows in Python (refold.runtime.tops)"
     if is_table(pipeline):
         return "upsert and Debezium sources reduce in Python"
+    return _outputs_refusal(pipeline)
+
+
+def _outputs_refusal(pipeline: Pipeline) -> str | None:
+    """Why the native core cannot write the pipeline's outputs (None: it can)."""
+    outputs = pipeline.outputs
     if outputs.materialize:
         return "materializations read the view changes in Python"
     # (`emit: final` is a windowed view's: config.py refuses it elsewhere)
@@ -129,13 +135,39 @@ def native_core(pipeline: Pipeline) -> Any | None:
         columns = None if top_n.columns is None else list(top_n.columns)
         core = refold_native.TopNCore(top_n.n, list(top_n.order_by.items()), list(top_n.partition_by), columns, form)
     else:
-        core = refold_native.GroupedCore(
-            list(view.key),
-            [(name, spec.agg, spec.column) for name, spec in view.columns.items()],
-            form,
-            outputs.delta is not None,
-        )
+        return _grouped_core(pipeline)
     core.provenance = outputs.provenance  # cause headers on its view and delta records
+    return core
+
+
+def _grouped_core(pipeline: Pipeline) -> Any:
+    assert refold_native is not None
+    view, outputs = pipeline.view, pipeline.outputs
+    core = refold_native.GroupedCore(
+        list(view.key),
+        [(name, spec.agg, spec.column) for name, spec in view.columns.items()],
+        outputs.view.form if outputs.view is not None else None,
+        outputs.delta is not None,
+    )
+    core.provenance = outputs.provenance  # cause headers on its view and delta records
+    return core
+
+
+def join_view_core(pipeline: Pipeline, setting: str) -> Any | None:
+    """The native `GroupedCore` of the grouped view over a join (`spark.core` = `setting`),
+    its cause headers naming `<topic>:<partition>:<offset>` as `JoinRenderer`'s do; None
+    when Python reduces it. ConfigError for `native` when the core cannot."""
+    if setting == "python":
+        return None
+    reason = "the native core (refold_native) is not built" if refold_native is None else _outputs_refusal(pipeline)
+    if reason is not None:
+        if setting == "native":
+            raise ConfigError(f"native, but {reason}", where="spark.core")
+        return None
+    join = pipeline.view.join
+    assert join is not None
+    core = _grouped_core(pipeline)
+    core.name_join_causes(pipeline.sources[join.left].topic, pipeline.sources[join.right].topic, RIGHT_PARTITIONS)
     return core
 
 

@@ -418,9 +418,13 @@ class ShardProcessor:
         except Unsupported as exc:
             return self._fall_back(out, letters, exc)
         for unit_index, index, reason, *shown in refused:
-            self.dead_letters.refuse(out, units[unit_index], index, Reason(reason), *refusal_shown(reason, shown))
+            self._refused(out, units[unit_index], index, reason, shown)
         out.view, out.delta, out.state = view, delta, state
         return True
+
+    def _refused(self, out: Outgoing, unit: Unit, index: int, reason: str, shown: Sequence[Any]) -> None:
+        """A unit the native core refused (`index`: its refused event's), dead-lettered."""
+        self.dead_letters.refuse(out, unit, index, Reason(reason), *refusal_shown(reason, shown))
 
     def _read_natively(self, fresh: Sequence[InputRecord], out: Outgoing) -> dict[int, PendingRecord] | None:
         """The native core reads, reduces and renders the batch (`read_batch`): the held

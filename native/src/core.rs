@@ -191,14 +191,43 @@ pub struct Core {
     converted: Option<(Py<PyAny>, Vec<Vec<Ev>>)>,
     /// cause headers on the view and delta records (`outputs.provenance`)
     pub provenance: bool,
+    /// how those headers name a cause
+    pub names: CauseNames,
 }
 
 /// The input event an output record came of: (partition, offset) of the source topic.
 pub type Cause = (i64, i64);
 
-/// A cause as a header's value, `<partition>:<offset>` (refold.runtime.render.cause_bytes).
-pub(crate) fn cause_bytes(cause: Cause) -> Vec<u8> {
-    format!("{}:{}", cause.0, cause.1).into_bytes()
+/// How a cause header names an input event: `<partition>:<offset>` (`PLAIN`,
+/// refold.runtime.render.cause_bytes), or for a view over a join `<topic>:<partition>:<offset>`,
+/// the right source's partitions numbered from `right_from` (refold.runtime.joins.JoinRenderer).
+#[derive(Clone, Debug, Default)]
+pub struct CauseNames {
+    join: Option<(Vec<u8>, Vec<u8>, i64)>,
+}
+
+/// Causes named by partition and offset alone.
+pub(crate) const PLAIN: CauseNames = CauseNames { join: None };
+
+impl CauseNames {
+    /// A join's names: its left and right sources' topics, the right one's partitions from `right_from`.
+    pub fn join(left: &str, right: &str, right_from: i64) -> CauseNames {
+        CauseNames { join: Some((left.as_bytes().to_vec(), right.as_bytes().to_vec(), right_from)) }
+    }
+
+    /// A cause as a header's value.
+    pub(crate) fn bytes(&self, cause: Cause) -> Vec<u8> {
+        match &self.join {
+            None => format!("{}:{}", cause.0, cause.1).into_bytes(),
+            Some((left, right, right_from)) => {
+                let (topic, partition) =
+                    if cause.0 >= *right_from { (right, cause.0 - right_from) } else { (left, cause.0) };
+                let mut out = topic.clone();
+                out.extend_from_slice(format!(":{}:{}", partition, cause.1).as_bytes());
+                out
+            }
+        }
+    }
 }
 
 /// A record's headers: `[("refold.cause", cause)]`, with `("refold.retracts", its cause)` for a
@@ -207,18 +236,19 @@ pub(crate) fn headers<'py>(
     py: Python<'py>,
     cause: &Bound<'py, PyAny>,
     retracts: Option<Cause>,
+    names: &CauseNames,
 ) -> PyResult<Bound<'py, PyAny>> {
     let list = pyo3::types::PyList::new(py, [cause.clone()])?;
     if let Some(retracted) = retracts {
-        let value = pyo3::types::PyBytes::new(py, &cause_bytes(retracted));
+        let value = pyo3::types::PyBytes::new(py, &names.bytes(retracted));
         list.append(pyo3::types::PyTuple::new(py, [pyo3::intern!(py, "refold.retracts").clone().into_any(), value.into_any()])?)?;
     }
     Ok(list.into_any())
 }
 
 /// The `("refold.cause", value)` header of a cause, made once per unit.
-pub(crate) fn cause_header<'py>(py: Python<'py>, cause: Cause) -> PyResult<Bound<'py, PyAny>> {
-    let value = pyo3::types::PyBytes::new(py, &cause_bytes(cause));
+pub(crate) fn cause_header<'py>(py: Python<'py>, cause: Cause, names: &CauseNames) -> PyResult<Bound<'py, PyAny>> {
+    let value = pyo3::types::PyBytes::new(py, &names.bytes(cause));
     Ok(pyo3::types::PyTuple::new(py, [pyo3::intern!(py, "refold.cause").clone().into_any(), value.into_any()])?.into_any())
 }
 
@@ -237,6 +267,7 @@ impl Core {
             prepared: None,
             converted: None,
             provenance: true,
+            names: CauseNames::default(),
         }
     }
 

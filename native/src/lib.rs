@@ -31,7 +31,7 @@ use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyTuple};
 
-use crate::core::{Core, Fail, Plan, RestoreFail, Router};
+use crate::core::{CauseNames, Core, Fail, Plan, RestoreFail, Router};
 use crate::topn::{TopN, TopPlan};
 use crate::window::{Headers, SessionCore, TopSpec, WindowCore as FixedCore, WindowOut, WindowPlan, Windowed};
 
@@ -182,6 +182,12 @@ impl GroupedCore {
     #[setter]
     fn set_provenance(&mut self, on: bool) {
         self.core.provenance = on;
+    }
+
+    /// A grouped view over a join: its cause headers name `<topic>:<partition>:<offset>`,
+    /// `left`'s or `right`'s (whose partitions the join's shards number from `right_from`).
+    fn name_join_causes(&mut self, left: &str, right: &str, right_from: i64) {
+        self.core.names = CauseNames::join(left, right, right_from);
     }
 
     fn __len__(&self) -> usize {

@@ -60,15 +60,16 @@ pub(crate) fn push_view_records<'py>(
     ts: i64,
     cause: super::Cause,
     provenance: bool,
+    names: &super::CauseNames,
     retract: bool,
 ) -> PyResult<()> {
     let Ok(ts) = ts.into_pyobject(py);
     let ts = ts.into_any();
-    let header = if provenance { Some(super::cause_header(py, cause)?) } else { None };
+    let header = if provenance { Some(super::cause_header(py, cause, names)?) } else { None };
     let mut push = |key: &Bound<'py, PyAny>, value: &Option<Bound<'py, PyAny>>, retracts: Option<super::Cause>| -> PyResult<()> {
         let value = value.clone().unwrap_or_else(|| py.None().into_bound(py));
         let headers = match &header {
-            Some(header) => super::headers(py, header, retracts)?,
+            Some(header) => super::headers(py, header, retracts, names)?,
             None => py.None().into_bound(py),
         };
         view.push(PyTuple::new(py, [key.clone(), value, ts.clone(), headers])?.into_any());
@@ -466,7 +467,7 @@ impl Core {
                     if records.is_empty() {
                         continue;
                     }
-                    push_view_records(py, &mut out.view, &records, ts, cause, self.provenance, retract)?;
+                    push_view_records(py, &mut out.view, &records, ts, cause, self.provenance, &self.names, retract)?;
                 }
                 Err(Fail::Reject(rejected)) => out.rejected.push((unit_index, rejected)),
                 Err(other) => return Err(other),

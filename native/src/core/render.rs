@@ -201,7 +201,7 @@ impl Core {
                 buf.clear();
                 render(buf, &plan.delta_row, None, parts, cols, total);
                 let headers = if self.provenance {
-                    super::headers(py, &super::cause_header(py, causes[at])?, None)?
+                    super::headers(py, &super::cause_header(py, causes[at], &self.names)?, None, &self.names)?
                 } else {
                     py.None().into_bound(py)
                 };

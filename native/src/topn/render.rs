@@ -218,7 +218,7 @@ impl TopPlan {
         }
         let ts = ts.into_pyobject(py)?.into_any();
         let header = match cause {
-            Some(cause) => Some(crate::core::cause_header(py, cause)?),
+            Some(cause) => Some(crate::core::cause_header(py, cause, &crate::core::PLAIN)?),
             None => None,
         };
         for change in changes.iter() {
@@ -228,7 +228,7 @@ impl TopPlan {
             };
             let key = PyBytes::new(py, &written[change.key.0..change.key.1]).into_any();
             let headers = match &header {
-                Some(header) => crate::core::headers(py, header, change.retracts)?,
+                Some(header) => crate::core::headers(py, header, change.retracts, &crate::core::PLAIN)?,
                 None => py.None().into_bound(py),
             };
             view.push(PyTuple::new(py, [key, value, ts.clone(), headers])?.into_any());

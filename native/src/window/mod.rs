@@ -406,7 +406,7 @@ impl WindowCore {
                         continue;
                     }
                     let Inner::Grouped(core) = &self.inner else { unreachable!("a Top-N writes its records itself") };
-                    push_view_records(py, &mut out.view, &records, ts, cause, core.provenance, retract)?;
+                    push_view_records(py, &mut out.view, &records, ts, cause, core.provenance, &core.names, retract)?;
                 }
                 Err(Fail::Reject(rejected)) => {
                     headers.push(if rejected.reason == LATE { self.headers.take().unwrap_or_default() } else { Vec::new() });

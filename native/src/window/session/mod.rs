@@ -412,7 +412,7 @@ impl SessionCore {
             records.clear();
             let cause = (events[0].tag.1, events[0].tag.2);
             match self.apply_unit(py, events, &mut records) {
-                Ok(ts) => push_view_records(py, &mut out.view, &records, ts, cause, self.provenance, retract)?,
+                Ok(ts) => push_view_records(py, &mut out.view, &records, ts, cause, self.provenance, &crate::core::PLAIN, retract)?,
                 Err(Fail::Reject(rejected)) => {
                     headers.push(if rejected.reason == LATE { self.headers.take().unwrap_or_default() } else { Vec::new() });
                     out.rejected.push((unit_index, rejected));
