@@ -170,18 +170,20 @@ def expected_view(records: list[dict[str, Any]], spec: ViewSpec) -> dict[str, di
     return view
 
 
-WARM_UP_EVENTS = 2_000  # the untimed run before the first Refold contender of a Spark session
+WARM_UP_SHARE = 5  # the untimed run before the first Refold contender: a fifth of the timed runs' events
 
 
-def warm_up(spark: Any, bootstrap: str, run_id: str, partitions: int, batch: int) -> None:
-    """The bench's view over `WARM_UP_EVENTS` events of a topic of its own, untimed, before
-    the session's first Refold contender: the first Refold query pays for its Python
-    workers and their imports, the shard hosts they fork and, in a cold session, the JVM's
-    Kafka source (seconds), which the contenders after it do not. Spark SQL running first
-    warms the JVM but not the rest: without this the first of three provenance pairs took
-    18.8 s and the five runs after it 12.0-14.5 s (`--pairs 3`, an idle machine)."""
+def warm_up(spark: Any, bootstrap: str, run_id: str, partitions: int, batch: int, events: int) -> None:
+    """The bench's view over a fifth of `events` (a topic of its own), untimed, before the
+    session's first Refold contender: the first Refold query pays for its Python workers
+    and their imports, the shard hosts they fork and the JVM's compilation of its path
+    (Kafka source to Arrow, seconds of C2 compiler threads), which the contenders after it
+    do not. Spark SQL running first warms part of the JVM only, and 2,000 events too
+    little: the first of three provenance pairs took 17.7-18.8 s against 12.0-14.5 for
+    the five after it (`--pairs 3`, an idle machine)."""
     topic = f"bench-warm-{run_id}"
-    records = generate(Workload(events=WARM_UP_EVENTS, keys=WARM_UP_EVENTS // 10, retract_share=0.2, seed=2))
+    records = generate(Workload(events=max(events // WARM_UP_SHARE, 2_000), keys=max(events // 50, 200),
+                                retract_share=0.2, seed=2))
     produce({"bootstrap.servers": bootstrap}, topic, [jsonbytes.dumps(r) for r in records], ["player_name"],
             partitions=partitions, per_transaction=50_000, prevalidate=False, progress=False)
     p = pipeline(f"bench-warm-{run_id}", topic, bootstrap, batch)
@@ -239,7 +241,7 @@ def run_contender(name: str, args: argparse.Namespace, bootstrap: str, source: s
         if spark is None:
             spark = spark_session(name="refold-bench")
         if not any(other in results for other in ("spark-sink", "refold", "refold-off")):  # the first
-            warm_up(spark, bootstrap, run_id, args.partitions, args.batch)
+            warm_up(spark, bootstrap, run_id, args.partitions, args.batch, events)
         kind = {"spark-sink": "alo", "refold": "eos", "refold-off": "eos-off"}[name]
         again = len(results.get(name, {}).get("runs", []))  # (`--pairs`: each run a pipeline of its own)
         p = pipeline(f"bench-{kind}-{run_id}{f'-{again}' if again else ''}", source, bootstrap, args.batch,
