@@ -127,6 +127,16 @@ def run_drawn(pipeline: Pipeline, units: Sequence[Unit], data: st.DataObject, cu
     return firsts
 
 
+def produce_wired(pipeline: Pipeline, records: Sequence[InputRecord]) -> None:
+    """The records into the pipeline's two source topics, at the offsets `wire` gave them."""
+    producer = Producer({"bootstrap.servers": pipeline.kafka_settings()["bootstrap.servers"]})
+    topics = [source.topic for source in pipeline.sources.values()]
+    for record in records:
+        producer.produce(topics[record.partition >= RIGHT_PARTITIONS], record.value, record.key,
+                         partition=record.partition % RIGHT_PARTITIONS)
+    assert producer.flush(30) == 0
+
+
 def written(pipeline: Pipeline) -> list[bytes]:
     settings_ = {"bootstrap.servers": pipeline.kafka_settings()["bootstrap.servers"]}
     assert pipeline.outputs.view is not None
@@ -463,14 +473,7 @@ def test_refold_status_shows_both_sources_of_a_join(bootstrap_servers: str, caps
     pipeline = join_pipeline(f"jt{uuid.uuid4().hex[:8]}", bootstrap_servers, "inner")
     make_topics(pipeline, 2)
     records, _ = wire(crash_units(), 2)
-    settings_ = {"bootstrap.servers": bootstrap_servers}
-    producer = Producer(settings_)  # the records in the topics at the offsets `wire` gave them, for the lag
-    topics = [source.topic for source in pipeline.sources.values()]
-    for record in records:
-        producer.produce(topics[record.partition >= RIGHT_PARTITIONS], record.value, record.key,
-                         partition=record.partition % RIGHT_PARTITIONS)
-    assert producer.flush(30) == 0
-    del producer
+    produce_wired(pipeline, records)  # (for the lag)
     run_batches(pipeline, records, [9], [False])
     assert print_status(pipeline)
     shown = capsys.readouterr().out

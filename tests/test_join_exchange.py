@@ -12,7 +12,6 @@ from typing import Any
 
 import orjson
 import pytest
-from confluent_kafka import Producer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_join import Unit, changelogs
@@ -25,6 +24,7 @@ from test_join_engine import (
     join_pipeline,
     killed_in_a_subprocess,
     make_topics,
+    produce_wired,
     run_batches,
     run_drawn,
     wire,
@@ -272,13 +272,7 @@ def test_refold_status_of_a_regrouping_join_shows_each_stage(bootstrap_servers: 
     units = crash_units()
     records, _ = wire(units, 2, 3)
     assert {r.partition for r in records} == {0, 1, RIGHT_PARTITIONS, RIGHT_PARTITIONS + 1, RIGHT_PARTITIONS + 2}
-    producer = Producer(settings_)  # the records in the topics at the offsets `wire` gave them, for the lag
-    topics = [source.topic for source in pipeline.sources.values()]
-    for record in records:
-        producer.produce(topics[record.partition >= RIGHT_PARTITIONS], record.value, record.key,
-                         partition=record.partition % RIGHT_PARTITIONS)
-    assert producer.flush(30) == 0
-    del producer
+    produce_wired(pipeline, records)  # (for the lag)
     run_batches(pipeline, records, [9], [False])
     spec = pipeline.view.join
     assert spec is not None
