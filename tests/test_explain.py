@@ -75,3 +75,15 @@ def test_the_architecture_page_draws_the_plan_explain_draws(name: str, capsys: p
     if name == "totals":
         assert main(["explain", "--mermaid", str(ROOT / "examples" / "totals.yaml")]) == 0
         assert capsys.readouterr().out == drawing + "\n"
+
+
+def test_explain_names_the_cores_of_a_join_and_of_the_view_over_it() -> None:
+    """The join and the grouped view over it reduce on the native cores unless
+    `spark.core: python` (the native core is built by `make setup`), or, for the view, its
+    outputs are not ones the core writes."""
+    assert "# reduces in: the native join core, the native core for the grouped view over it" in explain(
+        parse_pipeline(REGIONS))
+    assert "# reduces in: Python (spark.core: python)" in explain(parse_pipeline({**REGIONS, "spark": {"core": "python"}}))
+    avro = {**REGIONS, "outputs": {"view": {"topic": "regions.view", "format": "avro", "schema": "schemas/x.avsc"}}}
+    assert "# reduces in: the native join core, Python for the grouped view over it (the native core writes the view " \
+           "output as JSON" in explain(parse_pipeline(avro))

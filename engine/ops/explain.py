@@ -17,7 +17,7 @@ import yaml
 from refold.config import Pipeline
 from refold.plan import Plan, plan_of, view_key
 from refold.plan.draw import mermaid, tree
-from refold.runtime.native import core_of
+from refold.runtime.native import core_of, join_cores_of
 
 
 def view_spec(pipeline: Pipeline) -> dict[str, Any]:
@@ -117,7 +117,7 @@ def summary(plan: Plan) -> str:
         grouping = ", ".join(view_key(view)) or "none: a global Top-N"
         lines.append(f"# shards: one, merging every partition of {source.topic} (messages keyed by "
                      f"{keys}; the view groups by {grouping})")
-    lines.append(f"# reduces in: {core_of(pipeline) if view.join is None else 'Python (the join reducer)'}")
+    lines.append(f"# reduces in: {core_of(pipeline) if view.join is None else join_cores_of(pipeline)}")
     if pipeline.outputs.view is not None:
         output = pipeline.outputs.view
         partitioned = {"key": "partitioned by key (murmur2)", "shard": "a partition per writing shard"}.get(

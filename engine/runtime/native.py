@@ -95,6 +95,24 @@ def core_of(pipeline: Pipeline) -> str:
     return "the native core (refold_native)" if reason is None else f"Python ({reason})"
 
 
+def join_cores_of(pipeline: Pipeline) -> str:
+    """Which cores join a join pipeline's sources and reduce the grouped view over them
+    (`refold explain`)."""
+    if pipeline.spark.core == "python":
+        return "Python (spark.core: python)"
+    if refold_native is None:
+        return "Python (the native core (refold_native) is not built: `make setup` builds it from native/)"
+    join = pipeline.view.join
+    assert join is not None
+    tables = any(is_table(pipeline.model_copy(update={"source": pipeline.sources[name]})) for name in (join.left, join.right))
+    said = ["Python for the join (a table source joins in Python)" if tables else "the native join core"]
+    if pipeline.view.key:
+        reason = _outputs_refusal(pipeline)
+        said.append("the native core for the grouped view over it" if reason is None
+                    else f"Python for the grouped view over it ({reason})")
+    return ", ".join(said)
+
+
 def native_core(pipeline: Pipeline) -> Any | None:
     """A new native core for the pipeline's view, or None when it reduces in Python.
     ConfigError when `spark.core` is `native` and the native core cannot run it."""
