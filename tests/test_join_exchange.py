@@ -38,7 +38,6 @@ from refold.ops.status import print_status
 from refold.plan import RIGHT_PARTITIONS, plan_of
 from refold.plan.draw import tree
 from refold.recovery.records import decode_dead_letter
-from refold.reduce import ViewChange
 from refold.reduce.values import key_bytes
 from refold.reference import reference_changelog
 from refold.reference_joins import reference_join
@@ -130,8 +129,7 @@ def test_a_grouped_view_over_an_exchanged_join_is_the_grouped_reference(bootstra
     run_drawn(pipeline, units, data, 4, 3)
     spec = pipeline.view.join
     assert spec is not None
-    moves_split = split_moves(reference_join(spec, units).changes)
-    expected = reference_changelog(ViewSpec.model_validate(BY_CUSTOMER), numbered(moves_split))
+    expected = reference_changelog(ViewSpec.model_validate(BY_CUSTOMER), numbered(reference_join(spec, exchanged(units)).changes))
     written = [m.value() for part in by_partition(pipeline, f"{pipeline.pipeline}.view").values() for m in part]
     assert folded(written) == folded(changelog(expected.changes))
 
@@ -163,8 +161,8 @@ def test_a_grouped_view_keyed_outside_the_join_key_goes_through_a_second_exchang
     firsts = run_drawn(pipeline, units, data, 4, 3)
     spec = pipeline.view.join
     assert spec is not None
-    joined = reference_join(spec, units)
-    grouped = numbered(split_moves(joined.changes))  # the grouped view's units, each tagged with its first record
+    joined = reference_join(spec, exchanged(units))
+    grouped = numbered(joined.changes)  # the grouped view's units, each tagged with its first record
     view = ViewSpec.model_validate(GROUPED)
     expected = reference_changelog(view, grouped)
     parts = by_partition(pipeline, f"{pipeline.pipeline}.view")
@@ -194,20 +192,18 @@ def test_a_grouped_view_keyed_outside_the_join_key_goes_through_a_second_exchang
         assert [dict(r.headers() or [])["refold.cause"] for r in parts.get(m, [])] == [causes[i] for i in mine]
 
 
-def split_moves(changes: Sequence[ViewChange]) -> list[ViewChange]:
-    """The reference join's records as the exchanged layout writes them: a `-C`/`+C`
-    pair whose order moves to another join key (`ck`) is a `-R` in the old key's shard
-    and a `+A` in the new one's, two units the grouped view reads apart (a `-R` refused,
-    e.g. for a null key, does not take the `+A` with it, as a refused `-C` takes its
-    `+C`)."""
-    out: list[ViewChange] = []
-    for change in changes:
-        before = out[-1] if out else None
-        if (change.op is Op.CORRECT_TO and before is not None and before.op is Op.CORRECT_FROM
-                and before.row.get("ck") != change.row.get("ck")):
-            out[-1] = before._replace(op=Op.RETRACT)
-            change = change._replace(op=Op.APPEND)
-        out.append(change)
+def exchanged(units: Sequence[Unit]) -> list[Unit]:
+    """The units as the exchange routes them: a correction whose halves' join keys lie in
+    two stage-2 shards is two units there, a `-R` of the old row in one shard and an `+A`
+    of the new in the other, where the one-shard join pairs their joined rows as `-C`/`+C`
+    (the grouped view over the join then refuses a pair with a null half whole, but only
+    that half of two units)."""
+    out: list[Unit] = []
+    for side, events in units:
+        if len(events) == 2 and shard_of_unit(side, events[:1]) != shard_of_unit(side, events[1:]):
+            out += [(side, [events[0]._replace(op=Op.RETRACT)]), (side, [events[1]._replace(op=Op.APPEND)])]
+        else:
+            out.append((side, events))
     return out
 
 

@@ -47,7 +47,7 @@ from refold.plan import RIGHT_PARTITIONS, join_co_partitioned
 from refold.recovery.records import DeadLetter, PendingRecord
 from refold.reduce import Rejected, SourceEvent, ViewChange
 from refold.reduce.grouped import GroupedReducer
-from refold.reduce.join import state_prefix
+from refold.reduce.join import JoinReducer, state_prefix
 from refold.reduce.types import Cause, cause_of
 from refold.reduce.values import key_bytes
 from refold.runtime.batch import DeadLetters, InputRecord, Outgoing, Unit, UnitReader, Units
@@ -262,6 +262,14 @@ class JoinShardProcessor(ShardProcessor):
 
     def _new_core(self) -> Any:
         return None
+
+    @property
+    def cores(self) -> str:
+        join = getattr(self.reducer, "join", None)
+        said = "Python join" if join is None or isinstance(join, JoinReducer) else "native join core"
+        if getattr(self.reducer, "grouped", None) is not None:
+            said += ", native view core" if self.reducer.grouped_core is not None else ", Python view"
+        return said
 
     def _consumed(self, offsets: Mapping[int, int]) -> dict[str, dict[int, int]]:
         """The consumed offsets of both topics, for the transaction."""

@@ -177,7 +177,7 @@ class JoinApplyProcessor(JoinShardProcessor):
     def _new_reducer(self) -> Any:
         reducers = super()._new_reducer()
         if regroups_join(self.pipeline):  # the grouped view is stage 3's (refold.runtime.joingroup)
-            reducers.grouped = None
+            reducers.grouped = reducers.grouped_core = None
         return reducers
 
     def _reduce(self, units: Sequence[Unit], out: Outgoing) -> list[UnitChanges]:

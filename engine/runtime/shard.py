@@ -201,8 +201,8 @@ class ShardProcessor:
             self.forget()
         if self.materializations is not None:
             self.materializations.open(self.checkpoint)
-        log.info("recovered %s shard %d (%s core): batch %d, offsets %s; state store %s (%s, %d records read, %.1fs)",
-                 self.pipeline.pipeline, self.shard, "native" if self.core is not None else "Python",
+        log.info("recovered %s shard %d (%s): batch %d, offsets %s; state store %s (%s, %d records read, %.1fs)",
+                 self.pipeline.pipeline, self.shard, self.cores,
                  self.checkpoint.batch, self.checkpoint.offsets, self.recovery.how, self.recovery.reason,
                  self.recovery.records_read, time.monotonic() - started)
 
@@ -218,6 +218,11 @@ class ShardProcessor:
             self.core = self._new_core()
         self.held = set()
         self.held_all = False
+
+    @property
+    def cores(self) -> str:
+        """What reduces the shard's batches now: `native core` or `Python core`."""
+        return "native core" if self.core is not None else "Python core"
 
     @property
     def held_keys(self) -> int:

@@ -379,7 +379,7 @@ def _summary(index: int, stats: BatchStats | None, processor: ShardProcessor | N
         "aborts": processor.aborts if processor is not None else 0,
         "recovered": recovery.how if recovery is not None else None,
         "recovery": (f"{recovery.reason}; {recovery.records_read} P.state records read, {recovery.seconds:.1f}s; "
-                     f"{'native' if processor is not None and processor.core is not None else 'Python'} core"
+                     f"{processor.cores if processor is not None else 'Python core'}"
                      if recovery is not None else None),
         "worker": os.getpid(),
         "attempt": _attempt() if attempt is None else attempt,
