@@ -137,8 +137,9 @@ def _grouped_with_delta(name: str, bootstrap: str, kind: str, core: str) -> Any:
 
 
 def _records_of(pipeline: Any) -> dict[str, list[tuple[Any, ...]]]:
-    """The view, delta, dead-letter and state records the pipeline wrote: key, value and
-    headers, its name in them as `P` (each pipeline's topics carry its own name)."""
+    """The view, delta, dead-letter and state records the pipeline wrote, each partition's
+    in its order: partition, key, value and headers, the pipeline's name in them as `P`
+    (each pipeline's topics carry its own name)."""
     settings_ = {"bootstrap.servers": pipeline.kafka_settings()["bootstrap.servers"]}
     name = pipeline.pipeline.encode()
 
@@ -148,7 +149,9 @@ def _records_of(pipeline: Any) -> dict[str, list[tuple[Any, ...]]]:
 
     topics = {"view": pipeline.outputs.view.topic, "delta": pipeline.outputs.delta.topic,
               "dead letters": pipeline.dlq_topic, "state": pipeline.state_topic}
-    return {what: [shown(m) for m in read_to_end(settings_, topic)] for what, topic in topics.items()}
+    # (partition by partition: a read interleaves partitions wherever a fetch ends)
+    return {what: sorted((shown(m) for m in read_to_end(settings_, topic)), key=lambda r: r[0])
+            for what, topic in topics.items()}
 
 
 @pytest.mark.kafka
