@@ -1,5 +1,5 @@
-"""docs/tutorial.md, run as a reader runs it: its commands typed into one shell, on a
-real broker and real Spark, its outputs compared with what the page shows.
+"""docs/tutorial.md (and docs/joins.md), run as a reader runs it: its commands typed into
+one shell, on a real broker and real Spark, its outputs compared with what the page shows.
 
 The page's conventions (also in the comment at the top of its source):
 
@@ -45,6 +45,9 @@ VENV = REPO / ".venv"
 # The topics the page's commands make: none may exist before, every one must exist on
 # the test broker after (so every command and the pipeline went to REFOLD_BOOTSTRAP_SERVERS).
 TOPICS = ("purchases", "revenue.view", "revenue.delta", "revenue.checkpoints", "revenue.state")
+# the other pages run the same way, each with its topics
+PAGES = {"tutorial.md": TOPICS,
+         "joins.md": ("orders", "customers", "regions.view", "regions.checkpoints", "regions.state")}
 
 BLOCK_SECONDS = 300.0  # the longest one block may take (a `refold run` takes ~25 s alone)
 
@@ -65,7 +68,7 @@ class Step:
     name: str = ""  # a file's name
 
 
-def page_steps(markdown: str) -> list[Step]:
+def page_steps(markdown: str, page: str = "tutorial.md") -> list[Step]:
     """The page's blocks the test acts on, in order: commands, files, outputs. An output
     block that does not follow a command block (another output, a file, nothing) is a
     mistake in the page: ValueError naming its line."""
@@ -81,13 +84,13 @@ def page_steps(markdown: str) -> list[Step]:
         if title:
             name = title.group("name")
             if Path(name).name != name:
-                raise ValueError(f"docs/tutorial.md:{line}: a file block's title is a file name, not {name!r}")
+                raise ValueError(f"docs/{page}:{line}: a file block's title is a file name, not {name!r}")
             steps.append(Step("file", body, line, name))
         elif lang == "sh":
             steps.append(Step("sh", body, line))
         elif lang == "text":
             if not steps or steps[-1].kind != "sh":
-                raise ValueError(f"docs/tutorial.md:{line}: an output block that follows no ```sh block")
+                raise ValueError(f"docs/{page}:{line}: an output block that follows no ```sh block")
             steps.append(Step("output", body, line))
     return steps
 
@@ -107,7 +110,8 @@ class Shell:
     a marker line with its current folder, so the test knows where the block's output
     ends and where the next file goes."""
 
-    def __init__(self, cwd: Path, env: dict[str, str], scripts: Path) -> None:
+    def __init__(self, cwd: Path, env: dict[str, str], scripts: Path, page: str = "tutorial.md") -> None:
+        self.page = page
         self.scripts = scripts
         self.cwd = cwd
         self.proc = subprocess.Popen(
@@ -143,13 +147,13 @@ class Shell:
                 line = self.lines.get(timeout=BLOCK_SECONDS)
             except queue.Empty:
                 raise AssertionError(
-                    f"docs/tutorial.md:{step.line}: the block ran longer than {BLOCK_SECONDS:.0f}s; "
+                    f"docs/{self.page}:{step.line}: the block ran longer than {BLOCK_SECONDS:.0f}s; "
                     f"it printed:\n" + "\n".join(printed[-60:])
                 ) from None
             if line is None:
                 code = self.proc.wait(timeout=30)
                 raise AssertionError(
-                    f"docs/tutorial.md:{step.line}: a command failed (exit status {code}):\n"
+                    f"docs/{self.page}:{step.line}: a command failed (exit status {code}):\n"
                     f"{step.text}it printed:\n" + "\n".join(printed[-60:])
                 )
             if line.startswith(marker + " "):
@@ -230,13 +234,18 @@ def test_normalise() -> None:
 
 @pytest.mark.kafka
 @pytest.mark.spark
-def test_the_tutorial_runs_as_written(tmp_path: Path, bootstrap_servers: str, kafka_config: dict[str, Any]) -> None:
+@pytest.mark.parametrize("page", ["tutorial.md", pytest.param("joins.md", marks=pytest.mark.slow)])
+def test_the_page_runs_as_written(tmp_path: Path, bootstrap_servers: str, kafka_config: dict[str, Any],
+                                  page: str) -> None:
+    """The tutorial in `make test`; the joins page, which runs the engine twice more, in
+    `make test-slow`."""
     assert (VENV / "bin" / "refold").is_file(), f"no virtualenv with refold in {VENV} (make setup)"
-    steps = page_steps(PAGE.read_text())
+    steps = page_steps((REPO / "docs" / page).read_text(), page)
+    topics = PAGES[page]
     before = _topics(kafka_config)
-    present = sorted(set(TOPICS) & before)
+    present = sorted(set(topics) & before)
     assert not present, (
-        f"the tutorial's topics {', '.join(present)} already exist on {bootstrap_servers}: "
+        f"docs/{page}'s topics {', '.join(present)} already exist on {bootstrap_servers}: "
         "the page starts from a broker without them"
     )
 
@@ -253,7 +262,7 @@ def test_the_tutorial_runs_as_written(tmp_path: Path, bootstrap_servers: str, ka
         PYTHONUNBUFFERED="1",
     )
     transcript: list[str] = []  # every block, how long it took and what it printed: transcript.txt
-    shell = Shell(clone, env, scripts)
+    shell = Shell(clone, env, scripts, page)
     try:
         printed = ""
         for step in steps:
@@ -263,21 +272,22 @@ def test_the_tutorial_runs_as_written(tmp_path: Path, bootstrap_servers: str, ka
                 started = time.monotonic()
                 printed = shell.run(step)
                 took = time.monotonic() - started
-                transcript += [f"$ (docs/tutorial.md:{step.line}, {took:.1f}s)", step.text.rstrip(), printed]
+                transcript += [f"$ (docs/{page}:{step.line}, {took:.1f}s)", step.text.rstrip(), printed]
             else:
                 expected, got = normalise(step.text), normalise(printed)
                 assert got == expected, (
-                    f"docs/tutorial.md:{step.line}: the page shows\n" + "\n".join(expected)
+                    f"docs/{page}:{step.line}: the page shows\n" + "\n".join(expected)
                     + "\nbut the commands printed\n" + "\n".join(got)
                 )
         after = _topics(kafka_config)
-        missing = sorted(set(TOPICS) - after)
+        missing = sorted(set(topics) - after)
         assert not missing, f"the commands made no topics {', '.join(missing)} on {bootstrap_servers}"
     finally:
         shell.close()
         (tmp_path / "transcript.txt").write_text("\n".join(transcript) + "\n")
         # leave the broker as it was, so that the page can run on it again
-        made = [name for name in _topics(kafka_config) - before if name == "purchases" or name.startswith("revenue.")]
+        pipelines = {name.split(".")[0] for name in topics if "." in name}
+        made = [name for name in _topics(kafka_config) - before if name in topics or name.split(".")[0] in pipelines]
         if made:
             with contextlib.suppress(Exception):  # as the topic fixture: cleanup, not the test
                 _delete_topics(kafka_config, sorted(made))

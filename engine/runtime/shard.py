@@ -85,20 +85,9 @@ class ShardProcessor:
 
     core_reads = True  # the native core may read the batch's records itself (`_core_read`)
 
-    def __init__(
-        self,
-        pipeline: Pipeline,
-        settings: dict[str, Any],
-        shard: int = 0,
-        executor: Executor | None = None,
-        *,
-        hooks: Hooks = NO_HOOKS,
-        keys: KeyCheck | None = None,
-        checkpoint_partition: int = 0,
-        state_root: Path | None = None,
-        run: int = 0,
-        start: bool = True,
-    ) -> None:
+    def __init__(self, pipeline: Pipeline, settings: dict[str, Any], shard: int = 0, executor: Executor | None = None,
+                 *, hooks: Hooks = NO_HOOKS, keys: KeyCheck | None = None, checkpoint_partition: int = 0,
+                 state_root: Path | None = None, run: int = 0, start: bool = True) -> None:
         self.pipeline = pipeline
         self.settings = settings
         self.shard = shard
@@ -493,12 +482,8 @@ class ShardProcessor:
         for partition, values in out.exchange.items():  # a re-grouping view's stage 1: its routed units
             writer.send_all(out.exchange_topic or pipeline.repartition_topic, [(None, v) for v in values], partition=partition)
         writer.send_all(self.state_topic, out.state, partition=self.shard)
-        writer.send(
-            pipeline.checkpoints_topic,
-            checkpoint_key(pipeline.writer, self.shard),
-            encode_checkpoint(checkpoint),
-            partition=self.checkpoint_partition,
-        )
+        writer.send(pipeline.checkpoints_topic, checkpoint_key(pipeline.writer, self.shard), encode_checkpoint(checkpoint),
+                    partition=self.checkpoint_partition)
         self.index.write(writer, out.view, self.checkpoint, checkpoint)  # last: it flushes the rest first
         self.hooks.stall_in_transaction()
         self.hooks.crash_point("in_txn", checkpoint.batch)
