@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -54,6 +55,7 @@ runtime = "runc"
 """
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 HOST_JAVA_CACERTS = Path("/etc/ssl/certs/java/cacerts")
+BUILD_ATTEMPTS = 2  # the build downloads from Debian, PyPI and Maven Central
 
 
 class ContainerError(RuntimeError):
@@ -108,6 +110,22 @@ class Podman:
             detail = (done.stderr or "")[-3000:] if capture else ""
             raise ContainerError(f"podman {' '.join(args[:3])} … failed ({done.returncode}): {detail}")
         return done
+
+    def stream(self, *args: str, tail: int = 40) -> str | None:
+        """podman ARGS with its output passed on as it comes; None when it succeeds, else
+        its exit status, its last lines and the free space of the storage."""
+        with subprocess.Popen(["podman", *args], env=self.env, text=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT) as proc:
+            assert proc.stdout is not None
+            last: deque[str] = deque(maxlen=tail)
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                last.append(line)
+        if proc.returncode == 0:
+            return None
+        free = shutil.disk_usage(self.home).free
+        return (f"exit status {proc.returncode}, {free / 1e9:.1f} GB free under {self.home}; "
+                f"its last lines:\n{''.join(last)}")
 
     def exists(self, image: str) -> bool:
         return self("image", "exists", image, check=False).returncode == 0
@@ -202,8 +220,13 @@ def podman_build(podman: Podman, tag: str, *, standins: bool, root: Path | None 
     if HOST_JAVA_CACERTS.is_file():
         args += ["--secret", f"id=java-cacerts,src={HOST_JAVA_CACERTS}"]
     started = time.monotonic()
-    podman(*args, str(root), capture=False)
-    return time.monotonic() - started
+    for attempt in range(1, BUILD_ATTEMPTS + 1):
+        failure = podman.stream(*args, str(root))
+        if failure is None:
+            return time.monotonic() - started
+        if attempt < BUILD_ATTEMPTS:  # a mirror's hiccup: again, from the layers already built
+            print(f"refold container: the build failed ({failure.splitlines()[0]}); once more …", file=sys.stderr)
+    raise ContainerError(f"podman build of {tag} failed {BUILD_ATTEMPTS} times; the last: {failure}")
 
 
 def image_size(podman: Podman, image: str) -> int:
