@@ -58,13 +58,12 @@ from refold.runtime.joins import (
     SideDeadLetters,
     as_units,
     side_of,
-    side_pipelines,
 )
 from refold.runtime.native import join_view_core
 from refold.runtime.render import Renderer, UnitChanges
 from refold.runtime.shard import ShardProcessor
 from refold.runtime.shards import KeyCheck
-from refold.runtime.tables import TableReader
+from refold.runtime.tables import TableReader, side_pipelines
 from refold.runtime.tops import CLOSE_FIRST
 
 __all__ = ["JoinedRouter", "RegroupProcessor", "RegroupReader", "source_record"]

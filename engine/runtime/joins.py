@@ -56,7 +56,7 @@ from refold.runtime.native import Unsupported, join_reducer, join_view_core
 from refold.runtime.render import Renderer
 from refold.runtime.shard import ShardProcessor
 from refold.runtime.shards import KeyCheck
-from refold.runtime.tables import TableItem, is_table
+from refold.runtime.tables import TableItem, is_table, joins_a_table, side_pipelines
 
 log = logging.getLogger(__name__)
 
@@ -69,14 +69,6 @@ def side_of(partition: int) -> int:
 def source_partition(partition: int) -> int:
     """A shard's partition number as its source's partition."""
     return partition - RIGHT_PARTITIONS if partition >= RIGHT_PARTITIONS else partition
-
-
-def side_pipelines(pipeline: Pipeline) -> tuple[Pipeline, Pipeline]:
-    """The pipeline as each side's reader sees it: its `source` that side's."""
-    join = pipeline.view.join
-    assert join is not None
-    return tuple(pipeline.model_copy(update={"source": pipeline.sources[name]})
-                 for name in (join.left, join.right))
 
 
 def check_join_partitions(pipeline: Pipeline, settings: dict[str, Any], left: int) -> int:
@@ -186,9 +178,11 @@ class JoinReducers:
         assert pipeline.view.join is not None
         self.join: Any = join_reducer(pipeline.view.join, core or pipeline.spark.core)
         view = pipeline.view
-        self.grouped = GroupedReducer(view.model_copy(update={"join": None, "sql": None})) if view.key else None
-        # the grouped view's native core, in `grouped`'s place (None: `grouped` reduces it)
-        self.grouped_core = join_view_core(pipeline, view_core or pipeline.spark.core) if view.key else None
+        self.has_view = bool(view.key)
+        # the grouped view's native core, or (None) `grouped` reduces it in Python
+        self.grouped_core = join_view_core(pipeline, view_core or pipeline.spark.core) if self.has_view else None
+        self.grouped = (GroupedReducer(view.model_copy(update={"join": None, "sql": None}))
+                        if self.has_view and self.grouped_core is None else None)
         self.view: Any = None  # (no materializations of a join)
 
     def take_deltas(self) -> list[dict[str, Any]]:
@@ -238,7 +232,7 @@ class JoinShardProcessor(ShardProcessor):
     def _new_reducer(self) -> Any:
         # (a table side's units are made as the batch joins: the Python join, which never
         # asks to join a batch again)
-        tables = any(is_table(side) for side in side_pipelines(self.pipeline))
+        tables = joins_a_table(self.pipeline)
         return JoinReducers(self.pipeline, self.join_core or ("python" if tables else None), self.view_core)
 
     def restore(self) -> None:
@@ -267,7 +261,7 @@ class JoinShardProcessor(ShardProcessor):
     def cores(self) -> str:
         join = getattr(self.reducer, "join", None)
         said = "Python join" if join is None or isinstance(join, JoinReducer) else "native join core"
-        if getattr(self.reducer, "grouped", None) is not None:
+        if getattr(self.reducer, "has_view", False):
             said += ", native view core" if self.reducer.grouped_core is not None else ", Python view"
         return said
 
@@ -369,7 +363,7 @@ class JoinShardProcessor(ShardProcessor):
             changes = JoinChanges(made)
             changes.cause = cause_of(unit[0][0].tag)
             joined.append((unit, changes))
-        if grouped is None:
+        if not self.reducer.has_view:
             return [(changes, unit[0][0].tag[0]) for unit, changes in joined if changes]
         inputs = [(unit, as_units(changes, unit[0][0].tag)) for unit, changes in joined]
         if self.reducer.grouped_core is not None:

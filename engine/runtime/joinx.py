@@ -66,7 +66,6 @@ class JoinRouter:
         assert join is not None
         self.on = join.sides_on
         self.shards = stage2_shards(pipeline)
-        self.grouped = None
         self.view: Any = None
 
     def routed(self, unit: Unit, merge_key: list[Any]) -> list[tuple[int, bytes]]:
@@ -178,6 +177,7 @@ class JoinApplyProcessor(JoinShardProcessor):
         reducers = super()._new_reducer()
         if regroups_join(self.pipeline):  # the grouped view is stage 3's (refold.runtime.joingroup)
             reducers.grouped = reducers.grouped_core = None
+            reducers.has_view = False
         return reducers
 
     def _reduce(self, units: Sequence[Unit], out: Outgoing) -> list[UnitChanges]:

@@ -51,7 +51,7 @@ from refold.runtime.batch import (
     partitions,
 )
 from refold.runtime.shards import ranked_globally
-from refold.runtime.tables import is_table
+from refold.runtime.tables import is_table, joins_a_table
 
 try:
     import refold_native
@@ -102,10 +102,7 @@ def join_cores_of(pipeline: Pipeline) -> str:
         return "Python (spark.core: python)"
     if refold_native is None:
         return "Python (the native core (refold_native) is not built: `make setup` builds it from native/)"
-    join = pipeline.view.join
-    assert join is not None
-    tables = any(is_table(pipeline.model_copy(update={"source": pipeline.sources[name]})) for name in (join.left, join.right))
-    said = ["Python for the join (a table source joins in Python)" if tables else "the native join core"]
+    said = ["Python for the join (a table source joins in Python)" if joins_a_table(pipeline) else "the native join core"]
     if pipeline.view.key:
         reason = _outputs_refusal(pipeline)
         said.append("the native core for the grouped view over it" if reason is None

@@ -78,6 +78,19 @@ def is_table(pipeline: Pipeline) -> bool:
     return pipeline.source.form == "upsert" or pipeline.source.format == "debezium-json"
 
 
+def side_pipelines(pipeline: Pipeline) -> tuple[Pipeline, Pipeline]:
+    """A join pipeline as each side's reader sees it: its `source` that side's."""
+    join = pipeline.view.join
+    assert join is not None
+    return tuple(pipeline.model_copy(update={"source": pipeline.sources[name]})
+                 for name in (join.left, join.right))
+
+
+def joins_a_table(pipeline: Pipeline) -> bool:
+    """Whether a side of the join pipeline is a table (its last rows join, in Python)."""
+    return any(is_table(side) for side in side_pipelines(pipeline))
+
+
 class TableReader:
     """Decodes a batch's records into `TableItem`s and merges the partitions by tag; a
     bad record is a dead letter (a Debezium tombstone is counted: `tombstones`).
