@@ -30,7 +30,7 @@ it); peak RSS is of each contender's process tree (Refold: this process, its JVM
 the JVM's Python workers). Target: Refold at 1.5x Flink's events/s or more.
 
     python -m bench.join [--events 1000000] [--customers 50000] [--regions 20] [--partitions 4]
-                         [--contenders refold,flink] [--bootstrap H:P] [--json-dir docs/bench]
+                         [--shards merged|M] [--contenders refold,flink] [--bootstrap H:P] [--json-dir docs/bench]
 """
 
 from __future__ import annotations
@@ -72,7 +72,9 @@ TARGET = 1.5  # Refold's events/s as a multiple of Flink's
 REFERENCE_UP_TO = 20_000  # order events up to which the reference join checks the expected view too
 
 
-def join_pipeline(name: str, topics: tuple[str, str], bootstrap: str, batch: int) -> Pipeline:
+def join_pipeline(name: str, topics: tuple[str, str], bootstrap: str, batch: int,
+                  shards: str | None = None) -> Pipeline:
+    """`shards`: the pipeline's (None: unset, which merges a join's partitions in one task)."""
     return parse_pipeline({
         "pipeline": name,
         "kafka": {"bootstrap.servers": bootstrap},
@@ -81,6 +83,7 @@ def join_pipeline(name: str, topics: tuple[str, str], bootstrap: str, batch: int
         "outputs": {"view": {"topic": f"{name}.view"}},
         "trigger": "100ms",
         "max_batch_events": batch,
+        **({} if shards is None else {"shards": shards if shards == "merged" else int(shards)}),
         "spark": {"checkpoint_dir": f"/tmp/refold-bench/{name}", "state_dir": "/tmp/refold-bench/state"},
     })
 
@@ -97,8 +100,8 @@ def run_refold(spark: Any, bootstrap: str, topics: tuple[str, str], run_id: str,
     small = JoinWorkload(orders=WARM_UP_EVENTS, customers=max(1, min(args.customers, WARM_UP_EVENTS // 10)),
                          regions=args.regions, seed=args.seed + 1)
     warm_topics = (f"bench-join-warm-{run_id}.orders", f"bench-join-warm-{run_id}.customers")
-    warm = join_pipeline(f"bench-join-warm-{run_id}", warm_topics, bootstrap, args.batch)
-    p = join_pipeline(f"bench-join-{run_id}", topics, bootstrap, args.batch)
+    warm = join_pipeline(f"bench-join-warm-{run_id}", warm_topics, bootstrap, args.batch, args.shards)
+    p = join_pipeline(f"bench-join-{run_id}", topics, bootstrap, args.batch, args.shards)
     forget += [warm, p]
     warm_up(spark, bootstrap, warm, [(topic, [jsonbytes.dumps(r) for r in side], ["id"]) for topic, side
                                      in zip(warm_topics, sides(list(generate_join(small))), strict=True)],
@@ -118,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--customers", type=int, default=defaults.customers)
     parser.add_argument("--regions", type=int, default=defaults.regions)
     parser.add_argument("--flink-reduction", choices=("multiset", "signed"), default="multiset")
+    parser.add_argument("--shards", default=None, help="Refold's `shards`: merged (what unset means for a "
+                        "join) or M, the join and the sum by region in M shards each, through two exchanges")
     add_common_arguments(parser, CONTENDERS, "join.json")
     args, chosen, bootstrap, run_id = start(parser, argv, CONTENDERS)
     settings = {"bootstrap.servers": bootstrap}
@@ -173,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     args.json_dir.mkdir(parents=True, exist_ok=True)
     report = {"run": run_id, "machine": platform.platform(), "cores": os.cpu_count(), "events": events,
               "orders": args.events, "customers": args.customers, "regions": args.regions,
-              "partitions": args.partitions, "batch": args.batch, "seed": args.seed,
+              "partitions": args.partitions, "batch": args.batch, "shards": args.shards, "seed": args.seed,
               "flink_reduction": args.flink_reduction, "contenders": results, "failed": failed}
     (args.json_dir / "join.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     return 1 if failed or any(not r["right"] for r in results.values()) else 0
