@@ -178,12 +178,16 @@ class JoinReducers:
         assert pipeline.view.join is not None
         self.join: Any = join_reducer(pipeline.view.join, core or pipeline.spark.core)
         view = pipeline.view
-        self.has_view = bool(view.key)
         # the grouped view's native core, or (None) `grouped` reduces it in Python
-        self.grouped_core = join_view_core(pipeline, view_core or pipeline.spark.core) if self.has_view else None
+        self.grouped_core = join_view_core(pipeline, view_core or pipeline.spark.core) if view.key else None
         self.grouped = (GroupedReducer(view.model_copy(update={"join": None, "sql": None}))
-                        if self.has_view and self.grouped_core is None else None)
+                        if view.key and self.grouped_core is None else None)
         self.view: Any = None  # (no materializations of a join)
+
+    @property
+    def has_view(self) -> bool:
+        """Whether a grouped view over the join reduces here (on either core)."""
+        return self.grouped_core is not None or self.grouped is not None
 
     def take_deltas(self) -> list[dict[str, Any]]:
         return self.grouped.take_deltas() if self.grouped is not None else []

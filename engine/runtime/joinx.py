@@ -177,7 +177,6 @@ class JoinApplyProcessor(JoinShardProcessor):
         reducers = super()._new_reducer()
         if regroups_join(self.pipeline):  # the grouped view is stage 3's (refold.runtime.joingroup)
             reducers.grouped = reducers.grouped_core = None
-            reducers.has_view = False
         return reducers
 
     def _reduce(self, units: Sequence[Unit], out: Outgoing) -> list[UnitChanges]:
