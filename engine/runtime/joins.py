@@ -19,7 +19,9 @@ shard's store and `P.state` partition (join records `["j",…]`, view records `[
 
 The join reduces on the native `JoinCore` where `spark.core` allows
 (`refold.runtime.native.join_reducer`), and the grouped view over it on the native
-`GroupedCore` (`join_view_core`), which writes the view, delta and state records itself. A
+`GroupedCore` (`join_view_core`), which writes the view, delta and state records itself.
+With both native and neither side a table, the batch goes from one core to the other in
+one call (`GroupedCore.join_read`): the joined records never become Python objects. A
 value a core does not hold raises `Unsupported` before the unit changes anything; the
 shard then drops the batch's work (nothing is sent yet), joins (or reduces the view) in
 Python until its next start, reloads the touched keys from its store and joins the batch's
@@ -348,6 +350,10 @@ class JoinShardProcessor(ShardProcessor):
             return self._reduce(units, out)  # (each core falls back once: this recurses twice at most)
 
     def _join_units(self, units: Sequence[Unit], out: Outgoing) -> list[tuple[list[ViewChange], int]]:
+        if self.reducer.grouped_core is not None and not isinstance(self.reducer.join, JoinReducer) \
+                and self.reader.tables == [None, None]:
+            self._join_and_view_natively(units, out)
+            return []
         join, grouped = self.reducer.join, self.reducer.grouped
         joined: list[tuple[Unit, JoinChanges]] = []
         for unit in units:
@@ -386,6 +392,25 @@ class JoinShardProcessor(ShardProcessor):
                     self.reader.letters[side].add(out, unit[0][1], rejected.reason,
                                                   "a joined row the view over the join refuses")
         return out_changes
+
+    def _join_and_view_natively(self, units: Sequence[Unit], out: Outgoing) -> None:
+        """Both native cores over the batch, the joined records never Python objects
+        (`GroupedCore.join_read`): the join's refusals and the view's are dead letters of
+        their source records, as in `_join_units` and `_view_natively`."""
+        core = self.reducer.grouped_core
+        refused = core.join_read(self.reducer.join, [(side_of(unit[0][1].partition), unit) for unit in units])
+        for unit_index, index, reason, detail in refused:
+            unit = units[unit_index]
+            self.reader.letters[side_of(unit[0][1].partition)].rejected(out, unit, Rejected(reason, index, detail))
+        try:
+            self._load({("v", key) for key in core.touched_read()}, forget=False)
+            view_refused, out.view, out.delta, out.state = core.apply_read()
+        except Unsupported as exc:
+            raise ViewUnsupported(str(exc)) from exc
+        for records, _index, reason, *_shown in view_refused:
+            record = units[records[0]][0][1]
+            self.reader.letters[side_of(record.partition)].add(out, record, Reason(reason),
+                                                               "a joined row the view over the join refuses")
 
     def _view_natively(self, inputs: Sequence[tuple[Unit, list[list[SourceEvent]]]], out: Outgoing) -> None:
         """The grouped view over the joined units on its native core: their view, delta and

@@ -132,6 +132,29 @@ impl GroupedCore {
         batch_tuple(py, rejected, out.view, out.delta, out.state)
     }
 
+    /// A grouped view over a join, its batch joined on `join` (`JoinCore.apply_batch`'s
+    /// `[(side, unit), ...]`, each unit its (event, record) pairs) without the joined
+    /// records becoming Python objects: the join's refusals as (unit index, index, reason,
+    /// detail); `Unsupported` as `JoinCore.apply_batch`'s. The joined records wait for
+    /// `apply_read` (`touched_read`: their view keys), whose refusals name their source
+    /// unit's index (once per record).
+    fn join_read<'py>(
+        &mut self,
+        py: Python<'py>,
+        join: &Bound<'py, join::py::JoinCore>,
+        units: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let (rejected, events) = collector_paused(|| join.borrow_mut().join_events(units))?;
+        self.core.prepare(events);
+        PyList::new(py, unit_rejections(py, rejected)?)
+    }
+
+    /// The key JSON of the view keys `join_read`'s units touch.
+    fn touched_read<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let keys = self.core.prepared_touched().map_err(raise)?;
+        PyList::new(py, keys.iter().map(|k| PyBytes::new(py, k)))
+    }
+
     /// `ExchangeReader.read` of stage 2's `P.repartition` records, in offset order (see
     /// core/routed.rs): the view keys they touch, the units kept for `apply_read`; None
     /// when a record is not a routed unit or a close.

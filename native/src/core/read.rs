@@ -213,6 +213,21 @@ impl Core {
         Ok(Some(out))
     }
 
+    /// Units made elsewhere (a join's records: `JoinCore::join_events`), kept for
+    /// `apply_read` as `read` keeps its own.
+    pub fn prepare(&mut self, units: Vec<Vec<Ev>>) {
+        self.prepared = Some(units);
+    }
+
+    /// The view keys of the units `prepare` kept (dropped when one is not held).
+    pub fn prepared_touched(&mut self) -> Result<Vec<Vec<u8>>, Fail> {
+        let touched = self.touched_of(self.prepared.as_deref().unwrap_or_default());
+        if touched.is_err() {
+            self.prepared = None;
+        }
+        touched
+    }
+
     /// `apply_units` over what `read` kept; each refusal names its unit's records.
     pub fn apply_read<'py>(&mut self, py: Python<'py>) -> Result<(super::apply::BatchOut<'py>, Vec<Vec<u32>>), Fail> {
         let units = self.prepared.take().unwrap_or_default();

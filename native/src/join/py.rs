@@ -12,7 +12,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
 
 use super::{Event, Join, JoinPlan, Joined, Record};
-use crate::core::Fail;
+use crate::core::{Ev, Fail, Rejected};
+use crate::statecodec::Tag;
 use crate::statecodec::DecodeError;
 use crate::value::{value_of, Row, Unsup, Value};
 use crate::{collector_paused, Unsupported};
@@ -25,6 +26,8 @@ pub struct JoinCore {
     view_change: Py<PyAny>,
     /// the output columns' names, in output order
     out_names: Vec<Py<PyString>>,
+    /// the same names for a joined row read as a grouped view's `Row` (`join_events`)
+    row_names: Vec<Box<str>>,
     rejected: Py<PyAny>,
     key_names: Py<PyTuple>,
 }
@@ -51,6 +54,7 @@ impl JoinCore {
             ops,
             view_change: view_change.unbind(),
             out_names: outputs_names.iter().map(|n| PyString::new(py, n).unbind()).collect(),
+            row_names: outputs_names.iter().map(|n| n.as_str().into()).collect(),
             rejected: types.getattr("Rejected")?.unbind(),
             key_names,
         })
@@ -155,14 +159,53 @@ impl JoinCore {
         PyTuple::new(py, [PyList::new(py, rejected)?.into_any(), PyList::new(py, changes)?.into_any(), state.into_any()])
     }
 
+    /// A batch's source units, `[(side, unit), ...]` (each unit as the shard holds it:
+    /// (event, record) pairs), joined, their records the grouped view's units without a
+    /// Python object between: as `as_units` makes them (a `-C` with its `+C`), each event
+    /// tagged with its source unit's tag and numbered (`Ev.record`) by that unit's place.
+    /// Refusals as (unit number, refusal); `Unsupported` (raised) as `apply_batch`'s.
+    pub(crate) fn join_events(&mut self, units: &Bound<'_, PyAny>) -> PyResult<(Vec<(usize, Rejected)>, Vec<Vec<Ev>>)> {
+        let mut rejected = Vec::new();
+        let mut events: Vec<Vec<Ev>> = Vec::new();
+        for (number, item) in units.try_iter()?.enumerate() {
+            let item = item?;
+            let side: usize = item.get_item(0)?.extract()?;
+            let unit = item.get_item(1)?;
+            let tag: Tag = unit.get_item(0)?.get_item(0)?.get_item(2)?.extract()?;
+            match self.apply_items(side, &unit, true) {
+                Ok(records) => {
+                    let first = events.len();
+                    for (op, row) in records {
+                        let row = self.row_names.iter().cloned().zip(row).collect();
+                        let event = Ev { op, row, tag, record: number as u32 };
+                        if op == 3 && events.len() > first {
+                            events.last_mut().expect("a unit before").push(event); // +C: with its -C
+                        } else {
+                            events.push(vec![event]);
+                        }
+                    }
+                }
+                Err(Fail::Reject(r)) => rejected.push((number, r)),
+                Err(other) => return Err(raise(other)),
+            }
+        }
+        Ok((rejected, events))
+    }
+
     fn apply_unit(&mut self, side: usize, unit: &Bound<'_, PyAny>) -> Result<Vec<Record>, Fail> {
+        self.apply_items(side, unit, false)
+    }
+
+    /// `apply_unit` of a unit's events, or with `pairs` of its (event, record) pairs.
+    fn apply_items(&mut self, side: usize, unit: &Bound<'_, PyAny>, pairs: bool) -> Result<Vec<Record>, Fail> {
         let side = check_side(side)?;
         let size = unit.len()?;
         self.join.apply(side, |index| {
             if index >= size {
                 return Ok(None);
             }
-            let event = unit.get_item(index)?;
+            let item = unit.get_item(index)?;
+            let event = if pairs { item.get_item(0)? } else { item };
             let op: u8 = event.get_item(0)?.extract()?;
             match value_of(&event.get_item(1)?, 0)? {
                 Value::Dict(row) => Ok(Some(Event { op, row })),
