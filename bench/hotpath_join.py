@@ -16,6 +16,11 @@ JSON) — not the shard path's figures of `--view grouped`, which decode and ren
 
 Cores: `python` the Python reducer one unit at a time; `native` `JoinCore.apply` one unit at
 a time (the drop-in); `native-batch` `JoinCore.apply_batch`, a batch's units in one call.
+`view` and `view-read`: the join and a grouped view over it (sum and count of `amount` per
+`region`, with its deltas and cause headers), both native, as a join shard runs them:
+`view` in two calls, the join's `ViewChange`s made into the view's units in Python
+(`as_units`), `view-read` in one (`GroupedCore.join_read`, the joined records never Python
+objects); per event of both sides, view records rendered.
 """
 
 from __future__ import annotations
@@ -113,6 +118,40 @@ def run_native_batch(cut: list[list[JoinUnit]]) -> int:
     return records
 
 
+def view_core() -> Any:
+    """The grouped view over the join, as `refold.runtime.native.join_view_core` makes it."""
+    import refold_native
+
+    core = refold_native.GroupedCore(["region"], [("total", "sum", "amount"), ("n", "count", "*")], "changelog", True)
+    core.provenance = True
+    core.name_join_causes("orders", "customers", 1)
+    return core
+
+
+def run_view(cut: list[list[JoinUnit]], fused: bool) -> int:
+    """The join and the view over it, a batch in two calls or (`fused`) in one."""
+    from refold.runtime.joins import as_units
+
+    join, view = native_join(), view_core()
+    records = 0
+    for batch in cut:
+        with collector_paused():
+            if fused:
+                view.join_read(join, [(side, [(event, None) for event in events]) for side, events in batch])
+                view.touched_read()
+                _, out, delta, state = view.apply_read()
+                state = join.take_state_changes() + state
+            else:
+                _, changes, state = join.apply_batch(batch)
+                units = [[(event, None) for event in sub] for (_, events), made in zip(batch, changes, strict=True)
+                         for sub in as_units(made, events[0].tag)]
+                view.touched(units)
+                _, out, delta, view_state = view.apply_batch(units)
+                state += view_state
+            records += len(out) + len(delta) + len(state)
+    return records
+
+
 def grouped_units(cut: list[list[JoinUnit]]) -> list[list[tuple[tuple[SourceEvent, InputRecord], ...]]]:
     """The orders' units of each batch as the grouped reducers take them."""
     return [[tuple((event, InputRecord(0, event.tag[2], None, None, 0)) for event in events)
@@ -151,7 +190,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--customers", type=int, default=10_000)
     parser.add_argument("--batch", type=int, default=10_000, help="events per batch")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--core", default="python,native,native-batch")
+    parser.add_argument("--core", default="python,native,native-batch,view,view-read")
     args = parser.parse_args(argv)
     units = workload(args.orders, args.customers)
     cut = batches(units, args.batch)
@@ -162,6 +201,8 @@ def main(argv: list[str]) -> int:
         "python": (lambda: run_units(JoinReducer(JOIN), cut), events),
         "native": (lambda: run_units(native_join(), cut), events),
         "native-batch": (lambda: run_native_batch(cut), events),
+        "view": (lambda: run_view(cut, fused=False), events),
+        "view-read": (lambda: run_view(cut, fused=True), events),
         "grouped python": (lambda: run_grouped_python(cut), orders),
         "grouped native": (lambda: run_grouped_native(grouped), orders),
     }
@@ -178,12 +219,15 @@ def main(argv: list[str]) -> int:
             records = run()
             times.append(time.process_time() - started)
         best[name] = min(times)
-        what = "grouped view over the orders" if name.startswith("grouped") else "join"
+        what = ("grouped view over the orders" if name.startswith("grouped")
+                else "join and the view over it" if name.startswith("view") else "join")
         print(f"reducer ({what}, {name.removeprefix('grouped ')} core): {count:,} events, {records:,} records: "
               f"{best[name]:.2f} CPU s, {best[name] / count * 1e6:.2f} µs/event")
     for fast in ("native", "native-batch"):
         if "python" in best and fast in best:
             print(f"join {fast} / python CPU: {best[fast] / best['python']:.3f} ({best['python'] / best[fast]:.1f}x)")
+    if "view" in best and "view-read" in best:
+        print(f"join and view, one call / two: {best['view-read'] / best['view']:.3f}")
     return 0
 
 

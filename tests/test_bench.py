@@ -85,3 +85,12 @@ def test_the_hot_path_bench_sends_the_same_records_from_memory_as_from_the_store
         sent[store] = [line.split(", ")[1] for line in capsys.readouterr().err.splitlines() if " run 1: " in line]
     assert len(sent["memory"]) == 2 and len(set(sent["memory"])) == 1, sent
     assert sent["rocksdb"] == sent["memory"][:1], sent
+
+
+def test_the_join_hot_path_runs_its_view_in_one_call_as_in_two() -> None:
+    """`python -m bench.hotpath --view join --core view,view-read` times the same work:
+    the join and the view over it write as many records either way."""
+    from bench.hotpath_join import batches, run_view, workload
+
+    cut = batches(workload(2_000, 200), 500)
+    assert run_view(cut, fused=True) == run_view(cut, fused=False) > 2_000
