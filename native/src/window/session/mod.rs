@@ -20,14 +20,14 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyTuple};
+use pyo3::types::{PyBytes, PyTuple};
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::time::{event_time_of, EventTime};
 use super::{set, shown, time_text, Headers, WindowOut, BAD_TIME, END, LATE, START, WATERMARK_KEY};
 use crate::core::{
     fingerprint, push_view_records, Cause, read_units, refused_records, reject, touched_or_none, units_of, BatchOut, Core, Ev, Fail,
-    Form, Fp, KeyColumns, Plan, ReadOut, RestoreFail, UnitRecords, NOT_LIVE,
+    Form, Fp, KeyColumns, Plan, ReadOut, UnitRecords, NOT_LIVE,
 };
 use crate::json::write_str;
 use crate::statecodec::{self, Tag, KEY_SUMMARY, LIVE_ROW};
@@ -45,8 +45,7 @@ struct Member {
 }
 
 /// One session as the view shows it: its output key's JSON (`key_bytes((*key, start))`),
-/// its bounds in ms and its row; its rows' fingerprints (by time) and its view
-/// columns, which a session whose rows did not change keeps (Python's `values`).
+/// its bounds in ms, its row, and its rows' fingerprints (by time).
 #[derive(Clone)]
 struct Session {
     out_key: Vec<u8>,
@@ -54,7 +53,6 @@ struct Session {
     end: i64,
     row: Row,
     fps: Vec<Fp>,
-    values: Vec<Value>,
     /// the cause of the session's current view record (None: unknown)
     cause: Option<Cause>,
 }
@@ -291,7 +289,7 @@ impl SessionCore {
             if self.lateness.is_some() {
                 self.closing.push(Reverse((end, kj.into())));
             }
-            out.push(Session { out_key, start, end, row, fps, values, cause: None });
+            out.push(Session { out_key, start, end, row, fps, cause: None });
         }
         sessions.out = out;
         Ok(())
