@@ -13,6 +13,10 @@ watermark delay) is `--lateness-ms`. Each contender reads that identical topic:
   and window) with `lateness`, `emit: per_event`; then `refold verify`: its changelog
   record by record and its dead letters against the reference (one watermark per
   shard);
+- refold-final: the same with `emit: final`: each window's row written once, when the
+  watermark passes its end plus the lateness, as the TVF writes it (the late events
+  within the lateness counted, the later ones dead letters); like for like with flink,
+  where `refold` also writes every correction as it comes;
 - flink: PyFlink SQL, the TUMBLE window table-valued function over a watermark of
   `rowtime - lateness`, signed sums (`op` is a column to Flink), Kafka sink exactly once
   (`bench/flink_windows_job.py`, in Flink's own virtualenv, `bench.flink`);
@@ -76,9 +80,10 @@ from refold.recovery.records import decode_dead_letter
 from refold.reduce import Rejected, make_reducer
 from refold.reference import merge_partitions
 
-CONTENDERS = ("refold", "flink", "spark-sql")
+CONTENDERS = ("refold", "refold-final", "flink", "spark-sql")
 TITLES = {
     "refold": "Refold, exactly once, lateness, dead letters",
+    "refold-final": "Refold, the same, emit: final",
     "flink": "Flink SQL TUMBLE TVF, watermark, exactly once",
     "spark-sql": "Spark window() + withWatermark, at least once",
 }
@@ -86,13 +91,14 @@ TARGETS = {"flink": 1.5}  # Refold's throughput as a multiple of the contender's
 STATE_BOUND = 2.0  # a shard's live state over one horizon's worth
 
 
-def window_pipeline(name: str, source: str, bootstrap: str, w: WindowWorkload, batch: int) -> Pipeline:
+def window_pipeline(name: str, source: str, bootstrap: str, w: WindowWorkload, batch: int,
+                    emit: str = "per_event") -> Pipeline:
     return parse_pipeline({
         "pipeline": name,
         "kafka": {"bootstrap.servers": bootstrap},
         "source": {"topic": source},
         "view": w.view("tumble"),
-        "outputs": {"view": {"topic": f"{name}.view"}},
+        "outputs": {"view": {"topic": f"{name}.view", "emit": emit}},
         "trigger": "100ms",
         "max_batch_events": batch,
         "spark": {"checkpoint_dir": f"/tmp/refold-bench/{name}", "state_dir": "/tmp/refold-bench/state"},
@@ -166,14 +172,16 @@ def input_positions(bootstrap: str, source: str, lines: Sequence[bytes]) -> dict
 
 
 def run_refold(spark: Any, bootstrap: str, source: str, run_id: str, w: WindowWorkload, batch: int, events: int,
-               late: Sequence[bool], where: dict[tuple[int, int], int], forget: list[Pipeline]) -> dict[str, Any]:
+               late: Sequence[bool], where: dict[tuple[int, int], int], forget: list[Pipeline],
+               emit: str = "per_event") -> dict[str, Any]:
     """Refold's run; its pipelines (and the warm-up's) into `forget`: their local stores
     go once the Spark session stopped (its Python workers keep the shards open until then)."""
     from bench.run import timed_run
 
-    p = window_pipeline(f"bench-win-{run_id}", source, bootstrap, w, batch)
+    run_id += "-final" if emit == "final" else ""
+    p = window_pipeline(f"bench-win-{run_id}", source, bootstrap, w, batch, emit)
     settings = {"bootstrap.servers": bootstrap}
-    warm_up(spark, bootstrap, run_id, w, batch, forget)
+    warm_up(spark, bootstrap, run_id, w, batch, forget, emit)
     forget.append(p)
     result = timed_run(p, bootstrap, spark, events)
     started = time.monotonic()
@@ -201,12 +209,13 @@ def run_refold(spark: Any, bootstrap: str, source: str, run_id: str, w: WindowWo
     return result
 
 
-def warm_up(spark: Any, bootstrap: str, run_id: str, w: WindowWorkload, batch: int, forget: list[Pipeline]) -> None:
+def warm_up(spark: Any, bootstrap: str, run_id: str, w: WindowWorkload, batch: int, forget: list[Pipeline],
+            emit: str) -> None:
     """The same view over `WARM_UP_EVENTS` events of its own topic, untimed (`contest.warm_up`)."""
     small = WindowWorkload(events=WARM_UP_EVENTS, keys=w.keys, window_ms=w.window_ms, lateness_ms=w.lateness_ms,
                            seed=w.seed + 1)
     topic = f"bench-windows-warm-{run_id}"
-    p = window_pipeline(f"bench-win-warm-{run_id}", topic, bootstrap, small, batch)
+    p = window_pipeline(f"bench-win-warm-{run_id}", topic, bootstrap, small, batch, emit)
     forget.append(p)
     contest.warm_up(spark, bootstrap, p, [(topic, [jsonbytes.dumps(r) for r in generate_windowed(small)],
                                            ["player_name"])])
@@ -304,6 +313,23 @@ def run_spark_windows(spark: Any, bootstrap: str, source: str, output: str, part
 
 # the run ----------------------------------------------------------------------------------
 
+def report_refold(mine: str, r: dict[str, Any], results: dict[str, dict[str, Any]]) -> None:
+    """A Refold run's lines: `refold verify`, its ratios against the targets, its state."""
+    print(f"{mine} verify: {r['anomalies']} anomalies (changelog record by record, dead letters exactly "
+          "the reference's)")
+    for name, target in TARGETS.items():
+        if name in results:
+            ratio = r["events_per_s"] / results[name]["events_per_s"]
+            r[f"ratio_to_{name}"] = ratio
+            print(f"{TITLES[mine]} / {name}: {ratio:.2f} (target ≥ {target}: {'ok' if ratio >= target else 'MISSED'})")
+    state = r["state"]
+    print(f"{mine} state: the most live P.state records of a shard over one horizon's worth: "
+          + ", ".join(f"shard {p} {s['most_live_records']:,}/{s['one_horizon_records']:,} = {s['ratio']:.2f}"
+                      for p, s in state["shards"].items())
+          + f" (target < {STATE_BOUND}: {'ok' if state['max_ratio'] < STATE_BOUND else 'MISSED'})")
+
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     defaults = WindowWorkload()
@@ -331,14 +357,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"produced {events:,} events ({sum(late):,} late, {sum(1 for r in records if r['op'] == '-C'):,} "
           f"corrections) over {args.keys:,} players in {produced.seconds:.1f}s", file=sys.stderr)
     every, on_time, lates = window_sums(records, late, w.window_ms)
-    where = input_positions(bootstrap, source, lines) if "refold" in chosen else {}
+    where = input_positions(bootstrap, source, lines) if {"refold", "refold-final"} & set(chosen) else {}
     del records
 
     forget: list[Pipeline] = []  # Refold's pipelines, whose local stores go after the shards closed
 
     def run(name: str, spark: Spark) -> dict[str, Any]:
-        if name == "refold":
-            return run_refold(spark.get(), bootstrap, source, run_id, w, args.batch, events, late, where, forget)
+        if name.startswith("refold"):
+            return run_refold(spark.get(), bootstrap, source, run_id, w, args.batch, events, late, where, forget,
+                              "final" if name == "refold-final" else "per_event")
         if name == "spark-sql":
             checkpoint = f"/tmp/refold-bench/spark-windows-{run_id}"
             output = f"bench-spark-windows-{run_id}.view"
@@ -357,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
 
     results, failed = run_contenders(chosen, TITLES, run, forget)
 
-    refold = results.get("refold")
+    refolds = {name: results[name] for name in ("refold", "refold-final") if name in results}
+    refold = next(iter(refolds.values()), None)  # the ratios' numerator: per_event when it ran
     total_late = sum(late)
     print(f"\n{events:,} events, {args.keys:,} players, tumble {w.window_ms:,} ms, lateness {w.lateness_ms:,} ms, "
           f"{total_late:,} late events, {args.partitions} partitions, batch {args.batch:,}")
@@ -376,18 +404,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"(late dead letters: reason `late`, beyond the horizon; {refold['late_dead_lettered_other']:,} more "
               "late events were dead letters for another reason: the other half of a late pair, or a retraction "
               "of a row whose late append was refused)")
-    if refold:
-        print(f"refold verify: {refold['anomalies']} anomalies (changelog record by record, dead letters exactly "
-              f"the reference's)")
-        for name, target in TARGETS.items():
-            if name in results:
-                mine = results[name]["ratio_refold_to"]
-                print(f"Refold / {name}: {mine:.2f} (target ≥ {target}: {'ok' if mine >= target else 'MISSED'})")
-        state = refold["state"]
-        print("state: the most live P.state records of a shard over one horizon's worth: "
-              + ", ".join(f"shard {p} {s['most_live_records']:,}/{s['one_horizon_records']:,} = {s['ratio']:.2f}"
-                          for p, s in state["shards"].items())
-              + f" (target < {STATE_BOUND}: {'ok' if state['max_ratio'] < STATE_BOUND else 'MISSED'})")
+    for mine, r in refolds.items():
+        report_refold(mine, r, results)
     for name, reason in failed.items():
         print(f"{TITLES[name]}: FAILED ({reason})")
 
@@ -398,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
               "partitions": args.partitions, "batch": args.batch, "seed": args.seed, "late_events": total_late,
               "contenders": results, "failed": failed}
     (args.json_dir / "windows.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-    bad = bool(failed) or (refold is not None and (refold["anomalies"] or refold["late_lost"] != 0))
+    bad = bool(failed) or any(r["anomalies"] or r["late_lost"] != 0 for r in refolds.values())
     return 1 if bad else 0
 
 
