@@ -85,7 +85,7 @@ chaos: setup jars
 # 10M-row Parquet snapshot, then of one with 1 % changed and 0.1 % removed, beside DuckDB's diff
 # of the two files and the limit pipe; INGEST_ARGS, e.g. "--rows 1000000"), bench-windows (a
 # windowed view over 1M out-of-order events with late ones and late corrections: Refold with a
-# lateness vs Flink's TUMBLE TVF and Spark's window(), each with a watermark; late events counted,
+# lateness (per event, and emit: final) vs Flink's TUMBLE TVF and Spark's window(), each with a watermark; late events counted,
 # lost or dead-lettered; Refold's state per shard against one horizon's worth; WINDOWS_ARGS, e.g.
 # "--events 50000 --contenders refold,spark-sql"), bench-join (revenue per region over 1M order
 # events joined with 50k customers who move between regions: Refold's join and grouped view vs
