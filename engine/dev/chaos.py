@@ -66,6 +66,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import multiprocessing
 import os
 import random
 import shutil
@@ -75,6 +76,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,6 +93,7 @@ from refold.dev.chaospipelines import (
     produce_chunk,
     produce_upserts,
     upsert_records,
+    verify_pipeline,
     window_workload,
     write_pipelines,
 )
@@ -106,7 +109,6 @@ from refold.kafka.io import (
     producer_config,
 )
 from refold.model import jsonbytes
-from refold.ops.verify import verify
 from refold.recovery.restore import load_checkpoints
 from refold.spark.job import spark_checkpoint_dir
 
@@ -274,8 +276,8 @@ def _finish_and_verify(engines: list[Engine], result: ChaosResult, settings: dic
     for engine in engines:
         is_window = engine.pipeline.view.window is not None
         feed = join if engine.pipeline.view.join is not None else None
-        report = feed.verify(engine.pipeline, settings) if feed is not None \
-            else verify(engine.pipeline, settings, dead_letters=is_window)
+        with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:  # (its GBs go)
+            report = pool.submit(verify_pipeline, engine.pipeline, settings, feed).result()
         result.view_records += report.view_records
         result.delta_records += report.delta_records
         result.table_rows += report.table_rows

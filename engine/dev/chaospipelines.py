@@ -22,6 +22,7 @@ from refold.dev.windowload import WindowWorkload
 from refold.errors import RefoldError, UserError
 from refold.kafka.io import TopicSpec, ensure_topics
 from refold.kafka.transactions import TransactionalWriter
+from refold.ops.verify import verify
 
 GROUPED = {
     "total": {"sum": "score"},
@@ -242,3 +243,14 @@ class JoinFeed:
         else:
             expected = joinload.expected_view(self.records)
         return joinload.check_join(pipeline, settings, expected, self.events)
+
+
+def verify_pipeline(pipeline: Any, settings: dict[str, Any], feed: JoinFeed | None) -> Any:
+    """One chaos pipeline's outputs against the reference (`refold.ops.verify`; the join
+    pipeline's against its feed's expected view). The harness runs it in a process of its
+    own per pipeline: the reference and a million records' outputs read back take
+    gigabytes, which a Python process keeps once it had them (one process verifying five
+    pipelines of `make chaos`'s defaults one after the other grew past 20 GB)."""
+    if feed is not None:
+        return feed.verify(pipeline, settings)
+    return verify(pipeline, settings, dead_letters=pipeline.view.window is not None)
