@@ -329,7 +329,6 @@ def report_refold(mine: str, r: dict[str, Any], results: dict[str, dict[str, Any
           + f" (target < {STATE_BOUND}: {'ok' if state['max_ratio'] < STATE_BOUND else 'MISSED'})")
 
 
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     defaults = WindowWorkload()
