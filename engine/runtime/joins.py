@@ -350,8 +350,8 @@ class JoinShardProcessor(ShardProcessor):
             return self._reduce(units, out)  # (each core falls back once: this recurses twice at most)
 
     def _join_units(self, units: Sequence[Unit], out: Outgoing) -> list[tuple[list[ViewChange], int]]:
-        if self.reducer.grouped_core is not None and not isinstance(self.reducer.join, JoinReducer) \
-                and self.reader.tables == [None, None]:
+        # (a join with a table side joins in Python: `_new_reducer`)
+        if self.reducer.grouped_core is not None and not isinstance(self.reducer.join, JoinReducer):
             self._join_and_view_natively(units, out)
             return []
         join, grouped = self.reducer.join, self.reducer.grouped

@@ -13,8 +13,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
 
 use super::{Event, Join, JoinPlan, Joined, Record};
 use crate::core::{Ev, Fail, Rejected};
-use crate::statecodec::Tag;
-use crate::statecodec::DecodeError;
+use crate::statecodec::{DecodeError, Tag};
 use crate::value::{value_of, Row, Unsup, Value};
 use crate::{collector_paused, Unsupported};
 
