@@ -1,5 +1,5 @@
-"""Exactly once per ingest through kill -9 at random points (before, inside and after its
-transactions), on the real broker: the same ingest run again until it finishes leaves
+"""Exactly once per ingest through kill -9 at random points of its transactions
+(inside one, between two), on the real broker: the same ingest run again until it finishes leaves
 the topic's changelog exactly as one run without a kill does."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 
 from refold.ingest import ingest
 from refold.kafka.io import read_to_end
@@ -32,6 +33,12 @@ def _by_partition(settings: dict[str, Any], topic: str) -> dict[int, list[tuple[
         record.pop("event_time", None)
         out.setdefault(int(msg.partition() or 0), []).append((msg.key(), record))
     return out
+
+
+def _produced(consumer: Consumer, topic: str) -> int:
+    """The topic's high watermarks summed: every record produced, committed or not."""
+    return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+               for p in range(2))
 
 
 def _jsonl(rows: list[dict[str, Any]]) -> bytes:
@@ -64,17 +71,23 @@ def test_kill_9_then_the_same_ingest_writes_each_change_once(bootstrap_servers: 
                "--merge", strategy, "--event-time", "ts", "--per-transaction", "4",
                *(["--primary-key", "id"] if key else [])]
     kills = 0
-    delay = 0.6  # from before the first transaction (Python's start) to past the last
+    watermarks = Consumer({**settings, "group.id": "refold-test-watermarks"})
     for _attempt in range(14):
-        delay *= 1.3
+        # killed once the topic has grown by a random number of records since this run
+        # started (produced, not yet committed: inside a transaction or between two), so
+        # each kill lands in the ingest's transactions whatever the machine's speed
+        start, target = _produced(watermarks, killed), rng.randint(1, 120)
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
-            proc.wait(timeout=delay * rng.uniform(0.8, 1.2))
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(timeout=30)
-            kills += 1
-            continue
+            deadline = time.monotonic() + 120
+            while proc.poll() is None and _produced(watermarks, killed) - start < target:
+                assert time.monotonic() < deadline, "the ingest neither wrote nor finished in 120 s"
+                time.sleep(0.005)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(timeout=30)
+                kills += 1
+                continue
         finally:
             assert proc.stdout is not None and proc.stderr is not None
             out, err = proc.stdout.read(), proc.stderr.read()
@@ -85,6 +98,8 @@ def test_kill_9_then_the_same_ingest_writes_each_change_once(bootstrap_servers: 
     else:
         final = subprocess.run(command, capture_output=True, timeout=120, check=False)
         assert final.returncode == 0, final.stderr.decode()
+        out = final.stdout
+    watermarks.close()
     again = subprocess.run(command, capture_output=True, timeout=120, check=False)
     assert again.returncode == 0 and b"already committed" in again.stdout, again.stdout + again.stderr
     assert kills >= 1, "no run was killed: the test proved nothing"
