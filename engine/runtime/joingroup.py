@@ -52,13 +52,8 @@ from refold.reduce.types import cause_of
 from refold.reduce.values import key_bytes
 from refold.runtime.batch import InputRecord, Outgoing, Unit, Units
 from refold.runtime.exchange import shard_of
-from refold.runtime.joins import (
-    JoinChanges,
-    JoinRenderer,
-    SideDeadLetters,
-    as_units,
-    side_of,
-)
+from refold.runtime.joinread import SideDeadLetters, side_of
+from refold.runtime.joins import JoinChanges, JoinRenderer, as_units
 from refold.runtime.native import join_view_core
 from refold.runtime.render import Renderer, UnitChanges
 from refold.runtime.shard import ShardProcessor

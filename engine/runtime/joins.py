@@ -21,7 +21,11 @@ The join reduces on the native `JoinCore` where `spark.core` allows
 (`refold.runtime.native.join_reducer`), and the grouped view over it on the native
 `GroupedCore` (`join_view_core`), which writes the view, delta and state records itself.
 With both native and neither side a table, the batch goes from one core to the other in
-one call (`GroupedCore.join_read`): the joined records never become Python objects. A
+one call (`GroupedCore.join_read`): the joined records never become Python objects. And
+when, besides, both sides are `jsonl` changelogs and the join is not co-partitioned, the
+view's core reads the batch's records itself (`read_join`, as `read` reads a grouped
+view's: a batch it does not take clean goes through the Python readers), the join's core
+joins them (`join_kept`): no Python object per event at all. A
 value a core does not hold raises `Unsupported` before the unit changes anything; the
 shard then drops the batch's work (nothing is sent yet), joins (or reduces the view) in
 Python until its next start, reloads the touched keys from its store and joins the batch's
@@ -35,14 +39,11 @@ of the source record that caused it. Provenance headers name `<topic>:<partition
 
 from __future__ import annotations
 
-import heapq
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from refold.config import Pipeline
-from refold.errors import UserError
-from refold.kafka.io import partitions_of
 from refold.model.changelog import Op
 from refold.model.reasons import Reason
 from refold.plan import RIGHT_PARTITIONS, join_co_partitioned
@@ -52,123 +53,25 @@ from refold.reduce.grouped import GroupedReducer
 from refold.reduce.join import JoinReducer, state_prefix
 from refold.reduce.types import Cause, cause_of
 from refold.reduce.values import key_bytes
-from refold.runtime.batch import DeadLetters, InputRecord, Outgoing, Unit, UnitReader, Units
-from refold.runtime.jointables import TableSide
-from refold.runtime.native import Unsupported, join_reducer, join_view_core
+from refold.runtime.batch import (
+    InputRecord,
+    Outgoing,
+    Unit,
+    held_over,
+    partitions,
+)
+from refold.runtime.joinread import (
+    JoinUnitReader,
+    side_of,
+    source_partition,
+)
+from refold.runtime.native import Unsupported, join_reducer, join_view_core, reads_natively
 from refold.runtime.render import Renderer
 from refold.runtime.shard import ShardProcessor
 from refold.runtime.shards import KeyCheck
-from refold.runtime.tables import TableItem, is_table, joins_a_table, side_pipelines
+from refold.runtime.tables import joins_a_table, side_pipelines
 
 log = logging.getLogger(__name__)
-
-
-def side_of(partition: int) -> int:
-    """0 for a left source's partition, 1 for a right one's (`RIGHT_PARTITIONS` + p)."""
-    return 1 if partition >= RIGHT_PARTITIONS else 0
-
-
-def source_partition(partition: int) -> int:
-    """A shard's partition number as its source's partition."""
-    return partition - RIGHT_PARTITIONS if partition >= RIGHT_PARTITIONS else partition
-
-
-def check_join_partitions(pipeline: Pipeline, settings: dict[str, Any], left: int) -> int:
-    """The right source's partition count; UserError when the join is co-partitioned and
-    its sources' partition counts differ (partition p of both is no longer one key range)."""
-    join = pipeline.view.join
-    assert join is not None
-    right_topic = pipeline.sources[join.right].topic
-    try:
-        right = len(partitions_of(settings, right_topic))
-    except UserError as exc:
-        raise UserError(f"sources.{join.right}.topic: {exc}") from exc
-    if join_co_partitioned(pipeline) and right != left:
-        raise UserError(
-            f"sources: {join.left} ({pipeline.sources[join.left].topic}) has {left} partitions and {join.right} "
-            f"({right_topic}) {right}: a co-partitioned join reads partition p of both in shard p; give both "
-            "topics the same partition count, or set shards: merged (one shard joins every partition)")
-    return right
-
-
-class SideDeadLetters(DeadLetters):
-    """A side's dead letters: its topic, its records' partitions as the source's."""
-
-    __slots__ = ()
-
-    def add(self, out: Outgoing, record: InputRecord, reason: str, detail: str | None = None,
-            headers: tuple[tuple[str, str], ...] = ()) -> None:
-        super().add(out, record._replace(partition=source_partition(record.partition)), reason, detail, headers)
-
-
-class SideKeys(KeyCheck):
-    """A co-partitioned join's key check of one side: its messages keyed by its join columns."""
-
-    def __init__(self, side: Pipeline, columns: Sequence[str]) -> None:
-        super().__init__(side)
-        self.columns = tuple(side.source.key) or tuple(columns)
-        self._single = self.columns[0] if len(self.columns) == 1 else None
-        self.enabled = True
-        self.every_record = True
-
-
-class JoinUnitReader:
-    """Both sides' units of a batch, merged (see the module's docstring). A table side's
-    records are `TableItem`s (`tables`), each a unit of one placeholder event whose
-    events the shard makes against the key's last row as it joins (`item_of`)."""
-
-    def __init__(self, pipeline: Pipeline, strict: bool, keyed: bool) -> None:
-        join = pipeline.view.join
-        assert join is not None
-        self.letters: list[SideDeadLetters] = []
-        self.readers: list[UnitReader] = []
-        self.tables: list[TableSide | None] = []
-        for number, (side, on) in enumerate(zip(side_pipelines(pipeline), join.sides_on, strict=True)):
-            letters = SideDeadLetters(side.source.topic, pipeline.pipeline, strict)
-            self.letters.append(letters)
-            self.readers.append(UnitReader(side, letters, SideKeys(side, on) if keyed else None))
-            self.tables.append(TableSide(side, number, letters, self.readers[-1].keys) if is_table(side) else None)
-        self.keys = _BothKeys(self.readers) if keyed else None
-
-    def item_of(self, unit: Unit) -> TableItem | None:
-        """The table record of a table side's unit (None: a changelog unit)."""
-        table = self.tables[side_of(unit[0][1].partition)]
-        return None if table is None else table.items[unit[0][1]]
-
-    def read(self, fresh: Sequence[InputRecord], pending: Mapping[int, PendingRecord], out: Outgoing) -> Units:
-        streams = []
-        held: dict[int, PendingRecord] = {}
-        tombstones = 0
-        for side, reader in enumerate(self.readers):
-            mine = [r for r in fresh if side_of(r.partition) == side]
-            table = self.tables[side]
-            if table is not None:
-                streams.append(table.read(mine, out))
-                tombstones += table.reader.tombstones
-                continue
-            read = reader.read(mine, {p: r for p, r in pending.items() if side_of(p) == side}, out)
-            streams.append(read.units)
-            held.update(read.pending)
-            tombstones += read.tombstones
-        merged = list(heapq.merge(*streams, key=lambda unit: unit[0][0].tag))
-        return Units(merged, held, tombstones)
-
-
-class _BothKeys:
-    """Both sides' key checks as one: the Spark task marks them `verified` past a run's
-    first batch (a record keyed otherwise is then a dead letter)."""
-
-    def __init__(self, readers: Sequence[UnitReader]) -> None:
-        self.checks = [reader.keys for reader in readers if reader.keys is not None]
-
-    @property
-    def verified(self) -> bool:
-        return all(check.verified for check in self.checks)
-
-    @verified.setter
-    def verified(self, value: bool) -> None:
-        for check in self.checks:
-            check.verified = value
 
 
 class JoinReducers:
@@ -223,7 +126,7 @@ class ViewUnsupported(Exception):
 class JoinShardProcessor(ShardProcessor):
     """One shard of a join pipeline (see the module's docstring)."""
 
-    core_reads = False
+    core_reads = True  # both native cores read a clean batch of changelogs themselves (`_read_natively`)
     join_core: str | None = None  # `python` after the native join core refused a value (until the next start)
     view_core: str | None = None  # `python` after the view's native core refused one
 
@@ -244,6 +147,60 @@ class JoinShardProcessor(ShardProcessor):
     def restore(self) -> None:
         self.join_core = self.view_core = None  # (a new start tries the native cores again)
         super().restore()
+
+    def _readable(self) -> bool:
+        """Not co-partitioned (the core checks no side's message keys), both sides changelogs the core reads."""
+        return not join_co_partitioned(self.pipeline) and all(reads_natively(side) for side in side_pipelines(self.pipeline))
+
+    def _read_natively(self, fresh: Sequence[InputRecord], out: Outgoing) -> dict[int, PendingRecord] | None:
+        """The view's native core reads the batch (`read_join`), the join's joins it into the
+        view's (`join_kept`), which reduces and renders it: as `_join_and_view_natively`,
+        without a Python object per event. None (nothing done) when a core is Python, the
+        batch is not clean, or a core refuses a value (that core is then Python's)."""
+        parts, pending = partitions(fresh, self.checkpoint.pending)
+        read = self._read_join(parts)
+        if read is not None and self._over_cache({("j", key) for key in read[0]} - self.held):
+            self._forget_reducer()  # (as `ShardProcessor._read_natively`: the new cores read it again)
+            read = self._read_join(parts)
+        if read is None:
+            return None
+        reducer = self.reducer
+        records = [record for _, rows in parts for record in rows]
+        letters = len(out.dlq)
+        self._load({("j", key) for key in read[0]}, forget=False)
+        if self.reducer is not reducer:  # (the join's core refused a stored value: `_join_in_python`)
+            return None
+        self.hooks.crash_point("mid_batch", self.checkpoint.batch + 1)
+        core = reducer.grouped_core
+        try:
+            for indices, index, reason, detail in core.join_kept(reducer.join):
+                unit = [(None, records[i]) for i in indices]
+                self.reader.letters[side_of(unit[0][1].partition)].rejected(out, unit, Rejected(reason, index, detail))
+        except Unsupported as exc:
+            del out.dlq[letters:]
+            self._join_in_python(exc)
+            return None
+        try:
+            self._load({("v", key) for key in core.touched_read()}, forget=False)
+            refused, out.view, out.delta, out.state = core.apply_read()
+        except Unsupported as exc:
+            del out.dlq[letters:]
+            self._view_in_python(exc)
+            return None
+        for indices, _index, reason, *_shown in refused:
+            record = records[indices[0]]
+            self.reader.letters[side_of(record.partition)].add(out, record, Reason(reason),
+                                                               "a joined row the view over the join refuses")
+        out.state = reducer.join.take_state_changes() + out.state
+        pending.update((records[i].partition, held_over(records[i])) for i in read[1])
+        return pending
+
+    def _read_join(self, parts: list[tuple[int, list[InputRecord]]]) -> tuple[list[bytes], list[int]] | None:
+        """`GroupedCore.read_join` of the batch: its join keys' state prefixes and held `-C`s."""
+        reducer = self.reducer
+        if reducer.grouped_core is None or isinstance(reducer.join, JoinReducer):
+            return None
+        return reducer.grouped_core.read_join(reducer.join, parts, RIGHT_PARTITIONS)
 
     def _join_in_python(self, exc: Unsupported) -> None:
         """The native join core refused a value: the reducer (and what it holds) goes, and a
@@ -290,9 +247,9 @@ class JoinShardProcessor(ShardProcessor):
         join = self.reducer.join
         if any(self.reader.tables):
             units = self._table_rows(units)
-        touched = {("j", join.state_key(side_of(record.partition), event)) for unit in units for event, record in unit}
-        touched.discard(("j", None))
-        return touched
+        keys = {join.state_key(side_of(record.partition), event) for unit in units for event, record in unit}
+        keys.discard(None)
+        return {("j", state_prefix(key)) for key in keys}
 
     def _table_rows(self, units: Sequence[Unit]) -> list[Unit]:
         """The units with each table record's rows (new, `before`, its key's last row,
@@ -310,7 +267,7 @@ class JoinShardProcessor(ShardProcessor):
         return rows
 
     def _load(self, touched: set[Any], *, forget: bool = True) -> None:
-        """Load the join keys (`("j", key)`) and view keys (`("v", key)`) not held yet."""
+        """Load the join keys (`("j", state_prefix(key))`) and view keys (`("v", key)`) not held yet."""
         assert self.store is not None
         wanted = touched - self.held
         if not wanted:
@@ -318,7 +275,7 @@ class JoinShardProcessor(ShardProcessor):
         if forget and self._over_cache(wanted):
             self._forget_reducer()
             wanted = touched
-        joins = [state_prefix(key) for kind, key in wanted if kind == "j"]
+        joins = [prefix for kind, prefix in wanted if kind == "j"]
         if joins:
             try:
                 self.reducer.join.restore(self.store.load_keys(joins))

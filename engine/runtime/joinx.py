@@ -52,7 +52,8 @@ from refold.reduce.values import key_bytes
 from refold.runtime.batch import InputRecord, Outgoing, Unit, Units
 from refold.runtime.exchange import ExchangeReader, shard_of
 from refold.runtime.joingroup import JoinedRouter, source_record
-from refold.runtime.joins import JoinShardProcessor, SideDeadLetters, side_of
+from refold.runtime.joinread import SideDeadLetters, side_of
+from refold.runtime.joins import JoinShardProcessor
 from refold.runtime.render import UnitChanges
 
 __all__ = ["JoinApplyProcessor", "JoinExchangeReader", "JoinRouteProcessor", "JoinRouter"]
@@ -93,6 +94,8 @@ class JoinRouter:
 
 class JoinRouteProcessor(JoinShardProcessor):
     """Stage 1's shard p of a join through the exchange (see the module's docstring)."""
+
+    core_reads = False  # (it routes units: `JoinUnitReader` reads them)
 
     def _state_topic(self) -> str:
         return self.pipeline.rows_topic  # (stage 1 keeps no state: nothing is written there)
@@ -164,6 +167,8 @@ class JoinExchangeReader(ExchangeReader):
 
 class JoinApplyProcessor(JoinShardProcessor):
     """Stage 2's shard m of a join through the exchange (see the module's docstring)."""
+
+    core_reads = False  # (its records are routed units)
 
     def __init__(self, pipeline: Pipeline, settings: dict[str, Any], shard: int = 0, *args: Any,
                  **kwargs: Any) -> None:

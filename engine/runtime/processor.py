@@ -42,7 +42,8 @@ from refold.runtime.batch import InputRecord
 from refold.runtime.exchange import ApplyProcessor, Closer, RouteProcessor, read_closed
 from refold.runtime.hooks import NO_HOOKS, Hooks
 from refold.runtime.joingroup import RegroupProcessor
-from refold.runtime.joins import JoinShardProcessor, check_join_partitions
+from refold.runtime.joinread import check_join_partitions
+from refold.runtime.joins import JoinShardProcessor
 from refold.runtime.joinx import JoinApplyProcessor, JoinRouteProcessor
 from refold.runtime.shard import ATTEMPTS, BatchStats, ShardProcessor
 from refold.runtime.shards import (

@@ -111,7 +111,7 @@ class ShardProcessor:
         self.store: ShardStore | None = None
         self.reducer = self._new_reducer()
         self.core: Any = self._new_core()  # the native core (refold.runtime.native) in the reducer's place
-        self.core_reads = self.core_reads and reads_natively(pipeline)  # the core reads the records too
+        self.core_reads = self.core_reads and self._readable()  # the core reads the records too
         self.held: set[Any] = set()  # the keys the reducer (key tuples) or the core (key JSON) holds as the store does
         self.held_all = False  # the reducer holds the whole store (a backfill needs the whole view)
         self.checkpoint = first_checkpoint(self.pipeline, self.shard)
@@ -139,6 +139,9 @@ class ShardProcessor:
 
     def _new_reducer(self) -> Any:
         return make_reducer(self.pipeline.view, self.pipeline.outputs.view.emit if self.pipeline.outputs.view else "per_event")
+
+    def _readable(self) -> bool:  # whether the native core may read the source's records itself
+        return reads_natively(self.pipeline)
 
     def _new_core(self) -> Any:  # (a new one each time the reducer starts empty)
         return native_core(self.pipeline)
@@ -280,7 +283,7 @@ class ShardProcessor:
         if not fresh:
             return None
         out = Outgoing()
-        read_natively = self.tables is None and self.core is not None and self.core_reads
+        read_natively = self.tables is None and self.core_reads
         if read_natively and (held := self._read_natively(fresh, out)) is not None:
             pending, unchanged, native = held, 0, True
         elif self.tables is None:
@@ -423,6 +426,8 @@ class ShardProcessor:
     def _read_natively(self, fresh: Sequence[InputRecord], out: Outgoing) -> dict[int, PendingRecord] | None:
         """The native core reads, reduces and renders the batch (`read_batch`): the held
         `-C`s for the checkpoint; None when it does not take the batch."""
+        if self.core is None:
+            return None
         read = self._core_read(fresh)
         if read is not None and self.pipeline.view.window is None and self._over_cache(read.touched - self.held):
             # the core keeps what it read, and starting empty is a new core: empty

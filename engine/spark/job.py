@@ -35,7 +35,7 @@ from refold.recovery.records import combined
 from refold.recovery.restore import reconcile_spark_checkpoint
 from refold.runtime.exchange import Closer, Trimmer
 from refold.runtime.hooks import Hooks
-from refold.runtime.joins import check_join_partitions
+from refold.runtime.joinread import check_join_partitions
 from refold.runtime.processor import BatchStats, together, with_outputs
 from refold.runtime.shards import check_state_partitions
 from refold.spark import logs

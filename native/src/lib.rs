@@ -71,6 +71,8 @@ struct GroupedCore {
     /// stage 1 of a re-grouping view: this core counts rows per message key, the router
     /// checks and routes by the view's key (`route_with`)
     router: Option<Router>,
+    /// a join's batch `read_join` read, each unit with its side, waiting for `join_kept`
+    join_units: Option<Vec<(usize, Vec<crate::core::Ev>)>>,
 }
 
 #[pymethods]
@@ -87,7 +89,11 @@ impl GroupedCore {
         if key_columns.is_empty() {
             return Err(PyValueError::new_err("a grouped view needs at least one key column"));
         }
-        Ok(GroupedCore { core: Core::new(Plan::new(py, key_columns, columns, view_form, delta)?), router: None })
+        Ok(GroupedCore {
+            core: Core::new(Plan::new(py, key_columns, columns, view_form, delta)?),
+            router: None,
+            join_units: None,
+        })
     }
 
     /// `GroupedReducer.restore(records)`: (record key, value) pairs of `P.state`.
@@ -147,6 +153,39 @@ impl GroupedCore {
         let (rejected, events) = collector_paused(|| join.borrow_mut().join_events(units))?;
         self.core.prepare(events);
         PyList::new(py, unit_rejections(py, rejected)?)
+    }
+
+    /// A grouped view over a join (`join`) whose batch this core reads itself, as `read`
+    /// reads a clean `jsonl` batch: `parts` holds both sources' partitions, the right
+    /// one's numbered from `right_from`. (the state prefixes of the join keys its events
+    /// read, pending record indices); the units kept for `join_kept`; None when the batch
+    /// is not clean.
+    fn read_join<'py>(
+        &mut self,
+        py: Python<'py>,
+        join: &Bound<'py, join::py::JoinCore>,
+        parts: &Bound<'py, PyAny>,
+        right_from: i64,
+    ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        self.join_units = None;
+        let Some((units, read)) = crate::core::read_units(parts, None).map_err(raise)? else { return Ok(None) };
+        let units: Vec<_> = units.into_iter().map(|unit| (usize::from(unit[0].tag.1 >= right_from), unit)).collect();
+        let prefixes = join.borrow().touched_prefixes(&units);
+        self.join_units = Some(units);
+        let touched = PyList::new(py, prefixes.iter().map(|k| PyBytes::new(py, k)))?;
+        Ok(Some(PyTuple::new(py, [touched.into_any(), PyList::new(py, read.pending())?.into_any()])?))
+    }
+
+    /// The units `read_join` kept, joined on `join` (its keys loaded), their records kept
+    /// for `apply_read` as `join_read` keeps them (each numbered by its source unit's
+    /// first record); the join's refusals as (the unit's record indices, index, reason,
+    /// detail). `Unsupported` as `join_read`'s.
+    fn join_kept<'py>(&mut self, py: Python<'py>, join: &Bound<'py, join::py::JoinCore>) -> PyResult<Bound<'py, PyList>> {
+        let units = self.join_units.take().unwrap_or_default();
+        let (rejected, events) = collector_paused(|| join.borrow_mut().join_units(units)).map_err(raise)?;
+        self.core.prepare(events);
+        let (records, refusals): (Vec<_>, Vec<_>) = rejected.into_iter().map(|(records, r)| (records, (0, r))).unzip();
+        PyList::new(py, rejections(py, refusals, records)?)
     }
 
     /// The key JSON of the view keys `join_read`'s units touch.

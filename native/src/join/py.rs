@@ -12,10 +12,13 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
 
 use super::{Event, Join, JoinPlan, Joined, Record};
-use crate::core::{Ev, Fail, Rejected};
+use crate::core::{Ev, Fail, Map, Rejected};
 use crate::statecodec::{DecodeError, Tag};
 use crate::value::{value_of, Row, Unsup, Value};
 use crate::{collector_paused, Unsupported};
+
+/// `join_units`' refusals (each with its unit's records) and the view's units it made.
+type JoinedUnits = (Vec<(Vec<u32>, Rejected)>, Vec<Vec<Ev>>);
 
 #[pyclass(module = "refold_native")]
 pub struct JoinCore {
@@ -172,23 +175,67 @@ impl JoinCore {
             let unit = item.get_item(1)?;
             let tag: Tag = unit.get_item(0)?.get_item(0)?.get_item(2)?.extract()?;
             match self.apply_items(side, &unit, true) {
-                Ok(records) => {
-                    let first = events.len();
-                    for (op, row) in records {
-                        let row = self.row_names.iter().cloned().zip(row).collect();
-                        let event = Ev { op, row, tag, record: number as u32 };
-                        if op == 3 && events.len() > first {
-                            events.last_mut().expect("a unit before").push(event); // +C: with its -C
-                        } else {
-                            events.push(vec![event]);
-                        }
-                    }
-                }
+                Ok(records) => self.push_joined(&mut events, records, tag, number as u32),
                 Err(Fail::Reject(r)) => rejected.push((number, r)),
                 Err(other) => return Err(raise(other)),
             }
         }
         Ok((rejected, events))
+    }
+
+    /// The state prefixes (`state_prefix`: `"j",` and the join key's `key_bytes`) of the
+    /// join keys the events of `units` (each with its side) read, each once; none for an
+    /// event its key refuses (`state_key`'s None).
+    pub(crate) fn touched_prefixes(&self, units: &[(usize, Vec<Ev>)]) -> Vec<Vec<u8>> {
+        let mut seen: Map<Vec<u8>, ()> = Map::default();
+        let mut prefixes = Vec::new();
+        for (side, unit) in units {
+            for event in unit {
+                if let Ok((kb, _null)) = self.join.join_key(*side, &event.row, 0) {
+                    let mut prefix = Vec::with_capacity(kb.len() + 4);
+                    prefix.extend_from_slice(b"\"j\",");
+                    prefix.extend_from_slice(&kb);
+                    if seen.insert(prefix.clone(), ()).is_none() {
+                        prefixes.push(prefix);
+                    }
+                }
+            }
+        }
+        prefixes
+    }
+
+    /// `join_events` of units the core read itself (`read_units`, each with its side):
+    /// the joined records numbered (`Ev.record`) by their source unit's first record;
+    /// refusals as (the unit's records, refusal).
+    pub(crate) fn join_units(&mut self, units: Vec<(usize, Vec<Ev>)>) -> Result<JoinedUnits, Fail> {
+        let mut rejected = Vec::new();
+        let mut events: Vec<Vec<Ev>> = Vec::new();
+        for (side, unit) in units {
+            let records: Vec<u32> = unit.iter().map(|event| event.record).collect();
+            let tag = unit[0].tag;
+            let mut source = unit.into_iter();
+            match self.join.apply(side, |_| Ok(source.next().map(|event| Event { op: event.op, row: event.row }))) {
+                Ok(made) => self.push_joined(&mut events, made, tag, records[0]),
+                Err(Fail::Reject(r)) => rejected.push((records, r)),
+                Err(other) => return Err(other),
+            }
+        }
+        Ok((rejected, events))
+    }
+
+    /// A unit's joined records as the grouped view's units (a `-C` with its `+C`), each
+    /// tagged `tag` and numbered `number`.
+    fn push_joined(&self, events: &mut Vec<Vec<Ev>>, records: Vec<Record>, tag: Tag, number: u32) {
+        let first = events.len();
+        for (op, row) in records {
+            let row = self.row_names.iter().cloned().zip(row).collect();
+            let event = Ev { op, row, tag, record: number };
+            if op == 3 && events.len() > first {
+                events.last_mut().expect("a unit before").push(event); // +C: with its -C
+            } else {
+                events.push(vec![event]);
+            }
+        }
     }
 
     fn apply_unit(&mut self, side: usize, unit: &Bound<'_, PyAny>) -> Result<Vec<Record>, Fail> {
