@@ -8,7 +8,7 @@ sources:
    `P-<writer>-<p>`): reads partition p of both sources (the right one's numbered
    `RIGHT_PARTITIONS + p`, as a join's shards number it), decodes and pairs each side
    with its own source's settings, merges both sides' units by tag
-   (`refold.runtime.joins.JoinUnitReader`) and sends each unit to `P.repartition`
+   (`refold.runtime.joinread.JoinUnitReader`) and sends each unit to `P.repartition`
    partition `shard_of(join key)` (`refold.runtime.exchange.shard_of` of the side's
    join columns' values), one record per shard it touches, with its events' tags and
    its merge key, as stage 1 of a re-grouping view writes them. It holds no join
