@@ -130,9 +130,11 @@ def test_a_value_the_native_join_core_does_not_hold_is_joined_in_python_once(
     assert checkpoint.records_in == len(records) and checkpoint.dlq == 2
 
 
-def _grouped_with_delta(name: str, bootstrap: str, kind: str, core: str) -> Any:
-    """Revenue per region over the merged join, with a delta output, on `core`."""
-    base = join_pipeline(name, bootstrap, kind, key=["id"], grouped=True, spark={"core": core})
+def _grouped_with_delta(name: str, bootstrap: str, kind: str, core: str, cache: int | None = None) -> Any:
+    """Revenue per region over the merged join, with a delta output, on `core` (holding at
+    most `cache` keys: `spark.state_cache_keys`)."""
+    spark: dict[str, Any] = {"core": core} | ({} if cache is None else {"state_cache_keys": cache})
+    base = join_pipeline(name, bootstrap, kind, key=["id"], grouped=True, spark=spark)
     return parse_pipeline({**base.model_dump(by_alias=True, exclude={"source"}, exclude_none=True),
                            "outputs": {"view": {"topic": f"{name}.view"}, "delta": {"topic": f"{name}.delta"}}})
 
@@ -164,8 +166,10 @@ def test_the_grouped_view_over_a_join_writes_the_same_records_on_either_core(
     """Revenue per region over the merged join, in Python and on the native cores (the
     view's `GroupedCore` naming causes `<topic>:<partition>:<offset>`), with the same batch
     cuts and restarts: the same view, delta, dead-letter and state records, byte for byte,
-    headers (causes, what each record retracts) included. The native cores read each
-    batch's records themselves (`read_join`), every batch of this clean input."""
+    headers (causes, what each record retracts) included; with a cache of 3 keys too, which
+    each batch passes (the shard starts its cores empty and loads from its store). The
+    native cores read each batch's records themselves (`read_join`), every batch of this
+    clean input."""
     read_natively = JoinShardProcessor._read_natively
     batches = {"native": 0, "Python": 0}
 
@@ -178,9 +182,10 @@ def test_the_grouped_view_over_a_join_writes_the_same_records_on_either_core(
     records, _ = wire(units, 2)
     cuts = data.draw(st.lists(st.integers(0, len(records)), max_size=5))
     restarts = data.draw(st.lists(st.booleans(), min_size=1, max_size=4))
+    cache = data.draw(st.sampled_from([None, 3]))
     written_by = {}
     for core in ("python", "native"):
-        pipeline = _grouped_with_delta(f"jv{uuid.uuid4().hex[:8]}", bootstrap_servers, kind, core)
+        pipeline = _grouped_with_delta(f"jv{uuid.uuid4().hex[:8]}", bootstrap_servers, kind, core, cache)
         make_topics(pipeline, 2)
         batches.update(native=0, Python=0)
         run_batches(pipeline, records, cuts, restarts)
