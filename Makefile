@@ -115,6 +115,7 @@ bench-hotpath: setup jars
 	$(PY) -m bench.hotpath --view hop $(HOTPATH_ARGS)
 	$(PY) -m bench.hotpath --view session $(HOTPATH_ARGS)
 	$(PY) -m bench.hotpath --view join
+	$(PY) -m bench.hotpath --view join-shard
 
 bench-contenders: setup jars
 	$(PY) -m bench.run $(BENCH_ARGS)

@@ -32,6 +32,7 @@ when none is running.
                             [--view grouped|top_n|tumble|hop|session] [--lateness 10m]
                             [--window-size 1h] [--emit final] [--top-n]
     python -m bench.hotpath --view join [--orders 100000] [--customers 10000] [--batch 10000]
+    python -m bench.hotpath --view join-shard [--orders 200000] [--batch 50000] [--core read,decode,python]
 
 `--commit` sends and commits each shard's batch as the engine does (a `BatchProcessor`: its
 transactions, the trace index, the stamp), so the figure holds the commit's CPU, the Kafka
@@ -55,7 +56,9 @@ has keys: the windowed twin of `--view grouped` (the windows' own cost alone).
 window (the `--view top_n` view per window).
 
 `--view join` runs the join's reducers alone, in memory, without a broker
-(`bench.hotpath_join`: its own options).
+(`bench.hotpath_join`: its own options); `--view join-shard` a join's shard with its
+reading and commit, its batches read by the native cores or by the Python readers
+(`bench.hotpath_joinshard`).
 """
 
 from __future__ import annotations
@@ -204,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.hotpath_join import main as join_main
 
         return join_main(rest)
+    if chosen.view == "join-shard":  # a join's shard, reading and commit included (bench.hotpath_joinshard)
+        from bench.hotpath_joinshard import main as shard_main
+
+        return shard_main(rest)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--keys", type=int, default=20_000)

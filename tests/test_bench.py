@@ -94,3 +94,36 @@ def test_the_join_hot_path_runs_its_view_in_one_call_as_in_two() -> None:
 
     cut = batches(workload(2_000, 200), 500)
     assert run_view(cut, fused=True) == run_view(cut, fused=False) > 2_000
+
+
+def test_the_join_shard_hot_path_writes_the_same_view_on_each_core(kafka_broker: Any) -> None:
+    """`python -m bench.hotpath --view join-shard` times the same work on each core: the
+    native reading, the Python readers and the Python reducers write the same view
+    records, and the native reading read every batch itself."""
+    from bench.hotpath_joinshard import input_records, run
+    from refold.dev.joinload import JoinWorkload
+    from refold.kafka.io import read_to_end
+    from refold.runtime.joins import JoinShardProcessor
+
+    records = input_records(JoinWorkload(orders=3_000, customers=150))
+    read_natively = JoinShardProcessor._read_natively
+    native = []
+
+    def counted(shard: Any, fresh: Any, out: Any) -> Any:
+        pending = read_natively(shard, fresh, out)
+        native.append(pending is not None)
+        return pending
+
+    views = {}
+    run_id = uuid.uuid4().hex[:8]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(JoinShardProcessor, "_read_natively", counted)
+        for core in ("read", "decode", "python"):
+            native.clear()
+            name = f"hotpath-join-{core}-{run_id}"
+            assert run(records, kafka_broker.bootstrap, core, 1_000, name) > 0
+            views[core] = [(m.key(), m.value()) for m in read_to_end({"bootstrap.servers": kafka_broker.bootstrap},
+                                                                     f"{name}.view")]
+            if core == "read":
+                assert native and all(native), native
+    assert views["read"] == views["decode"] == views["python"] and len(views["read"]) > 3_000
