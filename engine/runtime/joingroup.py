@@ -52,7 +52,7 @@ from refold.reduce.types import cause_of
 from refold.reduce.values import key_bytes
 from refold.runtime.batch import InputRecord, Outgoing, Unit, Units
 from refold.runtime.exchange import shard_of
-from refold.runtime.joinread import SideDeadLetters, side_of
+from refold.runtime.joinread import SideDeadLetters, refuse_joined_row, side_of
 from refold.runtime.joins import JoinChanges, JoinRenderer, as_units
 from refold.runtime.native import join_view_core
 from refold.runtime.render import Renderer, UnitChanges
@@ -160,9 +160,8 @@ class RegroupProcessor(ShardProcessor):
         return join_view_core(self.pipeline, self.pipeline.spark.core)  # (as a merged join's view)
 
     def _refused(self, out: Outgoing, unit: Unit, index: int, reason: str, shown: Sequence[Any]) -> None:
-        event = unit[0][0]  # (stage 2 checked it: not expected)
-        self.reader.letters[side_of(event.tag[1])].add(out, source_record(event), Reason(reason),
-                                                       "a joined row the view over the join refuses")
+        # (stage 2 checked it: not expected)
+        refuse_joined_row(self.reader.letters, out, source_record(unit[0][0]), Reason(reason))
 
     def _new_materializations(self, executor: Any) -> None:
         return None  # (a join's materializations are refused: Pipeline.run_refusal)
@@ -173,7 +172,5 @@ class RegroupProcessor(ShardProcessor):
             try:
                 changes.append((self.reducer.apply([event for event, _ in unit]), unit[0][0].tag[0]))
             except Rejected as rejected:  # (stage 2 checked it: not expected)
-                event = unit[0][0]
-                self.reader.letters[side_of(event.tag[1])].add(out, source_record(event), rejected.reason,
-                                                               "a joined row the view over the join refuses")
+                refuse_joined_row(self.reader.letters, out, source_record(unit[0][0]), rejected.reason)
         return changes

@@ -58,6 +58,12 @@ class SideDeadLetters(DeadLetters):
         super().add(out, record._replace(partition=source_partition(record.partition)), reason, detail, headers)
 
 
+def refuse_joined_row(letters: Sequence[DeadLetters], out: Outgoing, record: InputRecord, reason: str) -> None:
+    """A joined row the grouped view over the join refuses (a null grouping column of a
+    null-padded row): a dead letter of the source record that made it, on its side's topic."""
+    letters[side_of(record.partition)].add(out, record, reason, "a joined row the view over the join refuses")
+
+
 class SideKeys(KeyCheck):
     """A co-partitioned join's key check of one side: its messages keyed by its join columns."""
 
@@ -128,4 +134,4 @@ class _BothKeys:
             check.verified = value
 
 
-__all__ = ["JoinUnitReader", "SideDeadLetters", "SideKeys", "check_join_partitions", "side_of", "source_partition"]
+__all__ = ["JoinUnitReader", "SideDeadLetters", "SideKeys", "check_join_partitions", "refuse_joined_row", "side_of", "source_partition"]

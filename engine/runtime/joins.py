@@ -62,6 +62,7 @@ from refold.runtime.batch import (
 )
 from refold.runtime.joinread import (
     JoinUnitReader,
+    refuse_joined_row,
     side_of,
     source_partition,
 )
@@ -188,9 +189,7 @@ class JoinShardProcessor(ShardProcessor):
             self._view_in_python(exc)
             return None
         for indices, _index, reason, *_shown in refused:
-            record = records[indices[0]]
-            self.reader.letters[side_of(record.partition)].add(out, record, Reason(reason),
-                                                               "a joined row the view over the join refuses")
+            refuse_joined_row(self.reader.letters, out, records[indices[0]], Reason(reason))
         out.state = reducer.join.take_state_changes() + out.state
         pending.update((records[i].partition, held_over(records[i])) for i in read[1])
         return pending
@@ -345,9 +344,7 @@ class JoinShardProcessor(ShardProcessor):
                 try:
                     out_changes.append((grouped.apply(sub), unit[0][0].tag[0]))
                 except Rejected as rejected:
-                    side = side_of(unit[0][1].partition)
-                    self.reader.letters[side].add(out, unit[0][1], rejected.reason,
-                                                  "a joined row the view over the join refuses")
+                    refuse_joined_row(self.reader.letters, out, unit[0][1], rejected.reason)
         return out_changes
 
     def _join_and_view_natively(self, units: Sequence[Unit], out: Outgoing) -> None:
@@ -365,9 +362,7 @@ class JoinShardProcessor(ShardProcessor):
         except Unsupported as exc:
             raise ViewUnsupported(str(exc)) from exc
         for records, _index, reason, *_shown in view_refused:
-            record = units[records[0]][0][1]
-            self.reader.letters[side_of(record.partition)].add(out, record, Reason(reason),
-                                                               "a joined row the view over the join refuses")
+            refuse_joined_row(self.reader.letters, out, units[records[0]][0][1], Reason(reason))
 
     def _view_natively(self, inputs: Sequence[tuple[Unit, list[list[SourceEvent]]]], out: Outgoing) -> None:
         """The grouped view over the joined units on its native core: their view, delta and
@@ -382,9 +377,7 @@ class JoinShardProcessor(ShardProcessor):
         except Unsupported as exc:
             raise ViewUnsupported(str(exc)) from exc
         for unit_index, _index, reason, *_shown in refused:
-            record = sources[unit_index][0][1]
-            self.reader.letters[side_of(record.partition)].add(out, record, Reason(reason),
-                                                               "a joined row the view over the join refuses")
+            refuse_joined_row(self.reader.letters, out, sources[unit_index][0][1], Reason(reason))
 
     def _render(self, changes: Sequence[tuple[list[ViewChange], int]], out: Outgoing) -> None:
         if self.reducer.grouped_core is None:
