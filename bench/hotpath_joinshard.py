@@ -42,6 +42,18 @@ from refold.spark.job import engine_topics
 PARTITIONS = 4
 
 
+class DecodingJoinShard(JoinShardProcessor):
+    """A join shard whose batches the Python readers read (the native cores never do)."""
+
+    core_reads = False
+
+
+class DecodingProcessor(BatchProcessor):
+    """The engine's shards, each a `DecodingJoinShard` (`shard_type`: the benchmarks' seam)."""
+
+    shard_type = DecodingJoinShard
+
+
 def input_records(workload: JoinWorkload) -> list[InputRecord]:
     """Both sides' records, each keyed by its `id` into one of 4 partitions by its hash."""
     offsets: dict[int, int] = {}
@@ -75,8 +87,7 @@ def run(records: list[InputRecord], bootstrap: str, core: str, batch: int, name:
         settings = spec.kafka_settings(None)
         ensure_topics(settings, [TopicSpec(f"{name}.{side}", PARTITIONS) for side in SIDE_NAMES])
         ensure_topics(settings, engine_topics(spec, PARTITIONS))
-        JoinShardProcessor.core_reads = core == "read"
-        processor = BatchProcessor(spec, settings)
+        processor = BatchProcessor(spec, settings) if core == "read" else DecodingProcessor(spec, settings)
         try:
             started = time.process_time()
             for at in range(0, len(records), batch):
@@ -84,7 +95,6 @@ def run(records: list[InputRecord], bootstrap: str, core: str, batch: int, name:
             return time.process_time() - started
         finally:
             processor.close()
-            JoinShardProcessor.core_reads = True
 
 
 def main(argv: list[str]) -> int:
