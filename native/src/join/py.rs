@@ -195,8 +195,9 @@ impl JoinCore {
                     let mut prefix = Vec::with_capacity(kb.len() + 4);
                     prefix.extend_from_slice(b"\"j\",");
                     prefix.extend_from_slice(&kb);
-                    if seen.insert(prefix.clone(), ()).is_none() {
-                        prefixes.push(prefix);
+                    if let hashbrown::hash_map::Entry::Vacant(slot) = seen.entry(prefix) {
+                        prefixes.push(slot.key().clone()); // (a key's copy only the first time it is seen)
+                        slot.insert(());
                     }
                 }
             }
