@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from refold.config import ViewSpec
+from refold.model import jsonbytes
 from refold.reduce import SourceEvent, value_order
 
 
@@ -93,7 +94,7 @@ def fold_deltas(spec: ViewSpec, delta_rows: Iterable[dict[str, Any]]) -> dict[tu
             else:
                 counts = state.setdefault(name, Counter())
                 for tag, v, d in value:
-                    counts[(tuple(tag), orjson.dumps(v))] += d
+                    counts[(tuple(tag), jsonbytes.dumps(v))] += d
     view: dict[tuple[Any, ...], dict[str, Any]] = {}
     for key, state in acc.items():
         if state["_count"] <= 0:

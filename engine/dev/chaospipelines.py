@@ -22,6 +22,7 @@ from refold.dev.windowload import WindowWorkload
 from refold.errors import RefoldError, UserError
 from refold.kafka.io import TopicSpec, ensure_topics
 from refold.kafka.transactions import TransactionalWriter
+from refold.model import jsonbytes
 from refold.ops.verify import verify
 
 GROUPED = {
@@ -71,9 +72,9 @@ def upsert_records(rows: Sequence[bytes]) -> list[tuple[bytes, bytes | None]]:
         event = orjson.loads(raw)
         op = event.pop("op")
         event.pop("event_time", None)
-        key = orjson.dumps({"player_name": event["player_name"]})
+        key = jsonbytes.dumps({"player_name": event["player_name"]})
         if op in ("+A", "+C"):
-            out.append((key, orjson.dumps(event)))
+            out.append((key, jsonbytes.dumps(event)))
         elif op == "-R":
             out.append((key, None))
     return out

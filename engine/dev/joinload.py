@@ -37,6 +37,7 @@ from typing import Any
 
 import orjson
 
+from refold.model import jsonbytes
 from refold.model.changelog import Op
 from refold.reduce.types import SourceEvent
 
@@ -150,7 +151,7 @@ def join_chunks(records: Sequence[Record], parts: int) -> Iterator[tuple[list[by
             end += 1
         chunk: tuple[list[bytes], list[bytes]] = ([], [])
         for side, record in records[start:end]:
-            chunk[side].append(orjson.dumps(record))
+            chunk[side].append(jsonbytes.dumps(record))
         yield chunk
         start = end
 
@@ -164,7 +165,7 @@ def live_rows(records: Sequence[dict[str, Any]]) -> Counter[bytes]:
     retracts a row that is not live."""
     live: Counter[bytes] = Counter()
     for index, record in enumerate(records):
-        row = orjson.dumps(_row(record), option=orjson.OPT_SORT_KEYS)
+        row = jsonbytes.dumps(_row(record), option=orjson.OPT_SORT_KEYS)
         if record["op"] in ("+A", "+C"):
             live[row] += 1
         elif live[row] > 0:
@@ -236,10 +237,9 @@ def check_join(pipeline: Any, settings: Mapping[str, Any], expected: Mapping[tup
     followed by its `+C`) to `expected`; the deltas, folded, too; no dead letters (the
     input refuses nothing). `events`: the records of both sources (the report's count)."""
     from refold.kafka.io import read_to_end
-    from refold.ops.verify import Report, read_deltas, read_view_changes, same
+    from refold.ops.verify import Report, fold_delta_topic, read_view_changes, same
     from refold.recovery.records import decode_dead_letter
     from refold.reference import fold_changelog
-    from refold.reference_deltas import fold_deltas
 
     report = Report(events=events)
     changes = read_view_changes(pipeline, settings)
@@ -250,9 +250,7 @@ def check_join(pipeline: Any, settings: Mapping[str, Any], expected: Mapping[tup
     except ValueError as exc:
         report.add(f"the view changelog does not fold: {exc}")
     if pipeline.outputs.delta is not None:
-        deltas = read_deltas(pipeline, settings)
-        report.delta_records = len(deltas)
-        views.append(("folded deltas", fold_deltas(pipeline.view, deltas)))
+        views.append(("folded deltas", fold_delta_topic(pipeline, settings, report)))
     for what, got in views:
         for key in sorted(set(expected) | set(got), key=repr):
             if not same(got.get(key), expected.get(key)):

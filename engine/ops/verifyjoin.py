@@ -19,6 +19,7 @@ import orjson
 
 from refold.config import Pipeline
 from refold.kafka.io import read_to_end
+from refold.model import jsonbytes
 from refold.model.changelog import Op
 from refold.plan import RIGHT_PARTITIONS
 from refold.reduce import SourceEvent
@@ -54,7 +55,7 @@ def verify_join(pipeline: Pipeline, settings: Mapping[str, Any], report: Any) ->
         record = orjson.loads(message.value())
         op = record.pop("op")
         adds = op in ("+A", "+C") if spec.form == "changelog" else op == "+A"
-        row = orjson.dumps(record, option=orjson.OPT_SORT_KEYS)
+        row = jsonbytes.dumps(record, option=orjson.OPT_SORT_KEYS)
         if pipeline.view.key:
             key = message.key() or b""
             if adds:
@@ -67,10 +68,10 @@ def verify_join(pipeline: Pipeline, settings: Mapping[str, Any], report: Any) ->
         view = pipeline.view.model_copy(update={"join": None, "sql": None})
         grouped = reference_changelog(view, [[SourceEvent(Op.APPEND, row, (0, 0, n))]
                                              for n, row in enumerate(joined.rows)])
-        expected = Counter(orjson.dumps(row, option=orjson.OPT_SORT_KEYS) for row in grouped.view.values())
+        expected = Counter(jsonbytes.dumps(row, option=orjson.OPT_SORT_KEYS) for row in grouped.view.values())
         got = Counter(rows.values())
     else:
-        expected = Counter(orjson.dumps(row, option=orjson.OPT_SORT_KEYS) for row in joined.rows)
+        expected = Counter(jsonbytes.dumps(row, option=orjson.OPT_SORT_KEYS) for row in joined.rows)
         got = +got
     for row in sorted((expected - got).keys()):
         report.add(f"view: missing {row.decode()} ({(expected - got)[row]} copies)")
