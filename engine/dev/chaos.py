@@ -81,11 +81,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaException
 
 from refold.dev import kafkacluster, localkafka, localspark, netpartition, sparkprocs
 from refold.dev.chaosengine import FAULTS, ChaosResult, Engine, exit_kind
-from refold.dev.chaoskafka import KAFKA_FAULTS, inject_kafka, wait_in_sync
+from refold.dev.chaoskafka import KAFKA_FAULTS, final_markers, inject_kafka, wait_in_sync
 from refold.dev.chaospipelines import (
     JoinFeed,
     chunks,
@@ -103,10 +103,7 @@ from refold.dev.windowload import generate_windowed
 from refold.errors import UserError
 from refold.kafka.io import (
     admin_client,
-    consumer_config,
     open_transactions,
-    partitions_of,
-    producer_config,
 )
 from refold.model import jsonbytes
 from refold.recovery.restore import load_checkpoints
@@ -226,36 +223,6 @@ def _kill_spark_part(kind: str, target: Engine, rng: random.Random, say: Any,
     if not workers:
         say(f"  python_worker_kill: no Python worker of {target.name} found")
     sparkprocs.kill(workers)
-
-
-def final_markers(settings: dict[str, Any], topics: Sequence[str]) -> list[str]:
-    """Write one transactional marker record into every output partition and read it back
-    with read_committed: every partition accepts a transaction and shows its end."""
-    problems: list[str] = []
-    marker = f"chaos-marker-{uuid.uuid4()}".encode()
-    producer = Producer(producer_config(settings, **{"transactional.id": f"chaos-marker-{uuid.uuid4()}"}))
-    producer.init_transactions(60)
-    producer.begin_transaction()
-    targets = [(t, p) for t in topics for p in partitions_of(settings, t)]
-    for topic, partition in targets:
-        producer.produce(topic, marker, b"chaos-marker", partition=partition)
-    producer.commit_transaction(60)
-    consumer = Consumer(consumer_config(settings, **{"group.id": f"chaos-marker-{uuid.uuid4()}",
-                                                    "enable.auto.commit": False}))
-    try:
-        for topic, partition in targets:
-            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)
-            consumer.assign([TopicPartition(topic, partition, max(0, high - 3))])
-            seen = False
-            deadline = time.monotonic() + 30
-            while not seen and time.monotonic() < deadline:
-                msg = consumer.poll(0.5)
-                seen = msg is not None and msg.error() is None and msg.value() == marker
-            if not seen:
-                problems.append(f"{topic}[{partition}]: the final marker is not visible to read_committed")
-    finally:
-        consumer.close()
-    return problems
 
 
 def _finish_and_verify(engines: list[Engine], result: ChaosResult, settings: dict[str, Any], say: Any,
@@ -465,8 +432,11 @@ def main(argv: list[str] | None = None) -> int:
                       kafka_brokers=args.kafka_brokers,
                       pipelines=tuple(p for p in args.pipelines.split(",") if p),
                       other_kinds=_cluster_kinds() if args.kafka_brokers > 1 else defaults.other_kinds)
+    own_work = args.work is None
     work = args.work or Path(tempfile.mkdtemp(prefix="refold-chaos-"))
     work.mkdir(parents=True, exist_ok=True)
+    for earlier in sorted(set(work.parent.glob("refold-chaos-*")) - {work}) if own_work else ():
+        print(f"chaos: an earlier run's folder is still there: {earlier} (a run that died keeps it)", file=sys.stderr)
     from refold.environment import jars_home
 
     os.environ.setdefault("REFOLD_JARS", str(jars_home()))  # keep the jar cache, move the rest
@@ -478,10 +448,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run_chaos(cfg, work, say=say)
     except KafkaException as exc:
-        say(f"chaos: Kafka failed: {exc}")
+        say(f"chaos: Kafka failed: {exc}; the run's logs and data are kept in {work}")
         return 2
     for anomaly in result.anomalies[:50]:
         say(f"ANOMALY {anomaly}")
+    if own_work and not result.anomalies:  # (its brokers' data: gigabytes)
+        shutil.rmtree(work, ignore_errors=True)
+    elif own_work:
+        say(f"chaos: the run's logs and data are kept in {work}")
     print(result.line(), flush=True)
     if args.json:
         args.json.write_text(json.dumps({"config": dataclasses.asdict(cfg),

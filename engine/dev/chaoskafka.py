@@ -36,6 +36,9 @@ faults together take two of the three replicas:
                      chunk of input is written while it is cut off. Only where the
                      machine allows it (root, cgroup v2, iptables): elsewhere the
                      harness leaves the kind out and says why.
+
+At the end, `final_markers` checks that every output partition still takes a
+transaction and shows its end to read_committed.
 """
 
 from __future__ import annotations
@@ -44,15 +47,17 @@ import random
 import shutil
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from refold.dev import kafkacluster, kafkahealth, netpartition
 from refold.dev.chaosengine import Engine
-from refold.kafka.io import partitions_of
+from refold.kafka.io import consumer_config, partitions_of, producer_config
 from refold.kafka.transactions import transaction_state_partition
 
 KAFKA_FAULTS = ("leader_kill_source", "leader_kill_view", "leader_kill_state", "leader_kill_checkpoints",
@@ -252,3 +257,33 @@ def _runs_in(node_id: int, home: Path, cgroup: Path) -> bool:
     root = netpartition.cgroup2_root()
     want = "0::/" + str(cgroup.relative_to(root)) if root is not None else None
     return want in lines
+
+
+def final_markers(settings: dict[str, Any], topics: Sequence[str]) -> list[str]:
+    """Write one transactional marker record into every output partition and read it back
+    with read_committed: every partition accepts a transaction and shows its end."""
+    problems: list[str] = []
+    marker = f"chaos-marker-{uuid.uuid4()}".encode()
+    producer = Producer(producer_config(settings, **{"transactional.id": f"chaos-marker-{uuid.uuid4()}"}))
+    producer.init_transactions(60)
+    producer.begin_transaction()
+    targets = [(t, p) for t in topics for p in partitions_of(settings, t)]
+    for topic, partition in targets:
+        producer.produce(topic, marker, b"chaos-marker", partition=partition)
+    producer.commit_transaction(60)
+    consumer = Consumer(consumer_config(settings, **{"group.id": f"chaos-marker-{uuid.uuid4()}",
+                                                    "enable.auto.commit": False}))
+    try:
+        for topic, partition in targets:
+            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)
+            consumer.assign([TopicPartition(topic, partition, max(0, high - 3))])
+            seen = False
+            deadline = time.monotonic() + 30
+            while not seen and time.monotonic() < deadline:
+                msg = consumer.poll(0.5)
+                seen = msg is not None and msg.error() is None and msg.value() == marker
+            if not seen:
+                problems.append(f"{topic}[{partition}]: the final marker is not visible to read_committed")
+    finally:
+        consumer.close()
+    return problems
