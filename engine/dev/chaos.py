@@ -240,11 +240,15 @@ def _finish_and_verify(engines: list[Engine], result: ChaosResult, settings: dic
             say(f"  {engine.name} exited {code} in the final run; again (log {engine.log_dir})")
         else:
             result.anomalies.append(f"{engine.name}: the final run did not finish cleanly")
-    for engine in engines:
+    for number, engine in enumerate(engines, start=1):
         is_window = engine.pipeline.view.window is not None
         feed = join if engine.pipeline.view.join is not None else None
+        say(f"checking {engine.name} ({number} of {len(engines)})")
+        began = time.monotonic()
         with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:  # (its GBs go)
-            report = pool.submit(verify_pipeline, engine.pipeline, settings, feed).result()
+            report, peak = pool.submit(verify_pipeline, engine.pipeline, settings, feed).result()
+        say(f"  {len(report.anomalies)} anomalies in {report.events:,} input, {report.view_records:,} view and "
+            f"{report.delta_records:,} delta records; {time.monotonic() - began:.0f} s, peak {peak / 2**30:.1f} GiB")
         result.view_records += report.view_records
         result.delta_records += report.delta_records
         result.table_rows += report.table_rows

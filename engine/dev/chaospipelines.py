@@ -6,6 +6,7 @@ and the input it feeds them in chunks."""
 
 from __future__ import annotations
 
+import resource
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -246,12 +247,15 @@ class JoinFeed:
         return joinload.check_join(pipeline, settings, expected, self.events)
 
 
-def verify_pipeline(pipeline: Any, settings: dict[str, Any], feed: JoinFeed | None) -> Any:
+def verify_pipeline(pipeline: Any, settings: dict[str, Any], feed: JoinFeed | None) -> tuple[Any, int]:
     """One chaos pipeline's outputs against the reference (`refold.ops.verify`; the join
-    pipeline's against its feed's expected view). The harness runs it in a process of its
-    own per pipeline: the reference and a million records' outputs read back take
-    gigabytes, which a Python process keeps once it had them (one process verifying five
-    pipelines of `make chaos`'s defaults one after the other grew past 20 GB)."""
+    pipeline's against its feed's expected view), and the peak memory the check took
+    (bytes). The harness runs it in a process of its own per pipeline: the reference and a
+    million records' outputs read back take gigabytes, which a Python process keeps once
+    it had them (one process verifying five pipelines of `make chaos`'s defaults one after
+    the other grew past 20 GB)."""
     if feed is not None:
-        return feed.verify(pipeline, settings)
-    return verify(pipeline, settings, dead_letters=pipeline.view.window is not None)
+        report = feed.verify(pipeline, settings)
+    else:
+        report = verify(pipeline, settings, dead_letters=pipeline.view.window is not None)
+    return report, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # (Linux: KiB)
