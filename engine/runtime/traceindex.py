@@ -27,7 +27,8 @@ The value (little-endian):
     u8 version (1), 3 pad, i32 view partition, i64 first offset, u32 records (n),
     u32 keys (k), u32 sources (s), i64 batch, 4 pad            -- 40 bytes
     s x (i32 source partition, 4 pad, i64 from, i64 to)         -- consumed [from, to)
-    k x u64 key hash (sorted; blake2b-64 of the view record's message key)
+    k x u64 key hash (sorted, each once; blake2b-64 of the view record's message key:
+                      keys whose hashes collide share one)
     (k + 1) x u32 start of each key's positions, n x u32 positions in the batch
 """
 
@@ -83,16 +84,19 @@ def build_entry(view: list[tuple[Any, ...]], partition: int, first: int, batch: 
 def python_entry(view: list[tuple[Any, ...]], partition: int, first: int, batch: int,
                  sources: list[tuple[int, int, int]]) -> bytes:
     """`build_entry` in Python."""
-    positions: dict[bytes, list[int]] = {}
-    get = positions.get
+    hashes_of: dict[bytes, int] = {}
+    positions: dict[int, list[int]] = {}
     for index, record in enumerate(view):
         key = record[0]
-        found = get(key)
+        hashed_key = hashes_of.get(key)
+        if hashed_key is None:
+            hashed_key = hashes_of[key] = key_hash(key)
+        found = positions.get(hashed_key)
         if found is None:
-            positions[key] = [index]
+            positions[hashed_key] = [index]
         else:
             found.append(index)
-    hashed = sorted((key_hash(key), found) for key, found in positions.items())
+    hashed = sorted(positions.items())
     hashes = array("Q", [h for h, _ in hashed])
     starts = array("I", [0])
     starts.extend(accumulate(len(found) for _, found in hashed))

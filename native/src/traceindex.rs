@@ -1,7 +1,10 @@
 //! The trace index's record of a batch (`refold.runtime.traceindex.build_entry`), byte
 //! for byte: the view keys' blake2b-64 hashes (little-endian), sorted, each with its
 //! records' positions in the batch; one pass over the batch's view records, no Python
-//! object made per record.
+//! object made per record. Each record's key is hashed once per distinct bytes object
+//! (the renderer gives a key's records one), then the (hash, position) pairs are sorted:
+//! no map of keys to lists, which cost an allocation per key where most records have
+//! a key of their own (a windowed view's).
 
 use blake2::digest::consts::U8;
 use blake2::{Blake2b, Digest};
@@ -26,18 +29,17 @@ pub(crate) fn trace_entry<'py>(
     batch: i64,
     sources: Vec<(i32, i64, i64)>,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let mut keys: Vec<Bound<'py, PyBytes>> = Vec::with_capacity(view.len());
-    for record in view.iter() {
-        keys.push(record.cast::<PyTuple>()?.get_item(0)?.cast_into::<PyBytes>()?);
+    let n = view.len();
+    // (hash, position): sorted, the hashes in order and each one's positions ascending
+    let mut pairs: Vec<(u64, u32)> = Vec::with_capacity(n);
+    let mut seen: FxHashMap<usize, u64> = FxHashMap::default();
+    for (index, record) in view.iter().enumerate() {
+        let key = record.cast::<PyTuple>()?.get_item(0)?.cast_into::<PyBytes>()?;
+        let hash = *seen.entry(key.as_ptr() as usize).or_insert_with(|| key_hash(key.as_bytes()));
+        pairs.push((hash, index as u32));
     }
-    let mut groups: FxHashMap<&[u8], Vec<u32>> = FxHashMap::default();
-    for (index, key) in keys.iter().enumerate() {
-        groups.entry(key.as_bytes()).or_default().push(index as u32);
-    }
-    let mut hashed: Vec<(u64, Vec<u32>)> = groups.into_iter().map(|(key, at)| (key_hash(key), at)).collect();
-    hashed.sort_unstable();
-    let n = keys.len();
-    let k = hashed.len();
+    pairs.sort_unstable();
+    let k = pairs.iter().enumerate().filter(|(i, (h, _))| *i == 0 || pairs[i - 1].0 != *h).count();
     let mut out: Vec<u8> = Vec::with_capacity(40 + 24 * sources.len() + 12 * k + 4 * (n + 1));
     out.push(1);
     out.extend_from_slice(&[0, 0, 0]);
@@ -54,19 +56,17 @@ pub(crate) fn trace_entry<'py>(
         out.extend_from_slice(&lo.to_le_bytes());
         out.extend_from_slice(&hi.to_le_bytes());
     }
-    for (hash, _) in &hashed {
-        out.extend_from_slice(&hash.to_le_bytes());
-    }
-    let mut start: u32 = 0;
-    out.extend_from_slice(&start.to_le_bytes());
-    for (_, at) in &hashed {
-        start += at.len() as u32;
-        out.extend_from_slice(&start.to_le_bytes());
-    }
-    for (_, at) in &hashed {
-        for position in at {
-            out.extend_from_slice(&position.to_le_bytes());
+    let mut starts: Vec<u8> = Vec::with_capacity(4 * (k + 1));
+    starts.extend_from_slice(&0u32.to_le_bytes());
+    for (i, (hash, _)) in pairs.iter().enumerate() {
+        if i + 1 == n || pairs[i + 1].0 != *hash {
+            out.extend_from_slice(&hash.to_le_bytes());
+            starts.extend_from_slice(&((i + 1) as u32).to_le_bytes());
         }
+    }
+    out.extend_from_slice(&starts);
+    for (_, position) in &pairs {
+        out.extend_from_slice(&position.to_le_bytes());
     }
     Ok(PyBytes::new(py, &out))
 }
