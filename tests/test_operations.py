@@ -29,10 +29,10 @@ from refold.dev.localkafka import free_port
 from refold.dev.testing import Workload, generate
 from refold.kafka.io import read_to_end
 from refold.model.changelog import Op, canonical_row
-from refold.ops.verify import read_deltas, read_table_source, same
+from refold.ops.verify import Report, fold_delta_topic, read_table_source, same
 from refold.recovery.records import decode_dead_letter
 from refold.reduce import ViewChange
-from refold.reference import fold_changelog, fold_deltas, reference_table
+from refold.reference import fold_changelog, reference_table
 from refold.spark.job import run_pipeline
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
@@ -202,7 +202,7 @@ def test_debezium_topic_to_avro_view_with_metrics(bootstrap_servers, topic, tmp_
     folded_view = fold_changelog(actual)
     assert folded_view.keys() == expected.view.keys()
     assert all(same(folded_view[k], expected.view[k]) for k in folded_view)
-    folded = fold_deltas(pipeline.view, read_deltas(pipeline, settings))
+    folded = fold_delta_topic(pipeline, settings, Report())
     assert folded.keys() == expected.view.keys()
     assert all(same(folded[k], expected.view[k]) for k in folded)
 

@@ -36,10 +36,10 @@ from refold.config import Pipeline, parse_pipeline
 from refold.dev import localregistry
 from refold.kafka.io import read_to_end
 from refold.model.changelog import Op, message_key_bytes
-from refold.ops.verify import by_key, output_key, read_deltas, read_source, same
+from refold.ops.verify import Report, by_key, fold_delta_topic, output_key, read_source, same
 from refold.recovery.restore import load_checkpoint
 from refold.reduce import ViewChange
-from refold.reference import fold_changelog, fold_deltas, merge_partitions, reference_changelog
+from refold.reference import fold_changelog, merge_partitions, reference_changelog
 from refold.spark.job import run_pipeline
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
@@ -279,7 +279,7 @@ def test_an_evolved_source_subject_through_a_real_registry(registry, bootstrap_s
         ), (key, want[key], got[key])
     folded = fold_changelog(actual)
     assert folded.keys() == expected.view.keys() and all(same(folded[k], expected.view[k]) for k in folded)
-    deltas = fold_deltas(pipeline.view, read_deltas(pipeline, settings))
+    deltas = fold_delta_topic(pipeline, settings, Report())
     assert deltas.keys() == expected.view.keys() and all(same(deltas[k], expected.view[k]) for k in deltas)
     # the bonus columns saw both versions' rows: some keys have a bonus, some rows had none
     assert any(row["bonuses"] for row in folded.values()) and any(row["games"] > row["bonuses"] for row in folded.values())
