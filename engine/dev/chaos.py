@@ -331,25 +331,31 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
             f"logs in {logs}")
         for index, part in enumerate(parts):
             kind = plan[index] if index < len(plan) else None
-            # a leader's kill gets the second half of its chunk written after the kill, so
-            # that the engine has input waiting while the cluster elects a new leader
-            held = part[half_of(part):] if kind is not None and kind.startswith(("leader_kill_", "partition")) else []
+            # a leader's kill gets the second half of its chunk (of every topic) written after
+            # the kill, so that the engine has input waiting while the cluster elects a new leader
+            split = kind is not None and kind.startswith(("leader_kill_", "partition"))
+            held = part[half_of(part):] if split else []
             part = part[:len(part) - len(held)]
 
-            def write(rows: Sequence[bytes]) -> None:
+            def write(rows: Sequence[bytes], half: int | None, index: int = index) -> None:
+                """`rows` of the source, the upsert topic's from them, and chunk `index` of the
+                windowed and join pipelines' topics (`half` 0 or 1: its first or second half)."""
                 nonlocal upserts
-                produce_chunk(settings, source, rows, cfg.partitions, say)
-                if "upsert" in cfg.pipelines:
+                if rows:
+                    produce_chunk(settings, source, rows, cfg.partitions, say)
+                if rows and "upsert" in cfg.pipelines:
                     records = upsert_records(rows)
                     produce_upserts(settings, upsert_source, records, cfg.partitions, say)
                     upserts += len(records)
-
-            write(part)
-            if window_parts:  # the last chunk takes what the windowed input's cut leaves over
+                # the last chunk takes what the windowed input's cut leaves over
                 for part_w in (window_parts[index:] if index == len(parts) - 1 else window_parts[index:index + 1]):
-                    produce_chunk(settings, window_source, part_w, cfg.partitions, say)
-            if join is not None:
-                join.write(settings, index, index == len(parts) - 1, cfg.partitions, say)
+                    cut = half_of(part_w) if half is not None else len(part_w)
+                    if rows_w := part_w[cut:] if half == 1 else part_w[:cut]:
+                        produce_chunk(settings, window_source, rows_w, cfg.partitions, say)
+                if join is not None:
+                    join.write(settings, index, index == len(parts) - 1, cfg.partitions, say, half)
+
+            write(part, 0 if split else None)
             if kind is None:
                 continue  # the last chunks come after the last fault
             target = engines[index % len(engines)]
@@ -366,7 +372,7 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
                 target.wait_for_progress(since)
             if kind in KAFKA_FAULTS:
                 recovery = inject_kafka(kind, target, rng, home, settings, say,
-                                        after_kill=functools.partial(write, held) if held else None)
+                                        after_kill=functools.partial(write, held, 1) if split else None)
                 if kind.startswith("leader_kill_"):
                     result.leader_recoveries.append(recovery)
             else:

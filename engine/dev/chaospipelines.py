@@ -228,12 +228,16 @@ class JoinFeed:
     def cut(self, parts: int) -> None:
         self.parts = list(joinload.join_chunks(self.records, parts))
 
-    def write(self, settings: dict[str, Any], index: int, last: bool, partitions: int, say: Any) -> None:
-        """Write chunk `index` of both topics (the last chunk: every chunk left)."""
+    def write(self, settings: dict[str, Any], index: int, last: bool, partitions: int, say: Any,
+              half: int | None = None) -> None:
+        """Write chunk `index` of both topics (the last chunk: every chunk left; `half` 0 or
+        1: the first or the second half of each topic's part of it)."""
         if index == 0:  # both topics before any engine starts (the first chunks hold customers only)
             ensure_topics(settings, [TopicSpec(topic, partitions) for topic in self.topics])
         for chunk in self.parts[index:] if last else self.parts[index:index + 1]:
             for topic, rows in zip(self.topics, chunk, strict=True):
+                cut = half_of(rows) if half is not None else len(rows)
+                rows = rows[cut:] if half == 1 else rows[:cut]
                 if rows:
                     produce_chunk(settings, topic, rows, partitions, say, key=("id",))
 
