@@ -446,7 +446,8 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work or Path(tempfile.mkdtemp(prefix="refold-chaos-"))
     work.mkdir(parents=True, exist_ok=True)
     for earlier in sorted(set(work.parent.glob("refold-chaos-*")) - {work}) if own_work else ():
-        print(f"chaos: an earlier run's folder is still there: {earlier} (a run that died keeps it)", file=sys.stderr)
+        print(f"chaos: another run's folder is there: {earlier} (one that failed or died, or one running)",
+              file=sys.stderr)
     from refold.environment import jars_home
 
     os.environ.setdefault("REFOLD_JARS", str(jars_home()))  # keep the jar cache, move the rest
