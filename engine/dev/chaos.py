@@ -89,7 +89,7 @@ from refold.dev.chaoskafka import KAFKA_FAULTS, final_markers, inject_kafka, wai
 from refold.dev.chaospipelines import (
     JoinFeed,
     chunks,
-    half_of,
+    halved,
     produce_chunk,
     produce_upserts,
     upsert_records,
@@ -334,23 +334,21 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
             # a leader's kill gets the second half of its chunk (of every topic) written after
             # the kill, so that the engine has input waiting while the cluster elects a new leader
             split = kind is not None and kind.startswith(("leader_kill_", "partition"))
-            held = part[half_of(part):] if split else []
-            part = part[:len(part) - len(held)]
 
             def write(rows: Sequence[bytes], half: int | None, index: int = index) -> None:
-                """`rows` of the source, the upsert topic's from them, and chunk `index` of the
-                windowed and join pipelines' topics (`half` 0 or 1: its first or second half)."""
+                """Chunk `index` (`rows`, the source's) of every topic: the source, the upsert
+                topic's records from it, the windowed and join pipelines' own topics (`half` 0
+                or 1: each one's first or second half)."""
                 nonlocal upserts
-                if rows:
+                if rows := halved(rows, half):
                     produce_chunk(settings, source, rows, cfg.partitions, say)
-                if rows and "upsert" in cfg.pipelines:
-                    records = upsert_records(rows)
-                    produce_upserts(settings, upsert_source, records, cfg.partitions, say)
-                    upserts += len(records)
+                    if "upsert" in cfg.pipelines:
+                        records = upsert_records(rows)
+                        produce_upserts(settings, upsert_source, records, cfg.partitions, say)
+                        upserts += len(records)
                 # the last chunk takes what the windowed input's cut leaves over
                 for part_w in (window_parts[index:] if index == len(parts) - 1 else window_parts[index:index + 1]):
-                    cut = half_of(part_w) if half is not None else len(part_w)
-                    if rows_w := part_w[cut:] if half == 1 else part_w[:cut]:
+                    if rows_w := halved(part_w, half):
                         produce_chunk(settings, window_source, rows_w, cfg.partitions, say)
                 if join is not None:
                     join.write(settings, index, index == len(parts) - 1, cfg.partitions, say, half)
@@ -372,7 +370,7 @@ def run_chaos(cfg: ChaosConfig, work: Path, *, bootstrap: str | None = None, say
                 target.wait_for_progress(since)
             if kind in KAFKA_FAULTS:
                 recovery = inject_kafka(kind, target, rng, home, settings, say,
-                                        after_kill=functools.partial(write, held, 1) if split else None)
+                                        after_kill=functools.partial(write, part, 1) if split else None)
                 if kind.startswith("leader_kill_"):
                     result.leader_recoveries.append(recovery)
             else:

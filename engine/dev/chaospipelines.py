@@ -159,6 +159,14 @@ def half_of(rows: Sequence[bytes]) -> int:
     return cut
 
 
+def halved(rows: Sequence[bytes], half: int | None) -> Sequence[bytes]:
+    """`rows` whole (`half` None), or their first (0) or second (1) half (`half_of`)."""
+    if half is None:
+        return rows
+    cut = half_of(rows)
+    return rows[cut:] if half == 1 else rows[:cut]
+
+
 def produce_chunk(settings: dict[str, Any], topic: str, rows: Sequence[bytes], partitions: int, say: Any,
                   key: Sequence[str] = ("player_name",)) -> None:
     """Produce one chunk, retrying while the broker is still coming back from a restart
@@ -236,10 +244,8 @@ class JoinFeed:
             ensure_topics(settings, [TopicSpec(topic, partitions) for topic in self.topics])
         for chunk in self.parts[index:] if last else self.parts[index:index + 1]:
             for topic, rows in zip(self.topics, chunk, strict=True):
-                cut = half_of(rows) if half is not None else len(rows)
-                rows = rows[cut:] if half == 1 else rows[:cut]
-                if rows:
-                    produce_chunk(settings, topic, rows, partitions, say, key=("id",))
+                if part := halved(rows, half):
+                    produce_chunk(settings, topic, part, partitions, say, key=("id",))
 
     def verify(self, pipeline: Any, settings: dict[str, Any]) -> Any:
         """The pipeline's outputs against the expected view (`joinload.check_join`)."""
